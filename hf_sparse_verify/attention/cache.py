@@ -1,0 +1,111 @@
+"""`SpecCache`: a preallocated KV cache with per-row lengths and O(1) rollback.
+
+A subclass of transformers' `Cache`, so unmodified attention modules call its ``update``. Each layer owns
+``[B, H_kv, capacity, D]`` key and value buffers, allocated on the device of the first keys it receives (so
+each layer's buffers live on that layer's GPU under an accelerate device map). The decoding loop says where the
+next tokens go with :meth:`SpecCache.begin_step` (a `StepInfo` with a per-row ``start`` slot); ``update``
+scatters the new keys and values there and returns the whole buffers. Which slots are valid is the loop's
+business: rolling back rejected drafts is moving a row's length back, with no copy and no ``torch.cat``.
+``update`` never synchronises with the host, so steps can later be captured in CUDA graphs.
+
+Sliding-window layers keep the full history too; the window is applied by the attention mask. That costs
+memory on long contexts but keeps rollback trivial.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .step import StepInfo
+
+
+class SpecLayer(CacheLayerMixin):
+    """One layer of a `SpecCache`."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: SpecCache, layer_idx: int):
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads = key_states.shape[:2]
+        if batch != self.owner.batch_size:
+            raise ValueError(f"SpecCache was built for batch {self.owner.batch_size}, got keys of batch {batch}")
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (batch, heads, self.owner.capacity)
+        self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write ``key_states``/``value_states`` ``[B, H_kv, q, D]`` at the current step's slots; return the
+        full ``[B, H_kv, capacity, D]`` buffers."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        step = self.owner.step
+        if step is None:
+            raise RuntimeError("SpecCache.update called outside a step: call begin_step() before the forward")
+        if key_states.shape[-2] != step.q_len:
+            raise ValueError(f"step announced {step.q_len} new tokens, the layer wrote {key_states.shape[-2]}")
+        slots = step.on(self.device).query_slots  # [B, q]
+        index = slots[:, None, :, None]
+        self.keys.scatter_(2, index.expand_as(key_states), key_states.to(self.dtype))
+        self.values.scatter_(2, index.expand(*value_states.shape), value_states.to(self.dtype))
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.step.kv_len if self.owner.step is not None else self.owner.capacity, 0
+
+    def get_seq_length(self) -> int:
+        step = self.owner.step
+        return 0 if step is None else step.kv_len - step.q_len
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.keys.zero_()
+            self.values.zero_()
+
+
+class SpecCache(Cache):
+    """Preallocated cache of ``capacity`` slots per row for ``num_layers`` layers.
+
+    Example:
+        >>> cache = SpecCache(num_layers=2, batch_size=1, capacity=8)
+        >>> cache.capacity
+        8
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        self.batch_size_ = batch_size
+        self.capacity = capacity
+        self.step: StepInfo | None = None
+        super().__init__(layers=[SpecLayer(self, i) for i in range(num_layers)])
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch_size_
+
+    def begin_step(self, step: StepInfo) -> None:
+        """Announce the next forward: where each row's new tokens go and how far attention reads."""
+        if step.kv_len > self.capacity:
+            raise ValueError(
+                f"step reads {step.kv_len} cache slots but the cache holds {self.capacity}: "
+                "size the cache from prompt + max_new_tokens + max_draft_tokens"
+            )
+        self.step = step
+
+    def end_step(self) -> None:
+        self.step = None
+
+    def layer_device(self, layer_idx: int) -> torch.device | None:
+        layer = self.layers[layer_idx]
+        return layer.device if layer.is_initialized else None

@@ -1,0 +1,30 @@
+"""Attention backends behind the ``"sparse_verify"`` attention: a name-keyed registry.
+
+A backend is ``fn(module, query, key, value, step_view, *, scaling, sliding_window) -> [B, q, H, D]`` with
+``query`` ``[B, H, q, D]`` and ``key``/``value`` the full cache buffers ``[B, H_kv, capacity, D]``. The loop
+names the backend in `StepInfo.backend`; kernels and sparse modes of later issues register their own names here
+without touching the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+BACKENDS: dict[str, Callable] = {}
+
+
+def register_backend(name: str, fn: Callable | None = None):
+    """Register ``fn`` under ``name`` (usable as a decorator)."""
+
+    def add(f: Callable) -> Callable:
+        BACKENDS[name] = f
+        return f
+
+    return add(fn) if fn is not None else add
+
+
+def get_backend(name: str) -> Callable:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name!r}; registered: {sorted(BACKENDS)}") from None

@@ -1,0 +1,85 @@
+"""The ``"sparse_verify"`` attention implementation, registered with transformers' `AttentionInterface` and
+`AttentionMaskInterface`, and the context manager that switches a model to it for one call.
+
+The attention reads the step (phase, per-row slots, per-layer state) from the ``speculation_step`` keyword that
+the loop passes to ``model(...)``; masking comes from the step, so the registered mask function returns None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from . import reference as _reference  # noqa: F401 - registers the "reference" backend
+from .dispatch import get_backend
+from .step import StepInfo
+
+NAME = "sparse_verify"
+STEP_KWARG = "speculation_step"
+
+
+def sparse_verify_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` the cache buffers."""
+    step: StepInfo | None = kwargs.get(STEP_KWARG)
+    if step is None:
+        raise RuntimeError(
+            f"the {NAME!r} attention runs only inside hf_sparse_verify's decoding loop (no {STEP_KWARG!r} "
+            "keyword reached it); set the model back to 'sdpa' or 'eager' for other calls"
+        )
+    if softcap is not None or kwargs.get("s_aux") is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} uses attention logit soft-capping or attention sinks, which the "
+            f"{NAME!r} attention does not implement"
+        )
+    if dropout and module.training:
+        raise NotImplementedError("attention dropout in training mode is not supported; call model.eval()")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    view = step.on(query.device)
+    out = get_backend(step.backend)(module, query, key, value, view, scaling=scaling, sliding_window=sliding_window)
+    return out, None
+
+
+def sparse_verify_mask(*args, **kwargs) -> None:
+    """Mask function for `AttentionMaskInterface`: the attention builds its masks from the step's per-row slots,
+    so transformers has nothing to build."""
+    return None
+
+
+def register() -> None:
+    """Register the attention and mask functions under ``"sparse_verify"`` (idempotent)."""
+    AttentionInterface.register(NAME, sparse_verify_attention)
+    AttentionMaskInterface.register(NAME, sparse_verify_mask)
+
+
+@contextlib.contextmanager
+def use_sparse_verify_attention(*models: torch.nn.Module) -> Iterator[None]:
+    """Switch ``models`` to the ``"sparse_verify"`` attention (through transformers' public
+    ``set_attn_implementation``) for the duration of the block; the previous implementation is restored in
+    ``finally``."""
+    register()
+    switched = []
+    try:
+        for model in models:
+            previous = model.config._attn_implementation
+            model.set_attn_implementation(NAME)
+            switched.append((model, previous))
+        yield
+    finally:
+        for model, previous in reversed(switched):
+            model.set_attn_implementation(previous)

@@ -1,0 +1,237 @@
+"""`SpeculationConfig`: one frozen, validated description of how to speculate.
+
+Example:
+    >>> from hf_sparse_verify import SpeculationConfig
+    >>> cfg = SpeculationConfig(strategy="prompt_lookup", num_draft_tokens=4)
+    >>> cfg.num_draft_tokens
+    4
+    >>> SpeculationConfig.from_dict(cfg.to_dict()) == cfg
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .registry import DRAFTERS, K_POLICIES
+
+CONFIG_NAME = "speculation_config.json"
+ATTENTION_BACKENDS = ("auto", "reference")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How `hf_sparse_verify.generate` drafts and verifies.
+
+    Args:
+        strategy: drafter name: ``"prompt_lookup"`` (n-gram lookup in the prompt and output), ``"draft_model"``
+            (a smaller model with the same vocabulary) or ``"auto"`` (``draft_model`` when a draft model is
+            given, else ``prompt_lookup``). Default ``"auto"``.
+        num_draft_tokens: K, draft tokens per step for the ``constant`` policy and the starting K of the
+            adaptive ones. Default 4.
+        max_draft_tokens: upper bound on K for adaptive policies; the KV caches are sized with this slack.
+            Default 16 (the verify kernels of later issues handle at most 16 query tokens per row).
+        k_policy: ``"constant"``, ``"heuristic"`` (transformers' +2 / -1 rule) or ``"utility"`` (Cascade).
+        draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
+            passed to ``generate(..., draft_model=obj)`` instead.
+        prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
+        attention_backend: ``"auto"`` or ``"reference"`` (plain PyTorch, exact). Kernels register more names.
+        max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
+            None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
+        utility_*: constants of the ``utility`` K policy (Cascade, paper defaults): trial length t, trials per
+            test phase M, set-phase length S, first K tried, plain-decode steps measured at the start of a
+            request and the refresh period of that measurement, and the relative tolerance under which two
+            utilities count as equal.
+    """
+
+    strategy: str = "auto"
+    num_draft_tokens: int = 4
+    max_draft_tokens: int = 16
+    k_policy: str = "constant"
+    draft_model: str | None = None
+    prompt_lookup_max_ngram: int = 3
+    prompt_lookup_min_ngram: int = 1
+    attention_backend: str = "auto"
+    max_cache_len: int | None = None
+    utility_trial_steps: int = 4
+    utility_max_trials: int = 4
+    utility_set_steps: int = 16
+    utility_k_start: int = 3
+    utility_baseline_steps: int = 4
+    utility_baseline_refresh: int = 100
+    utility_tolerance: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.strategy != "auto" and self.strategy not in DRAFTERS:
+            raise ValueError(
+                f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}"
+            )
+        if self.k_policy not in K_POLICIES:
+            raise ValueError(f"unknown k_policy {self.k_policy!r}: use one of {sorted(K_POLICIES)}")
+        _check_int("num_draft_tokens", self.num_draft_tokens)
+        _check_int("max_draft_tokens", self.max_draft_tokens)
+        if self.k_policy == "constant" and self.num_draft_tokens < 1:
+            raise ValueError(
+                f"num_draft_tokens={self.num_draft_tokens} with k_policy='constant': a constant policy needs K >= 1 "
+                "(for plain decoding call generate() without custom_generate)"
+            )
+        if self.num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        if not 1 <= self.max_draft_tokens <= 64:
+            raise ValueError(f"max_draft_tokens must be in [1, 64], got {self.max_draft_tokens}")
+        if self.num_draft_tokens > self.max_draft_tokens:
+            raise ValueError(
+                f"num_draft_tokens={self.num_draft_tokens} exceeds max_draft_tokens={self.max_draft_tokens}: "
+                "raise max_draft_tokens or lower num_draft_tokens"
+            )
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            raise ValueError(
+                "SpeculationConfig.draft_model is a folder or Hub id (str); pass a loaded model as "
+                "generate(..., draft_model=model) instead"
+            )
+        _check_int("prompt_lookup_max_ngram", self.prompt_lookup_max_ngram)
+        _check_int("prompt_lookup_min_ngram", self.prompt_lookup_min_ngram)
+        if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
+            raise ValueError(
+                "need 1 <= prompt_lookup_min_ngram <= prompt_lookup_max_ngram, got "
+                f"{self.prompt_lookup_min_ngram} and {self.prompt_lookup_max_ngram}"
+            )
+        if self.max_cache_len is not None:
+            _check_int("max_cache_len", self.max_cache_len)
+            if self.max_cache_len < 1:
+                raise ValueError(f"max_cache_len must be >= 1 or None, got {self.max_cache_len}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"unknown attention_backend {self.attention_backend!r}: use one of {ATTENTION_BACKENDS}"
+            )
+        for name in (
+            "utility_trial_steps",
+            "utility_max_trials",
+            "utility_set_steps",
+            "utility_k_start",
+            "utility_baseline_steps",
+            "utility_baseline_refresh",
+        ):
+            _check_int(name, getattr(self, name))
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.utility_k_start > self.max_draft_tokens:
+            raise ValueError(
+                f"utility_k_start={self.utility_k_start} exceeds max_draft_tokens={self.max_draft_tokens}"
+            )
+        if not 0.0 <= self.utility_tolerance < 1.0:
+            raise ValueError(f"utility_tolerance must be in [0, 1), got {self.utility_tolerance}")
+
+    # ----------------------------------------------------------------------------------------------- conversion
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculationConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown SpeculationConfig field(s) {unknown}; known fields: {sorted(known)}"
+            )
+        return cls(**data)
+
+    @classmethod
+    def coerce(cls, value: SpeculationConfig | dict[str, Any] | None) -> SpeculationConfig | None:
+        """Accept a config, a dict or None (returned as is)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        raise TypeError(
+            f"speculation must be a SpeculationConfig or a dict, got {type(value).__name__}"
+        )
+
+    def replace(self, **changes: Any) -> SpeculationConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------------------------------ files and the Hub
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **hub_kwargs) -> str:
+        """Write ``speculation_config.json`` into ``save_directory`` (created if needed); returns the file path."""
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, CONFIG_NAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        if push_to_hub:
+            repo_id = hub_kwargs.pop("repo_id", None) or os.path.basename(os.path.abspath(save_directory))
+            self.push_to_hub(repo_id, **hub_kwargs)
+        return path
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **hub_kwargs) -> SpeculationConfig:
+        """Load from a folder or Hub repo holding ``speculation_config.json``, or a model folder/repo whose
+        ``generation_config.json`` carries a ``speculation`` entry (see :meth:`to_generation_config`)."""
+        name_or_path = str(name_or_path)
+        if os.path.isdir(name_or_path):
+            candidates = [os.path.join(name_or_path, CONFIG_NAME), os.path.join(name_or_path, "generation_config.json")]
+            for path in candidates:
+                if os.path.isfile(path):
+                    loaded = _read_config_file(path)
+                    if loaded is not None:
+                        return loaded
+            raise OSError(
+                f"{name_or_path} holds neither {CONFIG_NAME} nor a generation_config.json with a 'speculation' entry"
+            )
+        from huggingface_hub import hf_hub_download
+
+        errors = []
+        for filename in (CONFIG_NAME, "generation_config.json"):
+            try:
+                path = hf_hub_download(repo_id=name_or_path, filename=filename, **hub_kwargs)
+            except Exception as err:  # noqa: BLE001 - report every attempt below
+                errors.append(f"{filename}: {type(err).__name__}: {err}")
+                continue
+            loaded = _read_config_file(path)
+            if loaded is not None:
+                return loaded
+            errors.append(f"{filename}: no 'speculation' entry")
+        raise OSError(f"could not load a SpeculationConfig from {name_or_path!r}: " + "; ".join(errors))
+
+    def push_to_hub(self, repo_id: str, commit_message: str = "Upload speculation config", **hub_kwargs) -> Any:
+        """Upload ``speculation_config.json`` to ``repo_id`` (a model repo) through ``huggingface_hub``."""
+        import tempfile
+
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=hub_kwargs.pop("token", None))
+        api.create_repo(repo_id=repo_id, exist_ok=True, private=hub_kwargs.pop("private", None))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = self.save_pretrained(tmp)
+            return api.upload_file(
+                path_or_fileobj=path,
+                path_in_repo=CONFIG_NAME,
+                repo_id=repo_id,
+                commit_message=commit_message,
+                **hub_kwargs,
+            )
+
+    def to_generation_config(self, generation_config):
+        """Store this config as ``generation_config.speculation`` (a plain dict, so it is saved with the model's
+        ``generation_config.json``) and return the generation config."""
+        generation_config.speculation = self.to_dict()
+        return generation_config
+
+
+def _read_config_file(path: str) -> SpeculationConfig | None:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if os.path.basename(path) == "generation_config.json":
+        data = data.get("speculation")
+        if data is None:
+            return None
+    return SpeculationConfig.from_dict(data)
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")

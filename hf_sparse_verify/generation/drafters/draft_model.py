@@ -1,0 +1,158 @@
+"""``draft_model``: a smaller model with the same vocabulary drafts K tokens autoregressively.
+
+The draft model keeps its own `SpecCache`. Before drafting it catches up on the history it has not seen (the
+tokens the last verify step accepted, or everything decoded during plain-decode phases), in chunks of at most
+``max_k + 1`` tokens per forward; rows needing fewer tokens read stale slots past their history, whose keys land
+beyond the row's valid length and are overwritten later. After verification the draft cache rolls back to the
+longest prefix that matches the new history (a length change, no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...attention import SpecCache, StepInfo
+from ...attention.interface import STEP_KWARG
+from ..processing import history_free_part
+from ..state import DecodeState
+from .base import Draft, Drafter, VerifyFeedback
+
+
+def _num_layers(model) -> int:
+    return model.config.get_text_config().num_hidden_layers
+
+
+def _input_device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with a separate (smaller) causal LM sharing the target's vocabulary."""
+
+    def __init__(self, model, target_vocab_size: int | None = None, max_k: int = 16):
+        draft_vocab = model.get_output_embeddings().weight.shape[0]
+        if target_vocab_size is not None and draft_vocab != target_vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary has {draft_vocab} entries but the target's has {target_vocab_size}: "
+                "a draft model must share the target's tokenizer and vocabulary size"
+            )
+        self.model = model.eval()
+        self.max_k = max_k
+        self.device = _input_device(model)
+        self.cache: SpecCache | None = None
+        self.cached: list[int] = []
+        self.gives_probs = False
+
+    @classmethod
+    def from_config(cls, config, target, draft_model=None) -> DraftModelDrafter:
+        if draft_model is None:
+            if config.draft_model is None:
+                raise ValueError(
+                    "strategy 'draft_model' needs a draft model: set SpeculationConfig(draft_model='folder or Hub "
+                    "id') or pass generate(..., draft_model=loaded_model)"
+                )
+            from transformers import AutoModelForCausalLM
+
+            draft_model = AutoModelForCausalLM.from_pretrained(config.draft_model, dtype=target.dtype).to(
+                target.device
+            )
+        target_vocab = target.get_output_embeddings().weight.shape[0]
+        return cls(draft_model, target_vocab, config.max_draft_tokens)
+
+    @property
+    def models(self) -> list:
+        return [self.model]
+
+    # ------------------------------------------------------------------------------------------------ forwards
+    def _forward(self, state: DecodeState, input_ids: torch.Tensor, start: list[int]) -> torch.Tensor:
+        """Run the draft on ``input_ids`` ``[B, W]`` written at slots ``start``; float32 logits ``[B, W, V]``."""
+        width = input_ids.shape[1]
+        start_t = torch.tensor(start, device=self.device)
+        pad_t = state.pad_t.to(self.device)
+        step = StepInfo("draft", start_t, pad_t, q_len=width, kv_len=max(start) + width)
+        positions = (start_t - pad_t).clamp_min(0)[:, None] + torch.arange(width, device=self.device)
+        self.cache.begin_step(step)
+        try:
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                **{STEP_KWARG: step},
+            )
+        finally:
+            self.cache.end_step()
+        return out.logits.to(state.tokens.device, torch.float32)
+
+    def prefill(self, state: DecodeState) -> None:
+        batch, prompt_len = state.batch_size, state.prompt_len
+        capacity = state.tokens.shape[1] + self.max_k + 2
+        self.cache = SpecCache(_num_layers(self.model), batch, capacity)
+        self.cached = [0] * batch
+        # the prompt; _catch_up feeds the rest (the first generated token onwards)
+        self._forward(state, state.tokens[:, :prompt_len], [0] * batch)
+        self.cached = [prompt_len] * batch
+
+    def _catch_up(self, state: DecodeState) -> torch.Tensor:
+        """Feed every row's unseen history; return ``[B, V]`` logits for the token after each row's history."""
+        committed = state.committed
+        chunk = self.max_k + 1
+        last_logits = None
+        done = [not a for a in state.active]
+        capacity = state.tokens.shape[1]
+        while not all(done):
+            start = [committed[b] - 1 if done[b] else self.cached[b] for b in range(state.batch_size)]
+            width = min(chunk, max(committed[b] - start[b] for b in range(state.batch_size)))
+            slots = torch.tensor(start, device=state.tokens.device)[:, None] + torch.arange(
+                width, device=state.tokens.device
+            )
+            input_ids = state.tokens.gather(1, slots.clamp_max(capacity - 1))
+            logits = self._forward(state, input_ids, start)  # [B, W, V]
+            finishing = []
+            for b in range(state.batch_size):
+                if done[b]:
+                    continue
+                self.cached[b] = min(start[b] + width, committed[b])
+                if self.cached[b] == committed[b]:
+                    done[b] = True
+                    finishing.append((b, committed[b] - 1 - start[b]))
+            rows = torch.tensor([b for b, _ in finishing], device=logits.device)
+            cols = torch.tensor([i for _, i in finishing], device=logits.device)
+            if last_logits is None:
+                last_logits = logits.new_zeros(logits.shape[0], logits.shape[-1])
+            last_logits[rows] = logits[rows, cols]
+        return last_logits
+
+    def _pick(self, logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not state.do_sample:
+            return logits.argmax(-1), None
+        warpers = history_free_part(state.processors)
+        scores = warpers(state.tokens[:, :1], logits) if len(warpers) else logits
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, 1).squeeze(1), probs
+
+    # ---------------------------------------------------------------------------------------------- interface
+    def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
+        self.gives_probs = state.do_sample
+        token, prob = self._pick(self._catch_up(state), state)
+        tokens, probs = [token], [prob]
+        for i in range(1, num_tokens):
+            start = [c + i - 1 for c in state.committed]
+            logits = self._forward(state, token[:, None], start)[:, 0]
+            token, prob = self._pick(logits, state)
+            tokens.append(token)
+            probs.append(prob)
+        self.cached = [c + num_tokens - 1 for c in state.committed]
+        counts = [num_tokens if a else 0 for a in state.active]
+        draft_probs = torch.stack(probs, dim=1) if state.do_sample else None
+        return Draft(torch.stack(tokens, dim=1), counts, draft_probs)
+
+    def on_verify(self, feedback: VerifyFeedback) -> None:
+        for b, accepted in enumerate(feedback.accepted):
+            if accepted is None:  # finished row: keep the bookkeeping consistent, it is never fed again
+                self.cached[b] = min(self.cached[b], feedback.committed_after[b] - 1)
+            else:
+                self.cached[b] = min(self.cached[b], feedback.committed_before[b] + accepted)
+
+    def close(self) -> None:
+        self.cache = None

@@ -1,0 +1,260 @@
+"""Entry points: the ``custom_generate`` callable and the raw-argument entry behind the Hub folder and the CLI.
+
+Usage:
+    model.generate(**inputs, custom_generate=hf_sparse_verify.generate, speculation=cfg, max_new_tokens=64)
+
+transformers prepares inputs, the generation config, logits processors and stopping criteria as for any
+decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers.cache_utils import Cache
+from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .. import _compat
+from ..attention import use_sparse_verify_attention
+from ..config import SpeculationConfig
+from .drafters.base import Drafter
+from .k_policy import make_k_policy
+from .loop import LoopSettings, speculative_decode
+from ..registry import DRAFTERS, resolve
+from .stats import SpeculationStats
+
+#: model kwargs transformers prepares for every decoding mode; we read or ignore these
+_PREPARED_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+
+
+@dataclasses.dataclass
+class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus ``speculation``, the call's `SpeculationStats`."""
+
+    speculation: SpeculationStats | None = None
+
+
+def resolve_config(speculation, generation_config, model) -> SpeculationConfig:
+    """The call's config: the argument, else ``generation_config.speculation``, else the model's, else defaults."""
+    config = SpeculationConfig.coerce(speculation)
+    if config is None:
+        stored = getattr(generation_config, "speculation", None)
+        if stored is None:
+            stored = getattr(model.generation_config, "speculation", None)
+        config = SpeculationConfig.coerce(stored) or SpeculationConfig()
+    return config
+
+
+def _strategy(config: SpeculationConfig, draft_model) -> str:
+    if config.strategy != "auto":
+        return config.strategy
+    return "draft_model" if (draft_model is not None or config.draft_model is not None) else "prompt_lookup"
+
+
+def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
+    if draft_model is not None and strategy != "draft_model":
+        raise ValueError(
+            f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto')"
+        )
+    cls = resolve(DRAFTERS, strategy)
+    return cls.from_config(config, target=model, draft_model=draft_model)
+
+
+def _check_generation_config(generation_config, model_kwargs: dict) -> None:
+    if generation_config.num_beams > 1:
+        raise NotImplementedError(
+            f"beam search (num_beams={generation_config.num_beams}) cannot be combined with speculative decoding: "
+            "use num_beams=1"
+        )
+    if generation_config.num_return_sequences > 1:
+        raise NotImplementedError(
+            f"num_return_sequences={generation_config.num_return_sequences} is not supported: repeat the prompt "
+            "in the batch instead"
+        )
+    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if getattr(generation_config, flag, False):
+            raise NotImplementedError(f"{flag}=True is not supported by hf_sparse_verify.generate; leave it off")
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise NotImplementedError("inputs_embeds are not supported: pass input_ids")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and (not isinstance(cache, Cache) or cache.get_seq_length() > 0):
+        raise NotImplementedError(
+            "continuing from a user-provided past_key_values is not supported: hf_sparse_verify builds its own "
+            "preallocated cache; pass no past_key_values"
+        )
+    unexpected = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED_KWARGS and v is not None)
+    if unexpected:
+        raise ValueError(f"unsupported model inputs for hf_sparse_verify.generate: {unexpected}")
+
+
+def _settings(config: SpeculationConfig, generation_config, model, prompt_len: int) -> LoopSettings:
+    max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if max_positions is not None and prompt_len > max_positions:
+        raise ValueError(
+            f"the prompt has {prompt_len} tokens but the model has {max_positions} positions: shorten the prompt"
+        )
+    needed = generation_config.max_length + config.max_draft_tokens
+    if config.max_cache_len is not None and needed > config.max_cache_len:
+        raise ValueError(
+            f"max_cache_len={config.max_cache_len} is too small: prompt ({prompt_len}) + new tokens "
+            f"({generation_config.max_length - prompt_len}) + max_draft_tokens ({config.max_draft_tokens}) = "
+            f"{needed} slots; raise max_cache_len or lower max_new_tokens"
+        )
+    pad = generation_config._pad_token_tensor
+    eos = generation_config._eos_token_tensor
+    if pad is None:
+        pad = eos.flatten()[0] if eos is not None else torch.tensor(0)
+    return LoopSettings(
+        max_length=generation_config.max_length,
+        max_draft_tokens=config.max_draft_tokens,
+        do_sample=bool(generation_config.do_sample),
+        pad_token_id=int(pad.flatten()[0]),
+        backend="reference",
+    )
+
+
+def _run(
+    model,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    speculation,
+    draft_model,
+    streamer,
+    model_kwargs,
+):
+    _check_generation_config(generation_config, model_kwargs)
+    _compat.check_architecture(model)
+    config = resolve_config(speculation, generation_config, model)
+    strategy = _strategy(config, draft_model)
+    settings = _settings(config, generation_config, model, input_ids.shape[1])
+    drafter = build_drafter(config, strategy, model, draft_model)
+    policy = make_k_policy(config)
+    eos = generation_config._eos_token_tensor
+    eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
+    stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
+    with use_sparse_verify_attention(model, *getattr(drafter, "models", [])):
+        sequences, stats = speculative_decode(
+            model,
+            input_ids,
+            model_kwargs.get("attention_mask"),
+            drafter=drafter,
+            policy=policy,
+            processors=logits_processor,
+            stopping_criteria=stopping_criteria,
+            eos_token_ids=eos_ids,
+            settings=settings,
+            streamer=streamer,
+            stats=stats,
+        )
+    if generation_config.return_dict_in_generate:
+        return SpeculativeDecoderOnlyOutput(sequences=sequences, speculation=stats)
+    return sequences
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor=None,
+    stopping_criteria=None,
+    generation_config=None,
+    synced_gpus: bool = False,
+    streamer=None,
+    speculation: SpeculationConfig | dict | None = None,
+    draft_model=None,
+    **model_kwargs,
+):
+    """Speculative decoding as a transformers ``custom_generate`` callable.
+
+    Use through ``model.generate(**inputs, custom_generate=hf_sparse_verify.generate, speculation=cfg, ...)``;
+    every standard argument (``max_new_tokens``, ``do_sample``, processors, ``eos_token_id``, ``streamer``,
+    ``return_dict_in_generate``, ...) keeps its meaning. ``speculation`` is a `SpeculationConfig`, a dict, or
+    omitted (then ``model.generation_config.speculation``, else defaults). ``draft_model`` is a loaded draft model
+    (transformers drops ``assistant_model`` for custom callables). Calling ``generate(model, input_ids, ...)``
+    directly goes through ``model.generate`` the same way.
+
+    Returns:
+        ``[B, T]`` sequences, or a `SpeculativeDecoderOnlyOutput` with ``speculation`` stats when
+        ``return_dict_in_generate=True``.
+    """
+    if generation_config is None or logits_processor is None or stopping_criteria is None:
+        # called directly: let transformers prepare everything, then come back here
+        if streamer is not None:
+            model_kwargs["streamer"] = streamer
+        return model.generate(
+            input_ids, custom_generate=generate, speculation=speculation, draft_model=draft_model, **model_kwargs
+        )
+    if streamer is None:
+        streamer = _compat.recover_streamer()
+    return _run(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        speculation,
+        draft_model,
+        streamer,
+        model_kwargs,
+    )
+
+
+def _bound_generate(streamer):
+    """A ``custom_generate`` callable carrying a streamer that transformers would otherwise drop."""
+
+    @torch.no_grad()
+    def run(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus=False,
+        speculation=None,
+        draft_model=None,
+        **model_kwargs,
+    ):
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        return _run(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            speculation,
+            draft_model,
+            streamer,
+            model_kwargs,
+        )
+
+    return run
+
+
+def generate_from_arguments(model, inputs=None, **kwargs):
+    """Speculative generation from raw ``generate`` arguments (what a Hub ``custom_generate/generate.py``
+    receives, and what the CLI passes). Unlike the callable form it also accepts ``stop_strings`` with
+    ``tokenizer``, and ``assistant_model`` as the draft model."""
+    streamer = kwargs.pop("streamer", None)
+    tokenizer = kwargs.pop("tokenizer", None)
+    stop_strings = kwargs.pop("stop_strings", None)
+    assistant_model = kwargs.pop("assistant_model", None)
+    for unused in ("custom_generate", "trust_remote_code"):
+        kwargs.pop(unused, None)
+    if assistant_model is not None:
+        if kwargs.get("draft_model") is not None:
+            raise ValueError("pass either draft_model or assistant_model, not both")
+        kwargs["draft_model"] = assistant_model
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer: pass tokenizer=... as well")
+        if isinstance(stop_strings, str):
+            stop_strings = [stop_strings]
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+        kwargs["stopping_criteria"] = criteria
+    return model.generate(inputs, custom_generate=_bound_generate(streamer), **kwargs)

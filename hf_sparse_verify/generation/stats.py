@@ -1,0 +1,105 @@
+"""`SpeculationStats`: what a speculative `generate` call did, step by step."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    """Per-call statistics, returned as ``output.speculation`` with ``return_dict_in_generate=True``.
+
+    Attributes:
+        strategy / k_policy: what ran.
+        steps: target forwards after the prefill (drafting steps and plain decode steps).
+        draft_tokens: K at each step (0 for a plain decode step).
+        accepted_tokens: per step, per row, drafts accepted (bonus excluded); None for rows already finished.
+        new_tokens: tokens generated per row (EOS included, padding excluded).
+        policy_states: per step, what the K policy reported (phase, utilities, ...), when it reports anything.
+        step_times_s: per step, draft + verify time in seconds.
+        wall_time_s / prefill_time_s / draft_time_s / verify_time_s: seconds; draft and verify are summed over
+            steps (CUDA events on GPU, host timers on CPU).
+    """
+
+    strategy: str = ""
+    k_policy: str = ""
+    steps: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
+    accepted_tokens: list[list[int | None]] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    policy_states: list[dict] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    def _drafts(self):
+        """(K, accepted) for every row of every drafting step."""
+        for k, row_counts in zip(self.draft_tokens, self.accepted_tokens):
+            if k == 0:
+                continue
+            for a in row_counts:
+                if a is not None:
+                    yield k, a
+
+    @property
+    def num_drafts(self) -> int:
+        """Row-level drafting events (one per active row per step with K > 0)."""
+        return sum(1 for _ in self._drafts())
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted drafts / drafting events, as vLLM defines it (1.0 when nothing was drafted)."""
+        drafts = list(self._drafts())
+        if not drafts:
+            return 1.0
+        return 1.0 + sum(a for _, a in drafts) / len(drafts)
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """For draft position i: accepted at i / drafts that reached position i."""
+        proposed: list[int] = []
+        accepted: list[int] = []
+        for k, a in self._drafts():
+            while len(proposed) < k:
+                proposed.append(0)
+                accepted.append(0)
+            for i in range(k):
+                proposed[i] += 1
+                accepted[i] += int(a > i)
+        return [acc / prop if prop else 0.0 for acc, prop in zip(accepted, proposed)]
+
+    @property
+    def total_new_tokens(self) -> int:
+        return sum(self.new_tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.total_new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            mean_acceptance_length=self.mean_acceptance_length,
+            acceptance_rate_per_position=self.acceptance_rate_per_position,
+            total_new_tokens=self.total_new_tokens,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return d
+
+    def summary(self) -> str:
+        """A few human-readable lines (what the CLI prints with ``--stats``)."""
+        rates = ", ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position)
+        return "\n".join(
+            [
+                f"strategy={self.strategy} k_policy={self.k_policy}",
+                f"steps={self.steps} new_tokens={self.new_tokens} (total {self.total_new_tokens})",
+                f"mean_acceptance_length={self.mean_acceptance_length:.3f}",
+                f"acceptance_rate_per_position=[{rates}]",
+                f"draft_tokens per step: mean {sum(self.draft_tokens) / max(1, len(self.draft_tokens)):.2f}",
+                f"wall_time_s={self.wall_time_s:.3f} prefill_time_s={self.prefill_time_s:.3f} "
+                f"draft_time_s={self.draft_time_s:.3f} verify_time_s={self.verify_time_s:.3f} "
+                f"tokens/s={self.tokens_per_second:.1f}",
+            ]
+        )

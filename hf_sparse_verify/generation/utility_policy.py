@@ -1,0 +1,345 @@
+"""Cascade's utility-driven K policy: test-and-set, switch-off, adaptive back-off and hill climbing.
+
+The *utility* of a draft length K (Cascade, Sec. 4) is the speedup it buys over plain decoding::
+
+    utility(K) = ETR(K) / (step_time(K) / step_time(0))
+
+ETR is the effective number of tokens a step emits (accepted drafts + 1; a K = 0 step yields 1) and
+``step_time(0)`` the time of a plain decode step. Time per output token at K is the plain one divided by
+``utility(K)`` (the paper's Theorem 4.2): above 1 speculation pays, below 1 it slows decoding down.
+
+The policy runs one state machine per request (or per batch, see below)::
+
+    baseline (B steps at K = 0) -> test (up to M trials of t steps) -> set (S steps) -> test -> set -> ...
+
+- **baseline**: the first ``baseline_steps`` (B = 4) steps are plain decode steps that measure ``step_time(0)``:
+  the median of the last B timed K = 0 steps (every K = 0 step counts, so a set phase at K = 0 keeps it fresh).
+  When no K = 0 step ran for ``baseline_refresh`` (100) steps, B plain steps are scheduled again: before the
+  next test phase, or in the middle of a set phase (which then resumes).
+- **test**: trials of ``trial_steps`` (t = 4) steps at one K each. A trial's utility is
+  ``sum(ETR) * step_time(0) / sum(step time)`` over its timed steps. The first trial runs the non-zero K with
+  the best utility in the last test and set phase (``k_start`` = 3 at first); after a set phase at K = 0 it runs
+  K = 1, the cheapest speculative step (Sec. 5.4). :func:`plan_next_trial` picks each next K by hill climbing
+  and ends the phase early (switch-off at K = 1, falling utility, converged utility, ...).
+- **set**: ``set_steps`` (S = 16) steps at the best K of the test phase when its utility is >= 1, else at K = 0
+  (speculation switched off). Entering the set phase at K = 0 doubles S (adaptive back-off, so testing gets
+  exponentially rarer while speculation keeps failing); entering it at K > 0 resets S to ``set_steps``.
+
+Timing: ``needs_timing = True`` asks the loop for step times. Outcomes are matched to steps by ``index`` and may
+arrive late; a step whose time is None (or not a positive finite number) contributes nothing. Decisions use the
+outcomes that have arrived: a trial with no timed step after its t steps is extended one step at a time (at most
+t more); a trial without a measurable utility ends the test phase and the set phase keeps its K.
+
+Batches: the whole batch shares K. ETR is 1 + the mean of the accepted drafts over the active rows and the step
+time is the batch's, so utility is the batch's throughput relative to plain decoding of the batch (at batch 1 this
+is the paper's per-request decision). The decisions (:func:`plan_next_trial`, :func:`choose_set_k`) only see
+``(K, utility)`` pairs, so a per-row policy can reuse them.
+
+Example (drafts are right up to 2 tokens, each draft token costs 20% of a plain step; K = 2 is best):
+    >>> from hf_sparse_verify.generation.k_policy import StepOutcome
+    >>> policy = UtilityKPolicy(max_k=8)  # k_start=3, t=4, M=4, S=16, B=4
+    >>> ks = []
+    >>> for i in range(36):
+    ...     k = policy.next_k()
+    ...     ks.append(k)
+    ...     policy.observe(StepOutcome(index=i, k=k, accepted=[min(k, 2)], time_s=1.0 + 0.2 * k))
+    >>> ks[:4], ks[4:20:4], ks[20:36]  # baseline, one K per trial (3 -> 4 fell, back to 2 -> 1 fell), set phase
+    ([0, 0, 0, 0], [3, 4, 2, 1], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])
+    >>> state = policy.state()
+    >>> state["phase"], state["k"], state["best_k"], state["set_steps"], state["exit"]
+    ('set', 2, 2, 16, 'max_trials')
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import median
+
+from .k_policy import KPolicy, StepOutcome
+
+BASELINE, TEST, SET = "baseline", "test", "set"
+
+#: outcomes of at most this many issued steps are awaited; older ones are forgotten (a loop that never reports)
+_MAX_PENDING = 1024
+
+
+class Window:
+    """Sums over the timed steps run at one K: one trial, or one set phase."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.tokens = 0.0  # sum of ETR
+        self.time_s = 0.0  # sum of step times
+        self.timed = 0  # steps with a known time
+
+    def add(self, etr: float, time_s: float) -> None:
+        self.tokens += etr
+        self.time_s += time_s
+        self.timed += 1
+
+    def utility(self, baseline_s: float | None) -> float | None:
+        """``mean ETR / (mean step time / baseline_s)``; None without a timed step or a baseline."""
+        if self.timed == 0 or baseline_s is None:
+            return None
+        return self.tokens * baseline_s / self.time_s
+
+
+def plan_next_trial(
+    trials: list[tuple[int, float]], max_k: int, max_trials: int, tolerance: float
+) -> tuple[int | None, str]:
+    """Hill-climbing step of a test phase: the K of the next trial, or None and why the phase ends.
+
+    Args:
+        trials: ``(K, utility)`` of the trials of this test phase so far, oldest first (distinct K >= 1).
+        max_k: largest K to try.
+        max_trials: M, trials per test phase.
+        tolerance: relative difference under which two successive utilities count as equal.
+
+    Returns ``(next_k, "climb")`` or ``(None, reason)``, checked in this order:
+    ``"k_zero"`` (K = 1 has utility < 1: switch-off), ``"falling"`` (utility fell in two successive trials),
+    ``"converged"`` (the last two utilities are within ``tolerance``), ``"max_trials"``, then, from the next K:
+    ``"k_zero"`` (it would be 0), ``"k_max"`` (above ``max_k``) or ``"peak"`` (already tried: the maximum is
+    bracketed). The next K is the lowest K tried - 1 when the last utility is < 1 (move toward K = 0); after the
+    first trial K + 1 (K - 1 at ``max_k``); otherwise one more step the same way when utility rose from the
+    previous trial, or one step past the previous K the other way when it fell.
+
+    Example:
+        >>> plan_next_trial([(3, 1.4)], max_k=8, max_trials=4, tolerance=0.1)
+        (4, 'climb')
+        >>> plan_next_trial([(3, 1.4), (4, 1.1)], max_k=8, max_trials=4, tolerance=0.1)  # fell going up
+        (2, 'climb')
+        >>> plan_next_trial([(3, 0.6), (2, 0.7), (1, 0.8)], max_k=8, max_trials=4, tolerance=0.1)
+        (None, 'k_zero')
+    """
+    k, u = trials[-1]
+    if u < 1.0 and k == 1:
+        return None, "k_zero"
+    if len(trials) >= 3 and u < trials[-2][1] < trials[-3][1]:
+        return None, "falling"
+    if len(trials) >= 2 and abs(u - trials[-2][1]) <= tolerance * trials[-2][1]:
+        return None, "converged"
+    if len(trials) >= max_trials:
+        return None, "max_trials"
+    tried = {trial_k for trial_k, _ in trials}
+    if u < 1.0:
+        next_k = min(tried) - 1
+    elif len(trials) == 1:
+        next_k = k + 1 if k < max_k else k - 1
+    else:
+        prev_k, prev_u = trials[-2]
+        step = 1 if k > prev_k else -1
+        next_k = k + step if u > prev_u else prev_k - step
+    if next_k <= 0:
+        return None, "k_zero"
+    if next_k > max_k:
+        return None, "k_max"
+    if next_k in tried:
+        return None, "peak"
+    return next_k, "climb"
+
+
+def choose_set_k(trials: list[tuple[int, float]]) -> tuple[int, int | None]:
+    """``(K for the set phase, best K)``: the best K when its utility is >= 1, else 0 (ties go to the smaller K).
+
+    Example:
+        >>> choose_set_k([(3, 1.2), (4, 1.5)]), choose_set_k([(3, 0.6), (2, 0.7)]), choose_set_k([])
+        ((4, 4), (0, 2), (0, None))
+    """
+    if not trials:
+        return 0, None
+    best_k, best_u = max(trials, key=lambda trial: (trial[1], -trial[0]))
+    return (best_k if best_u >= 1.0 else 0), best_k
+
+
+class UtilityKPolicy(KPolicy):
+    """Cascade's test-and-set K policy (see the module docstring for the state machine).
+
+    Args:
+        max_k: largest K (``SpeculationConfig.max_draft_tokens``).
+        k_start: K of the first trial (paper: 3).
+        trial_steps: t, steps per trial (4).
+        max_trials: M, trials per test phase (4).
+        set_steps: S, steps of a set phase before back-off (16).
+        baseline_steps: plain decode steps that measure the K = 0 step time at the start (4).
+        baseline_refresh: steps without a K = 0 step after which the measurement is refreshed (100).
+        tolerance: successive trial utilities within this relative difference end the test phase (0.10).
+    """
+
+    needs_timing = True
+
+    def __init__(
+        self,
+        max_k: int,
+        k_start: int = 3,
+        trial_steps: int = 4,
+        max_trials: int = 4,
+        set_steps: int = 16,
+        baseline_steps: int = 4,
+        baseline_refresh: int = 100,
+        tolerance: float = 0.10,
+    ):
+        if k_start < 1:
+            raise ValueError(f"k_start must be >= 1 (the first trial speculates), got {k_start}")
+        super().__init__(k_start, max_k)
+        for name, value in (
+            ("trial_steps", trial_steps),
+            ("max_trials", max_trials),
+            ("set_steps", set_steps),
+            ("baseline_steps", baseline_steps),
+            ("baseline_refresh", baseline_refresh),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= tolerance < 1.0:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        self.trial_steps = trial_steps
+        self.max_trials = max_trials
+        self.set_steps = set_steps
+        self.baseline_steps = baseline_steps
+        self.baseline_refresh = baseline_refresh
+        self.tolerance = tolerance
+        self.reset()
+
+    @classmethod
+    def from_config(cls, config) -> UtilityKPolicy:
+        """Build from a `SpeculationConfig` (``max_draft_tokens`` and the ``utility_*`` fields)."""
+        return cls(
+            max_k=config.max_draft_tokens,
+            k_start=config.utility_k_start,
+            trial_steps=config.utility_trial_steps,
+            max_trials=config.utility_max_trials,
+            set_steps=config.utility_set_steps,
+            baseline_steps=config.utility_baseline_steps,
+            baseline_refresh=config.utility_baseline_refresh,
+            tolerance=config.utility_tolerance,
+        )
+
+    def reset(self) -> None:
+        """Forget everything: the next step is the first step of a new request."""
+        self._step = 0  # index of the next step to issue
+        self._pending: dict[int, Window] = {}  # issued step -> window its outcome feeds
+        self._plain_times: deque[float] = deque(maxlen=self.baseline_steps)
+        self._last_plain_step = 0
+        self._set_len = self.set_steps
+        self._trials: list[tuple[Window, float | None]] = []  # this (or the last) test phase
+        self._last_set: Window | None = None
+        self._paused: tuple[str, Window, int] | None = None  # set phase interrupted by a baseline refresh
+        self._last_utility: float | None = None
+        self._best_k: int | None = None
+        self._exit: str | None = None
+        self._issued = (BASELINE, 0)
+        self._begin(BASELINE, Window(0), self.baseline_steps)
+
+    # ------------------------------------------------------------------------------------------- loop interface
+    def next_k(self) -> int:
+        while self._left == 0:
+            self._end_segment()
+        if self._phase == SET and self._refresh_due():
+            self._paused = (self._phase, self._window, self._left)
+            self._begin(BASELINE, Window(0), self.baseline_steps)
+        self._left -= 1
+        k = self._window.k
+        if k == 0:
+            self._last_plain_step = self._step
+        self._pending[self._step] = self._window
+        if len(self._pending) > _MAX_PENDING:
+            del self._pending[next(iter(self._pending))]
+        self._issued = (self._phase, k)
+        self._step += 1
+        return k
+
+    def observe(self, outcome: StepOutcome) -> None:
+        window = self._pending.pop(outcome.index, None)
+        if window is None or not outcome.accepted or outcome.time_s is None:
+            return
+        try:
+            time_s = float(outcome.time_s)
+        except (TypeError, ValueError):
+            return
+        if not math.isfinite(time_s) or time_s <= 0:
+            return
+        if window.k == 0:
+            self._plain_times.append(time_s)
+        else:
+            window.add(outcome.tokens_per_row, time_s)
+
+    def state(self) -> dict:
+        """Phase and K of the last issued step, last trial utility, best K of the test phase, S, and why the
+        last test phase ended."""
+        phase, k = self._issued
+        return {
+            "phase": phase,
+            "k": k,
+            "utility": self._last_utility,
+            "best_k": self._best_k,
+            "set_steps": self._set_len,
+            "exit": self._exit,
+        }
+
+    # ----------------------------------------------------------------------------------------- state machine
+    def _begin(self, phase: str, window: Window, steps: int) -> None:
+        self._phase, self._window, self._left, self._extended = phase, window, steps, 0
+
+    def _baseline_s(self) -> float | None:
+        return median(self._plain_times) if self._plain_times else None
+
+    def _refresh_due(self) -> bool:
+        return self._step - self._last_plain_step >= self.baseline_refresh
+
+    def _end_segment(self) -> None:
+        if self._phase == TEST:
+            self._end_trial()
+        elif self._phase == SET:
+            self._last_set = self._window
+            self._start_test()
+        elif self._paused is not None:
+            self._begin(*self._paused)
+            self._paused = None
+        else:
+            self._start_test()
+
+    def _start_test(self) -> None:
+        if self._refresh_due():
+            self._begin(BASELINE, Window(0), self.baseline_steps)
+            return
+        k = self._first_trial_k()
+        self._trials, self._best_k, self._exit = [], None, None
+        self._begin(TEST, Window(k), self.trial_steps)
+
+    def _first_trial_k(self) -> int:
+        if self._last_set is not None and self._last_set.k == 0:
+            return 1
+        baseline_s = self._baseline_s()
+        recent = [window for window, _ in self._trials]
+        if self._last_set is not None:
+            recent.append(self._last_set)
+        scored = [(window.k, window.utility(baseline_s)) for window in recent if window.k > 0]
+        scored = [(k, u) for k, u in scored if u is not None]
+        if not scored:
+            return self.start_k
+        return max(scored, key=lambda trial: (trial[1], -trial[0]))[0]
+
+    def _end_trial(self) -> None:
+        window = self._window
+        if window.timed == 0 and self._extended < self.trial_steps:
+            self._extended += 1  # no outcome has arrived yet: one more step at this K
+            self._left = 1
+            return
+        utility = window.utility(self._baseline_s())
+        self._trials.append((window, utility))
+        self._last_utility = utility
+        measured = [(trial.k, u) for trial, u in self._trials if u is not None]
+        set_k, self._best_k = choose_set_k(measured)
+        if utility is None:
+            next_k, self._exit = None, "unmeasured"
+            if self._best_k is None:
+                set_k = window.k  # nothing measured: keep speculating at this K
+        else:
+            next_k, self._exit = plan_next_trial(measured, self.max_k, self.max_trials, self.tolerance)
+        if next_k is not None:
+            self._exit = None
+            self._begin(TEST, Window(next_k), self.trial_steps)
+            return
+        self._set_len = 2 * self._set_len if set_k == 0 else self.set_steps
+        self._begin(SET, Window(set_k), self._set_len)
