@@ -3,8 +3,8 @@
 Plain `generate` calls ``processor(input_ids, scores)`` once per token with the history up to that token. A
 verify step scores ``K + 1`` positions per row at once, and rows of a batch hold histories of different lengths.
 Processors that never look at the history (temperature, top-k, top-p, ...) are applied once to all positions;
-any other processor is called once per position with the exact history of every row, batching the rows whose
-histories have the same length. Stopping criteria are treated the same way: max length and EOS natively,
+any other processor is called once per position and history length, with the whole batch (processors may hold
+per-row state) and the exact history of the rows that have that length. Stopping criteria are treated the same way: max length and EOS natively,
 anything else per emitted token with the exact history.
 """
 
@@ -75,6 +75,9 @@ def process_window(
         dummy = tokens[:, :1].repeat_interleave(k1, dim=0)
         return processors(dummy, flat).view(batch, k1, vocab)
 
+    # Processors may keep per-row state (e.g. a per-row prompt length), so every call sees the whole batch; one
+    # call per (history length, position) serves the rows whose history has that length, the other rows' outputs
+    # are discarded.
     scores = logits.clone()
     groups: dict[int, list[int]] = defaultdict(list)
     for row in range(batch):
@@ -82,11 +85,9 @@ def process_window(
             groups[committed[row]].append(row)
     for length, rows in groups.items():
         index = torch.tensor(rows, device=logits.device)
-        history = tokens.index_select(0, index)[:, :length]
-        row_drafts = drafts.index_select(0, index)
         for i in range(k1):
-            input_ids = torch.cat([history, row_drafts[:, :i]], dim=1)
-            scores[index, i] = processors(input_ids, logits[index, i])
+            input_ids = torch.cat([tokens[:, :length], drafts[:, :i]], dim=1)
+            scores[index, i] = processors(input_ids, logits[:, i].clone())[index]
     return scores
 
 

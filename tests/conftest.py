@@ -1,0 +1,106 @@
+"""Shared fixtures: tiny random models of every supported architecture (float32, fixed seeds), a character
+tokenizer matching their vocabulary, and the trained fixtures of ../shared/models when present."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import models as hf_models
+
+VOCAB = 96
+PAD, EOS, BOS = 0, 1, 2
+SHARED_MODELS = Path(os.environ.get("HF_SPARSE_VERIFY_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "models"
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    bos_token_id=BOS,
+    tie_word_embeddings=False,
+)
+
+#: architecture name -> (config class, extra config fields)
+ARCHITECTURES: dict[str, tuple[type, dict]] = {
+    "llama": (hf_models.llama.LlamaConfig, {}),
+    "qwen2": (hf_models.qwen2.Qwen2Config, {}),
+    "qwen3": (hf_models.qwen3.Qwen3Config, {"head_dim": 16}),
+    # a window shorter than the sequences, so the sliding mask really matters
+    "mistral": (hf_models.mistral.MistralConfig, {"sliding_window": 9, "head_dim": 16}),
+    "qwen3_moe": (
+        hf_models.qwen3_moe.Qwen3MoeConfig,
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "head_dim": 16},
+    ),
+    "mixtral": (hf_models.mixtral.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "olmoe": (hf_models.olmoe.OlmoeConfig, {"num_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def make_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny float32 random model of ``arch`` in eval mode."""
+    config_cls, extra = ARCHITECTURES[arch]
+    config = config_cls(**{**_COMMON, **extra, **overrides})
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # larger weights than the default init give peaked, repetitive outputs (like trained models), so n-gram and
+    # draft-model acceptance is exercised
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and "norm" not in name:
+                p.mul_(4.0)
+    return model.eval()
+
+
+def noisy_copy(model: torch.nn.Module, scale: float = 0.15, seed: int = 1) -> torch.nn.Module:
+    """A draft that agrees with ``model`` most of the time but not always."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
+    return draft.eval()
+
+
+def ragged_batch(batch: int, length: int = 14, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of different lengths, ``[B, length]`` ids and mask."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        pad = (row * 5) % (length - 3)
+        mask[row, :pad] = 0
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A tokenizer whose VOCAB tokens are single characters (ids 0-2 special), for stop strings and pipelines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<bos>": BOS}
+    for i in range(3, VOCAB):
+        vocab[chr(ord("!") + i - 3)] = i
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="session")
+def shared_models() -> Path:
+    if not (SHARED_MODELS / "code-target").is_dir():
+        pytest.skip(f"trained fixtures not found at {SHARED_MODELS} (../shared/models); skipping fixture tests")
+    return SHARED_MODELS

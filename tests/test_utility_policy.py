@@ -1,0 +1,409 @@
+"""Deterministic simulations of the utility (Cascade) K policy: synthetic step costs and acceptance traces."""
+
+from __future__ import annotations
+
+import doctest
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from hf_sparse_verify.config import SpeculationConfig
+from hf_sparse_verify.generation import utility_policy
+from hf_sparse_verify.generation.k_policy import StepOutcome, make_k_policy
+from hf_sparse_verify.generation.utility_policy import UtilityKPolicy, plan_next_trial
+
+StepTime = Callable[[int, int], float]  # (K, step index) -> seconds
+Accepted = Callable[[int, int], "int | list[int]"]  # (K, step index) -> accepted drafts (one int per row)
+
+
+@dataclass
+class Run:
+    ks: list[int]
+    states: list[dict]
+    time: float  # total simulated time
+    tokens: float  # total tokens per row
+
+    @property
+    def phases(self) -> list[str]:
+        return [state["phase"] for state in self.states]
+
+    def segments(self) -> list[tuple[str, int, int]]:
+        """``(phase, K, length)`` of each run of consecutive steps with the same phase and K."""
+        runs: list[list] = []
+        for phase, k in zip(self.phases, self.ks):
+            if runs and runs[-1][0] == phase and runs[-1][1] == k:
+                runs[-1][2] += 1
+            else:
+                runs.append([phase, k, 1])
+        return [tuple(run) for run in runs]
+
+    def test_starts(self) -> list[int]:
+        phases = self.phases
+        return [
+            i for i, phase in enumerate(phases) if phase == "test" and (i == 0 or phases[i - 1] != "test")
+        ]
+
+    def first_test(self) -> list[int]:
+        """K of each step of the first test phase."""
+        start = self.test_starts()[0]
+        end = start
+        while self.phases[end] == "test":
+            end += 1
+        return self.ks[start:end]
+
+
+def simulate(
+    policy: UtilityKPolicy,
+    step_time: StepTime,
+    accepted: Accepted,
+    steps: int,
+    lag: int = 0,
+    drop_time: Callable[[int], bool] = lambda i: False,
+) -> Run:
+    """Drive ``next_k``/``observe`` for ``steps`` steps; outcomes reach the policy ``lag`` steps late."""
+    ks, states, queue = [], [], []
+    total_time = tokens = 0.0
+    for i in range(steps):
+        k = policy.next_k()
+        assert 0 <= k <= policy.max_k
+        rows = accepted(k, i)
+        rows = [rows] if isinstance(rows, int) else rows
+        seconds = step_time(k, i)
+        total_time += seconds
+        tokens += 1 + sum(rows) / len(rows)
+        queue.append(StepOutcome(index=i, k=k, accepted=rows, time_s=None if drop_time(i) else seconds))
+        if len(queue) > lag:
+            policy.observe(queue.pop(0))
+        ks.append(k)
+        states.append(policy.state())
+    for outcome in queue:
+        policy.observe(outcome)
+    return Run(ks, states, total_time, tokens)
+
+
+def table_curve(utilities: dict[int, float]) -> tuple[StepTime, Accepted]:
+    """Step costs that give exactly ``utilities[K]``: every draft is accepted, step time (K + 1) / utility."""
+
+    def step_time(k: int, i: int) -> float:
+        return 1.0 if k == 0 else (k + 1) / utilities[k]
+
+    return step_time, lambda k, i: k
+
+
+def never_accept(k: int, i: int) -> int:
+    return 0
+
+
+# --------------------------------------------------------------------------------- switch-off and slowdown bound
+ADVERSARIAL = {
+    # name: (step time, K of each step of the first test phase); drafts are never accepted
+    "flat_2x": (lambda k, i: 1.0 if k == 0 else 2.0, [3] * 4 + [2] * 4),  # the paper's example (Sec. 5.5)
+    "flat_3x": (lambda k, i: 1.0 if k == 0 else 3.0, [3] * 4 + [2] * 4),  # "up to 3x the cost" (Sec. 5.5)
+    "linear": (lambda k, i: 1.0 + 0.5 * k, [3] * 4 + [2] * 4 + [1] * 4),  # 2.5x at K = 3
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_switches_off_and_slowdown_within_paper_bound(name):
+    step_time, first_test = ADVERSARIAL[name]
+    run = simulate(UtilityKPolicy(max_k=16), step_time, never_accept, steps=2000)
+    slowdown = run.time / run.tokens / step_time(0, 0) - 1
+    print(f"{name}: slowdown {slowdown:.2%} over 2000 steps")
+    assert run.ks[:4] == [0] * 4
+    assert run.first_test() == first_test
+    segments = run.segments()
+    assert all(k == 0 for phase, k, _ in segments if phase == "set")
+    # after a set phase at K = 0 every test phase is one trial at K = 1 (K = 1 below 1 ends it)
+    later_tests = [(k, n) for phase, k, n in segments if phase == "test"][len(first_test) // 4 :]
+    assert later_tests and all(trial == (1, 4) for trial in later_tests)
+    assert 0 < slowdown <= 0.05
+
+
+def test_paper_adversarial_example_numbers():
+    """2x cost, ETR 1, t = 4, S = 16 with back-off: speculative steps over 250 and 2000 steps."""
+    step_time = ADVERSARIAL["flat_2x"][0]
+    short = simulate(UtilityKPolicy(max_k=16), step_time, never_accept, steps=250)
+    long = simulate(UtilityKPolicy(max_k=16), step_time, never_accept, steps=2000)
+    # paper: "only 18 iterations [over 250] compared to nearly 50 without back-off"; ours: 8 + 3 * 4
+    assert sum(k > 0 for k in short.ks) == 20
+    assert sum(k > 0 for k in long.ks) == 28
+    assert long.time / long.tokens - 1 == pytest.approx(28 / 2000)
+
+
+# ------------------------------------------------------------------------------------------- hill climbing
+def peaked(peak: int, decay: float = 0.8, max_k: int = 16) -> dict[int, float]:
+    return {k: 2.0 * decay ** abs(k - peak) for k in range(1, max_k + 1)}
+
+
+UNIMODAL = {
+    **{f"peak_{p}": peaked(p) for p in range(1, 7)},
+    "asymmetric_peak_4": {1: 1.2, 2: 1.5, 3: 1.9, 4: 2.2, 5: 1.5, 6: 1.0, 7: 0.8, 8: 0.6},
+    "steep_left_peak_2": {1: 1.3, 2: 2.5, 3: 2.1, 4: 1.7, 5: 1.4, 6: 1.2, 7: 1.0, 8: 0.9},
+    "below_one_then_peak_1": {1: 1.6, 2: 1.2, 3: 0.9, 4: 0.7, 5: 0.6, 6: 0.5, 7: 0.4, 8: 0.3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNIMODAL))
+def test_finds_best_static_k_in_one_test_phase(name):
+    utilities = UNIMODAL[name]
+    best_static = max(utilities, key=utilities.get)
+    policy = UtilityKPolicy(max_k=max(utilities))
+    run = simulate(policy, *table_curve(utilities), steps=400)
+    first_test = run.first_test()
+    assert len(first_test) <= policy.max_trials * policy.trial_steps
+    sets = [(k, n) for phase, k, n in run.segments() if phase == "set"]
+    assert sets[0][0] == best_static  # the first set phase already runs the best static K
+    assert all(k == best_static for k, _ in sets)
+    assert run.states[len(first_test) + 4]["best_k"] == best_static
+    # throughput against running the best static K from the first step (tests and baseline refreshes cost a bit)
+    assert run.tokens / run.time >= 0.85 * utilities[best_static]
+
+
+def geometric_curve(alpha: float, cost: float, max_k: int = 16) -> dict[int, float]:
+    """Utility with per-token acceptance rate ``alpha`` and verification cost ``cost`` per draft token."""
+    return {k: (1 - alpha ** (k + 1)) / (1 - alpha) / (1 + cost * k) for k in range(1, max_k + 1)}
+
+
+@pytest.mark.parametrize("alpha, cost", [(0.9, 0.3), (0.8, 0.1), (0.6, 0.15)])
+def test_flat_curves_stop_within_tolerance_of_the_best(alpha, cost):
+    """Near the peak these curves are flat, so the converged exit may stop short of it, but within the 10%
+    tolerance of the best utility, in the first test phase."""
+    utilities = geometric_curve(alpha, cost)
+    run = simulate(UtilityKPolicy(max_k=16), *table_curve(utilities), steps=100)
+    set_k = next(k for phase, k, _ in run.segments() if phase == "set")
+    assert utilities[set_k] >= (1 - 0.10) * max(utilities.values())
+
+
+def test_far_peak_is_reached_over_successive_test_phases():
+    """Utility rises up to K = 16 here: one test phase climbs 3 -> 6, each later one starts from the best recent
+    K and climbs one more step (the next K is within 10%: converged) until K_max."""
+    run = simulate(UtilityKPolicy(max_k=16), *table_curve(geometric_curve(0.95, 0.05)), steps=600)
+    set_ks = [run.ks[i] for i in _set_starts(run) if run.phases[i - 1] == "test"]
+    assert set_ks[:11] == list(range(6, 17))
+    assert set(set_ks[11:]) == {16}
+
+
+# ------------------------------------------------------------------------------------------------ back-off
+def test_backoff_doubles_set_phase_while_speculation_never_pays():
+    run = simulate(UtilityKPolicy(max_k=16), lambda k, i: 1.0 + 0.5 * k, never_accept, steps=4000)
+    sets = [(k, n) for phase, k, n in run.segments() if phase == "set"]
+    assert sets[:-1] == [(0, 32 * 2**i) for i in range(6)]
+    starts = run.test_starts()
+    assert starts == [4, 48, 116, 248, 508, 1024, 2052]
+    set_gaps = [b - a - 4 for a, b in zip(starts[1:], starts[2:])]  # K = 0 steps between one-trial tests
+    assert all(later == 2 * earlier for earlier, later in zip(set_gaps, set_gaps[1:]))
+    assert [run.states[start]["set_steps"] for start in starts[1:]] == [32 * 2**i for i in range(6)]
+
+
+def test_backoff_resets_when_speculation_pays_again():
+    good = range(300, 700)  # drafts are right and cheap here, worthless elsewhere
+
+    def step_time(k: int, i: int) -> float:
+        return 1.0 + (0.2 if i in good else 0.5) * k
+
+    def accepted(k: int, i: int) -> int:
+        return k if i in good else 0
+
+    run = simulate(UtilityKPolicy(max_k=16), step_time, accepted, steps=1200)
+    sets = [(run.ks[start], run.states[start]["set_steps"]) for start in _set_starts(run)]
+    assert sets[:3] == [(0, 32), (0, 64), (0, 128)]
+    speculating = [s for s in sets if s[0] > 0]
+    assert speculating and all(s[1] == 16 for s in speculating)
+    after_good = [s for start, s in zip(_set_starts(run), sets) if start > 720]
+    assert after_good[0] == (0, 32)  # back-off starts again from the configured S
+
+
+def _set_starts(run: Run) -> list[int]:
+    phases = run.phases
+    return [i for i, phase in enumerate(phases) if phase == "set" and phases[i - 1] != "set"]
+
+
+# ----------------------------------------------------------------------------------------------- early exits
+def test_exit_when_utility_falls_in_successive_trials():
+    utilities = {1: 1.0, 2: 1.1, 3: 1.5, 4: 1.3, 5: 1.2}  # 3 -> 4 fell 13%, back to 2: fell again 15%
+    run = simulate(UtilityKPolicy(max_k=5), *table_curve(utilities), steps=40)
+    assert run.first_test() == [3] * 4 + [4] * 4 + [2] * 4
+    assert run.ks[16:32] == [3] * 16
+    assert run.states[16]["exit"] == "falling"
+    assert run.states[16]["best_k"] == 3
+
+
+@pytest.mark.parametrize(
+    "utilities, trials, set_k, set_steps",
+    [
+        ({1: 1.5, 2: 1.2, 3: 0.9}, [3, 2, 1], 1, 16),  # climbing down with rising utility reaches K = 0
+        ({1: 0.75, 2: 0.6, 3: 0.5}, [3, 2, 1], 0, 32),  # switch-off: K = 1 below 1
+    ],
+)
+def test_exit_when_k_reaches_zero(utilities, trials, set_k, set_steps):
+    run = simulate(UtilityKPolicy(max_k=3), *table_curve(utilities), steps=40)
+    assert run.first_test() == [k for k in trials for _ in range(4)]
+    end = 4 + 4 * len(trials)
+    assert run.states[end]["exit"] == "k_zero"
+    assert run.states[end]["phase"] == "set"
+    assert run.ks[end : end + 16] == [set_k] * 16
+    assert run.states[end]["set_steps"] == set_steps
+
+
+@pytest.mark.parametrize(
+    "tolerance, trials, set_k, exit_reason",
+    [(0.10, [3, 4], 4, "converged"), (0.05, [3, 4, 5, 6], 5, "max_trials")],
+)
+def test_exit_when_successive_utilities_within_tolerance(tolerance, trials, set_k, exit_reason):
+    utilities = {1: 1.0, 2: 1.2, 3: 1.5, 4: 1.6, 5: 1.9, 6: 1.5}  # 3 -> 4 differs by 6.7%
+    run = simulate(UtilityKPolicy(max_k=6, tolerance=tolerance), *table_curve(utilities), steps=50)
+    assert run.first_test() == [k for k in trials for _ in range(4)]
+    end = 4 + 4 * len(trials)
+    assert run.states[end]["exit"] == exit_reason
+    assert run.ks[end : end + 16] == [set_k] * 16
+
+
+def test_plan_next_trial_exit_order():
+    plan = plan_next_trial
+    assert plan([(3, 1.5), (4, 1.3), (2, 1.1)], 8, 4, 0.1) == (None, "falling")
+    assert plan([(3, 1.5), (4, 1.55)], 8, 4, 0.1) == (None, "converged")
+    assert plan([(3, 1.5), (4, 2.0), (5, 1.5)], 8, 4, 0.1) == (None, "peak")
+    assert plan([(7, 1.5), (8, 2.0)], 8, 4, 0.1) == (None, "k_max")
+    assert plan([(8, 1.5)], 8, 4, 0.1) == (7, "climb")
+    assert plan([(3, 0.5)], 8, 4, 0.1) == (2, "climb")
+    assert plan([(3, 1.2), (4, 0.9)], 8, 4, 0.1) == (2, "climb")
+    assert plan([(1, 0.99)], 8, 4, 0.1) == (None, "k_zero")
+    assert plan([(3, 0.9), (2, 0.8), (1, 0.7)], 8, 4, 0.1) == (None, "k_zero")  # switch-off before "falling"
+    assert plan([(3, 1.2), (4, 1.5), (5, 1.9), (6, 2.5)], 8, 4, 0.1) == (None, "max_trials")
+
+
+# ------------------------------------------------------------------------------------- utility and baseline
+def test_batch_utility_is_mean_etr_over_rows():
+    # two rows: one accepts every draft, the other none -> ETR = 1 + K / 2; steps cost the same at every K
+    run = simulate(UtilityKPolicy(max_k=8), lambda k, i: 1.0, lambda k, i: [k, 0], steps=9)
+    assert run.states[8]["utility"] == pytest.approx(1 + 3 / 2)
+
+
+def test_baseline_is_median_of_plain_steps():
+    # the first plain step is a 10x warm-up outlier; K = 3 steps cost 2 units and accept 3 drafts -> utility 2
+    run = simulate(
+        UtilityKPolicy(max_k=8),
+        lambda k, i: 10.0 if i == 0 else (1.0 if k == 0 else 2.0),
+        lambda k, i: k,
+        steps=9,
+    )
+    assert run.states[8]["utility"] == pytest.approx(4 / 2)
+
+
+def test_baseline_refreshed_while_speculating():
+    policy = UtilityKPolicy(max_k=16)
+    run = simulate(policy, *table_curve(peaked(3)), steps=1000)
+    plain_runs = [i for i in range(1, len(run.ks)) if run.ks[i] == 0 and run.ks[i - 1] != 0]
+    assert plain_runs and all(run.ks[i : i + 4] == [0] * 4 for i in plain_runs)
+    last = 3
+    for start in plain_runs:
+        assert policy.baseline_refresh <= start - last <= policy.baseline_refresh + 16
+        last = start + 3
+    assert all(run.phases[i] == "baseline" for i in plain_runs)
+
+
+# ------------------------------------------------------------------------------------- late and missing times
+DOC_CURVE = (lambda k, i: 1.0 + 0.2 * k, lambda k, i: min(k, 2))
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+@pytest.mark.parametrize("curve", ["doc", "adversarial", "peak_5"])
+def test_late_outcomes_give_the_same_decisions(lag, curve):
+    step_time, accepted = {
+        "doc": DOC_CURVE,
+        "adversarial": (ADVERSARIAL["linear"][0], never_accept),
+        "peak_5": table_curve(peaked(5)),
+    }[curve]
+    on_time = simulate(UtilityKPolicy(max_k=16), step_time, accepted, steps=600)
+    late = simulate(UtilityKPolicy(max_k=16), step_time, accepted, steps=600, lag=lag)
+    assert late.ks == on_time.ks
+
+
+def test_missing_times_contribute_nothing():
+    step_time, accepted = DOC_CURVE
+    timed = simulate(UtilityKPolicy(max_k=16), step_time, accepted, steps=600)
+    partly = simulate(
+        UtilityKPolicy(max_k=16), step_time, accepted, steps=600, drop_time=lambda i: i % 3 == 1
+    )
+    assert partly.ks == timed.ks
+
+
+def test_no_times_at_all_keeps_k_start_and_never_crashes():
+    run = simulate(UtilityKPolicy(max_k=16), *DOC_CURVE, steps=300, lag=1, drop_time=lambda i: True)
+    # baseline, one trial at K_start extended by t steps while no time arrives, set phase at that K
+    assert run.ks[:28] == [0] * 4 + [3] * 8 + [3] * 16
+    assert run.states[12]["exit"] == "unmeasured"
+    assert all(state["utility"] is None for state in run.states)
+    assert set(run.ks) == {0, 3}
+
+
+def test_malformed_outcomes_are_ignored():
+    step_time, accepted = DOC_CURVE
+    clean = simulate(UtilityKPolicy(max_k=16), step_time, accepted, steps=200)
+    policy = UtilityKPolicy(max_k=16)
+    ks = []
+    for i in range(200):
+        k = policy.next_k()
+        ks.append(k)
+        real = StepOutcome(index=i, k=k, accepted=[accepted(k, i)], time_s=step_time(k, i))
+        policy.observe(StepOutcome(index=i + 5, k=k, accepted=[k], time_s=1e-9))  # a step not issued yet
+        policy.observe(real)
+        policy.observe(StepOutcome(index=i, k=k, accepted=[k], time_s=1e-9))  # a second report of step i
+    assert ks == clean.ks
+
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, "fast", None):
+        policy = UtilityKPolicy(max_k=16)
+        ks = []
+        for i in range(60):
+            k = policy.next_k()
+            ks.append(k)
+            seconds = bad if 4 <= i < 8 else step_time(k, i)  # the first trial's times are unusable
+            policy.observe(StepOutcome(index=i, k=k, accepted=[accepted(k, i)], time_s=seconds))
+        assert ks[4:13] == [3] * 5 + [4] * 4, bad  # one extra step at K = 3 until a usable time arrived
+        assert math.isfinite(policy.state()["utility"])
+
+
+def test_never_observed_outcomes_are_bounded():
+    policy = UtilityKPolicy(max_k=16)
+    ks = [policy.next_k() for _ in range(3000)]
+    assert len(policy._pending) <= 1024
+    assert set(ks) == {0, 3}
+
+
+# --------------------------------------------------------------------------------------- config and docs
+def test_from_config_and_registry():
+    config = SpeculationConfig(
+        k_policy="utility",
+        num_draft_tokens=4,
+        max_draft_tokens=8,
+        utility_trial_steps=2,
+        utility_max_trials=3,
+        utility_set_steps=8,
+        utility_k_start=5,
+        utility_baseline_steps=3,
+        utility_baseline_refresh=50,
+        utility_tolerance=0.2,
+    )
+    policy = make_k_policy(config)
+    assert isinstance(policy, UtilityKPolicy) and policy.needs_timing
+    assert (policy.max_k, policy.start_k, policy.trial_steps, policy.max_trials) == (8, 5, 2, 3)
+    assert (policy.set_steps, policy.baseline_steps, policy.baseline_refresh) == (8, 3, 50)
+    assert policy.tolerance == 0.2
+    assert [policy.next_k() for _ in range(5)] == [0, 0, 0, 5, 5]
+    expected = {"phase": "test", "k": 5, "utility": None, "best_k": None, "set_steps": 8, "exit": None}
+    assert policy.state() == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"k_start": 0}, {"k_start": 9}, {"tolerance": 1.0}, {"trial_steps": 0}, {"set_steps": 0}]
+)
+def test_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        UtilityKPolicy(max_k=8, **kwargs)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(utility_policy)
+    assert result.failed == 0 and result.attempted >= 8
