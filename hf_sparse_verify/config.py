@@ -35,7 +35,8 @@ class SpeculationConfig:
             adaptive ones. Default 4.
         max_draft_tokens: upper bound on K for adaptive policies; the KV caches are sized with this slack.
             Default 16 (the verify kernels of later issues handle at most 16 query tokens per row).
-        k_policy: ``"constant"``, ``"heuristic"`` (transformers' +2 / -1 rule) or ``"utility"`` (Cascade).
+        k_policy: ``"constant"``, ``"heuristic"`` (transformers' +2 / -1 rule), ``"utility"`` (Cascade) or
+            ``"plain"`` (K = 0 at every step: no speculation, the engine's own baseline).
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
@@ -70,6 +71,8 @@ class SpeculationConfig:
             raise ValueError(
                 f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}"
             )
+        if not isinstance(self.strategy, str) or not isinstance(self.k_policy, str):
+            raise ValueError("strategy and k_policy are names (str)")
         if self.k_policy not in K_POLICIES:
             raise ValueError(f"unknown k_policy {self.k_policy!r}: use one of {sorted(K_POLICIES)}")
         _check_int("num_draft_tokens", self.num_draft_tokens)
@@ -119,10 +122,13 @@ class SpeculationConfig:
             _check_int(name, getattr(self, name))
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.utility_k_start > self.max_draft_tokens:
+        if self.k_policy == "utility" and self.utility_k_start > self.max_draft_tokens:
             raise ValueError(
-                f"utility_k_start={self.utility_k_start} exceeds max_draft_tokens={self.max_draft_tokens}"
+                f"utility_k_start={self.utility_k_start} exceeds max_draft_tokens={self.max_draft_tokens}: "
+                "lower utility_k_start or raise max_draft_tokens"
             )
+        if isinstance(self.utility_tolerance, bool) or not isinstance(self.utility_tolerance, (int, float)):
+            raise ValueError(f"utility_tolerance must be a number, got {self.utility_tolerance!r}")
         if not 0.0 <= self.utility_tolerance < 1.0:
             raise ValueError(f"utility_tolerance must be in [0, 1), got {self.utility_tolerance}")
 
@@ -219,6 +225,8 @@ class SpeculationConfig:
         """Store this config as ``generation_config.speculation`` (a plain dict, so it is saved with the model's
         ``generation_config.json``) and return the generation config."""
         generation_config.speculation = self.to_dict()
+        # a generation config derived from the model config drops unknown keys when it is loaded back
+        generation_config._from_model_config = False
         return generation_config
 
 

@@ -16,6 +16,7 @@ DRAFTERS: dict[str, str] = {
 K_POLICIES: dict[str, str] = {
     "constant": "hf_sparse_verify.generation.k_policy:ConstantKPolicy",
     "heuristic": "hf_sparse_verify.generation.k_policy:HeuristicKPolicy",
+    "plain": "hf_sparse_verify.generation.k_policy:PlainKPolicy",
     "utility": "hf_sparse_verify.generation.utility_policy:UtilityKPolicy",
 }
 

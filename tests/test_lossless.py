@@ -16,7 +16,7 @@ from hf_sparse_verify.registry import K_POLICIES
 MAX_NEW = 23  # not a multiple of K + 1 for any K tested
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pair(arch: str):
     model = make_model(arch)
     return model, noisy_copy(model)

@@ -41,6 +41,8 @@ def reference_attention(
     gqa = query.shape[1] != key.shape[1]
     if view.is_plain_causal(sliding_window):
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+    elif view.is_full_row(sliding_window):
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=gqa)
     else:
         mask = view.mask(sliding_window)  # [B, 1, q, L]
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)

@@ -31,6 +31,8 @@ class StepInfo:
         backend: attention backend name (see `hf_sparse_verify.attention.dispatch`).
         no_padding: host-side fact that no row has left padding and every ``start`` is 0 (a fresh prefill of
             an unpadded batch), which lets backends use a plain causal kernel without a mask.
+        uniform_start: host-side fact that every row has the same ``start`` (with ``no_padding``, a one-token step
+            then attends to every slot below ``kv_len``: no mask needed).
     """
 
     phase: str
@@ -41,6 +43,7 @@ class StepInfo:
     layer_states: list[Any] | None = None
     backend: str = "reference"
     no_padding: bool = False
+    uniform_start: bool = False
     _views: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,3 +103,8 @@ class DeviceView:
         facts only, so no synchronisation."""
         step = self.step
         return step.phase == "prefill" and step.no_padding and step.kv_len == step.q_len and not sliding_window
+
+    def is_full_row(self, sliding_window: int | None) -> bool:
+        """True when one new token per row attends to every slot in ``[0, kv_len)`` (no padding, same start)."""
+        step = self.step
+        return step.q_len == 1 and step.no_padding and step.uniform_start and not sliding_window

@@ -19,10 +19,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .. import _compat
 from ..attention import use_sparse_verify_attention
 from ..config import SpeculationConfig
+from ..registry import DRAFTERS, resolve
 from .drafters.base import Drafter
 from .k_policy import make_k_policy
 from .loop import LoopSettings, speculative_decode
-from ..registry import DRAFTERS, resolve
 from .stats import SpeculationStats
 
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
@@ -112,6 +112,7 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
         do_sample=bool(generation_config.do_sample),
         pad_token_id=int(pad.flatten()[0]),
         backend="reference",
+        cache_len=config.max_cache_len or needed,
     )
 
 
@@ -126,8 +127,8 @@ def _run(
     streamer,
     model_kwargs,
 ):
-    _check_generation_config(generation_config, model_kwargs)
     _compat.check_architecture(model)
+    _check_generation_config(generation_config, model_kwargs)
     config = resolve_config(speculation, generation_config, model)
     strategy = _strategy(config, draft_model)
     settings = _settings(config, generation_config, model, input_ids.shape[1])
@@ -185,8 +186,8 @@ def generate(
         # called directly: let transformers prepare everything, then come back here
         if streamer is not None:
             model_kwargs["streamer"] = streamer
-        return model.generate(
-            input_ids, custom_generate=generate, speculation=speculation, draft_model=draft_model, **model_kwargs
+        return type(model).generate(
+            model, input_ids, custom_generate=generate, speculation=speculation, draft_model=draft_model, **model_kwargs
         )
     if streamer is None:
         streamer = _compat.recover_streamer()
@@ -257,4 +258,6 @@ def generate_from_arguments(model, inputs=None, **kwargs):
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
         kwargs["stopping_criteria"] = criteria
-    return model.generate(inputs, custom_generate=_bound_generate(streamer), **kwargs)
+    # the class's generate: a model loaded from a repo with custom_generate/ has this very function bound as its
+    # instance `generate`
+    return type(model).generate(model, inputs, custom_generate=_bound_generate(streamer), **kwargs)

@@ -80,6 +80,17 @@ class ConstantKPolicy(KPolicy):
         return self.start_k
 
 
+class PlainKPolicy(KPolicy):
+    """K = 0 at every step: plain decoding through hf_sparse_verify's own loop, cache and attention (the
+    project's own no-speculation baseline)."""
+
+    def __init__(self, start_k: int = 0, max_k: int = 0):
+        super().__init__(0, max(0, max_k))
+
+    def next_k(self) -> int:
+        return 0
+
+
 class HeuristicKPolicy(KPolicy):
     """transformers' assisted-decoding schedule: K += 2 when every active row accepted all drafts, else K -= 1
     (never below 1, never above ``max_k``). Batched: the whole batch shares K."""

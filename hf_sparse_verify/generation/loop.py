@@ -31,6 +31,7 @@ class LoopSettings:
     do_sample: bool
     pad_token_id: int
     backend: str = "reference"
+    cache_len: int | None = None  # KV slots per row; default max_length + max_draft_tokens
 
 
 def left_padding(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:
@@ -142,7 +143,8 @@ def speculative_decode(
     )
     stop = StopChecker(stopping_criteria, settings.max_length, eos_token_ids)
     emitter = _Emitter(streamer, state, settings.pad_token_id)
-    cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, settings.max_length + max_k)
+    cache_len = settings.cache_len or settings.max_length + max_k
+    cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, cache_len)
     input_device = model.get_input_embeddings().weight.device
 
     def forward(ids: torch.Tensor, start: list[int], phase: str, logits_to_keep: int = 0) -> torch.Tensor:
@@ -156,7 +158,8 @@ def speculative_decode(
             q_len=width,
             kv_len=max(start) + width,
             backend=settings.backend,
-            no_padding=phase == "prefill" and max(pads) == 0,
+            no_padding=max(pads) == 0,
+            uniform_start=len(set(start)) == 1,
         )
         positions = (start_t - pad_t)[:, None] + torch.arange(width, device=input_device)
         cache.begin_step(step)

@@ -79,6 +79,7 @@ def verify_sampling_without_probs(
     Args and returns as :func:`verify_greedy`; ``scores`` are processed logits (temperature, top-k, ... applied).
     """
     batch, k1, vocab = scores.shape
+    assert k1 == drafts.shape[1] + 1 and batch == drafts.shape[0], (scores.shape, drafts.shape)
     probs = torch.softmax(scores, dim=-1)
     samples = torch.multinomial(probs.reshape(-1, vocab), 1, generator=generator).view(batch, k1)
     match = (drafts == samples[:, :-1]) & _draft_valid(drafts, num_drafts)

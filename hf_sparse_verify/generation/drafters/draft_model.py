@@ -69,7 +69,15 @@ class DraftModelDrafter(Drafter):
         width = input_ids.shape[1]
         start_t = torch.tensor(start, device=self.device)
         pad_t = state.pad_t.to(self.device)
-        step = StepInfo("draft", start_t, pad_t, q_len=width, kv_len=max(start) + width)
+        step = StepInfo(
+            "draft",
+            start_t,
+            pad_t,
+            q_len=width,
+            kv_len=max(start) + width,
+            no_padding=max(state.pad) == 0,
+            uniform_start=len(set(start)) == 1,
+        )
         positions = (start_t - pad_t).clamp_min(0)[:, None] + torch.arange(width, device=self.device)
         self.cache.begin_step(step)
         try:

@@ -16,7 +16,8 @@ from .base import Draft, Drafter
 
 
 def lookup_ngram(history: np.ndarray, num_tokens: int, max_ngram: int, min_ngram: int) -> np.ndarray:
-    """Continuation of the most recent earlier occurrence of the history's trailing n-gram.
+    """Continuation of the most recent earlier occurrence of the history's trailing n-gram that is followed by
+    ``num_tokens`` tokens (else of the earliest occurrence, which has the longest continuation).
 
     Args:
         history: 1-D int array (no padding).
@@ -36,7 +37,8 @@ def lookup_ngram(history: np.ndarray, num_tokens: int, max_ngram: int, min_ngram
         windows = np.lib.stride_tricks.sliding_window_view(history[: length - 1], n)  # starts 0 .. length-1-n
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            full = hits[hits + n + num_tokens <= length]
+            start = int(full[-1] if full.size else hits[0]) + n
             return history[start : start + num_tokens]
     return history[:0]
 

@@ -1,0 +1,104 @@
+"""Multi-GPU check: an 8B-shaped model dispatched by accelerate over every visible GPU (the balanced map that
+``device_map="auto"`` resolves to), greedy output of hf_sparse_verify equal to plain ``generate``.
+
+Random float32 weights (equality is tested in float32, see the README). Writes a JSON report.
+
+    python benchmarks/check_device_map.py --json benchmarks/results/h200x2_device_map.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
+from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import hf_sparse_verify as hsv
+from benchmarks.bench_generate import LLAMA_8B, machine_info
+
+
+def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int = 0):
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    no_split = model._no_split_modules
+    memory = get_balanced_memory(model, dtype=dtype, no_split_module_classes=no_split)
+    device_map = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in list(model.named_parameters()):
+        owner = max((k for k in device_map if name.startswith(k + ".") or k == name or k == ""), key=len)
+        device = device_map[owner]
+        if "norm" in name:
+            value = torch.ones(param.shape, dtype=dtype)
+        else:
+            value = torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(0.02).to(dtype)
+        set_module_tensor_to_device(model, name, device, value=value)
+    model = dispatch_model(model, device_map=device_map)
+    return model.eval(), device_map
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=32)
+    args = parser.parse_args()
+
+    config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": args.layers})
+    start = time.time()
+    model, device_map = dispatched_random_model(config, torch.float32)
+    devices = sorted({str(v) for v in device_map.values()})
+    report = {
+        "machine": machine_info("cuda"),
+        "gpus": torch.cuda.device_count(),
+        "devices_used": devices,
+        "device_map_sizes": {d: sum(1 for v in device_map.values() if str(v) == d) for d in devices},
+        "build_s": time.time() - start,
+        "cases": [],
+    }
+    gen = torch.Generator().manual_seed(1)
+    vocab = config.vocab_size
+    for batch in (1, 3):
+        ids = torch.randint(0, vocab, (batch, 256), generator=gen)
+        mask = torch.ones_like(ids)
+        for row in range(batch):
+            mask[row, : 37 * row] = 0
+        ids[mask == 0] = config.pad_token_id
+        ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
+        # a random prompt never repeats: prompt_lookup would rarely draft, so repeat a chunk to give it matches
+        ids[:, -64:] = ids[:, -128:-64].clone()
+        plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
+        for strategy, extra in (("prompt_lookup", {}), ("draft_model", {"draft_model": model})):
+            t = time.time()
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=args.new_tokens,
+                do_sample=False,
+                custom_generate=hsv.generate,
+                speculation=dict(strategy=strategy, num_draft_tokens=4),
+                return_dict_in_generate=True,
+                **extra,
+            )
+            same = out.sequences.shape == plain.shape and torch.equal(out.sequences, plain)
+            report["cases"].append(
+                {
+                    "batch": batch,
+                    "strategy": strategy if strategy == "prompt_lookup" else "draft_model (the target drafts for itself)",
+                    "identical_to_plain": bool(same),
+                    "mean_acceptance_length": out.speculation.mean_acceptance_length,
+                    "steps": out.speculation.steps,
+                    "seconds": time.time() - t,
+                }
+            )
+            print(report["cases"][-1], flush=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
