@@ -141,10 +141,15 @@ def suite_fixtures(args, device, dtype) -> list[dict]:
             ("k0_plain_policy", dict(speculation=dict(k_policy="plain"))),
             ("prompt_lookup_k4", dict(speculation=dict(strategy="prompt_lookup", num_draft_tokens=4))),
             ("prompt_lookup_k8", dict(speculation=dict(strategy="prompt_lookup", num_draft_tokens=8))),
-            ("draft_model_k4", dict(speculation=dict(strategy="draft_model", num_draft_tokens=4), draft_model=draft)),
+            (
+                "draft_model_k4",
+                dict(speculation=dict(strategy="draft_model", num_draft_tokens=4), draft_model=draft),
+            ),
         ]:
             record = run_case(name, *common, **kwargs)
-            record.update(model="code-target", context=int(inputs["input_ids"].shape[1]), prompt_len_class=length)
+            record.update(
+                model="code-target", context=int(inputs["input_ids"].shape[1]), prompt_len_class=length
+            )
             records.append(record)
     if args.check_fp32:
         records.extend(fp32_equality(target, draft, tok, selected, device, args.new_tokens))
@@ -206,8 +211,14 @@ def random_model(config_kwargs: dict, device: str, dtype) -> torch.nn.Module:
 def suite_8b(args, device, dtype) -> list[dict]:
     target = random_model(LLAMA_8B, device, dtype)
     draft = random_model(
-        {**LLAMA_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2},
+        {
+            **LLAMA_8B,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
         device,
         dtype,
     )
@@ -222,8 +233,10 @@ def suite_8b(args, device, dtype) -> list[dict]:
         common = (target, inputs, device, args.repeats, args.new_tokens, plain_s, plain_out)
         for name, kwargs in [
             ("k0_plain_policy", dict(speculation=dict(k_policy="plain"))),
-            ("draft_model_k4_random", dict(speculation=dict(strategy="draft_model", num_draft_tokens=4),
-                                           draft_model=draft)),
+            (
+                "draft_model_k4_random",
+                dict(speculation=dict(strategy="draft_model", num_draft_tokens=4), draft_model=draft),
+            ),
         ]:
             record = run_case(name, *common, **kwargs)
             record.update(model="llama-3.1-8b-shape-random-bf16", context=context)
@@ -245,7 +258,11 @@ def main() -> None:
     parser.add_argument("--check-fp32", action="store_true")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    )
     result = {"machine": machine_info(args.device), "args": vars(args), "dtype": str(dtype), "records": []}
     if args.suite in ("fixtures", "all"):
         result["records"] += suite_fixtures(args, args.device, dtype)
@@ -264,7 +281,9 @@ def summarize(result: dict) -> str:
             continue
         key = (r["model"], r.get("prompt_len_class", r["context"]), r["case"])
         rows.setdefault(key, []).append(r)
-    lines = [f"{'model':34} {'ctx':>6} {'case':24} {'tok/s':>8} {'plain':>8} {'ratio':>6} {'MAL':>5} {'same':>5}"]
+    lines = [
+        f"{'model':34} {'ctx':>6} {'case':24} {'tok/s':>8} {'plain':>8} {'ratio':>6} {'MAL':>5} {'same':>5}"
+    ]
     for (model, ctx, case), rs in rows.items():
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0] if isinstance(rs[0][k], (int, float))}
         same = sum(x["identical_to_plain"] for x in rs)

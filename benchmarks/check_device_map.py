@@ -26,7 +26,9 @@ def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int =
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     no_split = model._no_split_modules
     memory = get_balanced_memory(model, dtype=dtype, no_split_module_classes=no_split)
-    device_map = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype)
+    device_map = infer_auto_device_map(
+        model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype
+    )
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, param in list(model.named_parameters()):
         owner = max((k for k in device_map if name.startswith(k + ".") or k == name or k == ""), key=len)
@@ -70,7 +72,9 @@ def main() -> None:
         ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
         # a random prompt never repeats: prompt_lookup would rarely draft, so repeat a chunk to give it matches
         ids[:, -64:] = ids[:, -128:-64].clone()
-        plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
+        plain = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
+        )
         for strategy, extra in (("prompt_lookup", {}), ("draft_model", {"draft_model": model})):
             t = time.time()
             out = model.generate(
@@ -87,7 +91,9 @@ def main() -> None:
             report["cases"].append(
                 {
                     "batch": batch,
-                    "strategy": strategy if strategy == "prompt_lookup" else "draft_model (the target drafts for itself)",
+                    "strategy": strategy
+                    if strategy == "prompt_lookup"
+                    else "draft_model (the target drafts for itself)",
                     "identical_to_plain": bool(same),
                     "mean_acceptance_length": out.speculation.mean_acceptance_length,
                     "steps": out.speculation.steps,

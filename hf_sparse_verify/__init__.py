@@ -1,8 +1,8 @@
 """hf_sparse_verify: speculative decoding inside Hugging Face ``model.generate()``.
 
-    >>> import hf_sparse_verify
-    >>> out = model.generate(**inputs, custom_generate=hf_sparse_verify.generate,
-    ...                      speculation={"strategy": "prompt_lookup", "num_draft_tokens": 4})
+>>> import hf_sparse_verify
+>>> out = model.generate(**inputs, custom_generate=hf_sparse_verify.generate,
+...                      speculation={"strategy": "prompt_lookup", "num_draft_tokens": 4})
 """
 
 from __future__ import annotations

@@ -17,13 +17,17 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with speculative decoding")
     gen.add_argument("--model", help="target model folder or Hub id (default: the embedded demo target)")
-    gen.add_argument("--draft-model", help="draft model folder or Hub id (default with no --model: the demo draft)")
+    gen.add_argument(
+        "--draft-model", help="draft model folder or Hub id (default with no --model: the demo draft)"
+    )
     gen.add_argument("--strategy", default="auto", help="prompt_lookup, draft_model or auto (default)")
     gen.add_argument("--num-draft-tokens", type=int, default=4, help="K (default 4)")
     gen.add_argument("--k-policy", default="constant", help="constant (default), heuristic or utility")
     group = gen.add_mutually_exclusive_group()
     group.add_argument("--prompt", help="prompt text")
-    group.add_argument("--prompt-file", help="a text file (one prompt) or .jsonl with a 'text' field per line (batch)")
+    group.add_argument(
+        "--prompt-file", help="a text file (one prompt) or .jsonl with a 'text' field per line (batch)"
+    )
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--do-sample", action="store_true")
     gen.add_argument("--temperature", type=float)
@@ -32,9 +36,13 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repetition-penalty", type=float)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    gen.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
+    gen.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)"
+    )
     gen.add_argument("--stats", action="store_true", help="print SpeculationStats")
-    gen.add_argument("--compare-plain", action="store_true", help="also run plain generate: speed and equality")
+    gen.add_argument(
+        "--compare-plain", action="store_true", help="also run plain generate: speed and equality"
+    )
     gen.add_argument("--json", help="write prompts, outputs and stats to this JSON file")
     return parser
 
@@ -73,7 +81,11 @@ def cmd_generate(args) -> int:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(device).eval() if draft_path else None
+    draft = (
+        AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(device).eval()
+        if draft_path
+        else None
+    )
 
     prompts = _prompts(args)
     inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
@@ -105,7 +117,13 @@ def cmd_generate(args) -> int:
             print("=" * 80)
         print(prompt + text)
     stats = out.speculation
-    record = {"prompts": prompts, "outputs": texts, "stats": stats.to_dict(), "device": device, "dtype": dtype_name}
+    record = {
+        "prompts": prompts,
+        "outputs": texts,
+        "stats": stats.to_dict(),
+        "device": device,
+        "dtype": dtype_name,
+    }
     if args.stats:
         print("-" * 80, file=sys.stderr)
         print(stats.summary(), file=sys.stderr)

@@ -68,9 +68,7 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         if self.strategy != "auto" and self.strategy not in DRAFTERS:
-            raise ValueError(
-                f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}"
-            )
+            raise ValueError(f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}")
         if not isinstance(self.strategy, str) or not isinstance(self.k_policy, str):
             raise ValueError("strategy and k_policy are names (str)")
         if self.k_policy not in K_POLICIES:
@@ -141,9 +139,7 @@ class SpeculationConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(
-                f"unknown SpeculationConfig field(s) {unknown}; known fields: {sorted(known)}"
-            )
+            raise ValueError(f"unknown SpeculationConfig field(s) {unknown}; known fields: {sorted(known)}")
         return cls(**data)
 
     @classmethod
@@ -153,15 +149,15 @@ class SpeculationConfig:
             return value
         if isinstance(value, dict):
             return cls.from_dict(value)
-        raise TypeError(
-            f"speculation must be a SpeculationConfig or a dict, got {type(value).__name__}"
-        )
+        raise TypeError(f"speculation must be a SpeculationConfig or a dict, got {type(value).__name__}")
 
     def replace(self, **changes: Any) -> SpeculationConfig:
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------------------------------ files and the Hub
-    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **hub_kwargs) -> str:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **hub_kwargs
+    ) -> str:
         """Write ``speculation_config.json`` into ``save_directory`` (created if needed); returns the file path."""
         os.makedirs(save_directory, exist_ok=True)
         path = os.path.join(save_directory, CONFIG_NAME)
@@ -179,7 +175,10 @@ class SpeculationConfig:
         ``generation_config.json`` carries a ``speculation`` entry (see :meth:`to_generation_config`)."""
         name_or_path = str(name_or_path)
         if os.path.isdir(name_or_path):
-            candidates = [os.path.join(name_or_path, CONFIG_NAME), os.path.join(name_or_path, "generation_config.json")]
+            candidates = [
+                os.path.join(name_or_path, CONFIG_NAME),
+                os.path.join(name_or_path, "generation_config.json"),
+            ]
             for path in candidates:
                 if os.path.isfile(path):
                     loaded = _read_config_file(path)
@@ -203,7 +202,9 @@ class SpeculationConfig:
             errors.append(f"{filename}: no 'speculation' entry")
         raise OSError(f"could not load a SpeculationConfig from {name_or_path!r}: " + "; ".join(errors))
 
-    def push_to_hub(self, repo_id: str, commit_message: str = "Upload speculation config", **hub_kwargs) -> Any:
+    def push_to_hub(
+        self, repo_id: str, commit_message: str = "Upload speculation config", **hub_kwargs
+    ) -> Any:
         """Upload ``speculation_config.json`` to ``repo_id`` (a model repo) through ``huggingface_hub``."""
         import tempfile
 

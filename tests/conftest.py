@@ -14,7 +14,9 @@ from transformers import models as hf_models
 
 VOCAB = 96
 PAD, EOS, BOS = 0, 1, 2
-SHARED_MODELS = Path(os.environ.get("HF_SPARSE_VERIFY_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "models"
+SHARED_MODELS = (
+    Path(os.environ.get("HF_SPARSE_VERIFY_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "models"
+)
 
 _COMMON = dict(
     vocab_size=VOCAB,
@@ -94,7 +96,9 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
+    )
     tok.padding_side = "left"
     return tok
 
@@ -102,5 +106,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session")
 def shared_models() -> Path:
     if not (SHARED_MODELS / "code-target").is_dir():
-        pytest.skip(f"trained fixtures not found at {SHARED_MODELS} (../shared/models); skipping fixture tests")
+        pytest.skip(
+            f"trained fixtures not found at {SHARED_MODELS} (../shared/models); skipping fixture tests"
+        )
     return SHARED_MODELS

@@ -24,13 +24,17 @@ def pair():
 
 
 def _plain(model, ids, mask, **kwargs):
-    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, **kwargs)
+    return model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, **kwargs
+    )
 
 
 def test_direct_call_equals_callable(pair):
     model, draft = pair
     ids, mask = ragged_batch(3)
-    out = hsv.generate(model, ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, draft_model=draft)
+    out = hsv.generate(
+        model, ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, draft_model=draft
+    )
     assert torch.equal(out, _plain(model, ids, mask))
 
 
@@ -58,7 +62,9 @@ def test_custom_generate_folder_needs_trust_remote_code(pair):
     model, _ = pair
     ids, mask = ragged_batch(1)
     with pytest.raises(ValueError, match="trust_remote_code"):
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, custom_generate=hsv.custom_generate_path())
+        model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=4, custom_generate=hsv.custom_generate_path()
+        )
 
 
 def test_config_stored_in_model_repo_needs_no_code_at_call_site(pair, tmp_path):
@@ -68,16 +74,24 @@ def test_config_stored_in_model_repo_needs_no_code_at_call_site(pair, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model, _ = pair
-    hsv.SpeculationConfig(strategy="prompt_lookup", num_draft_tokens=5).to_generation_config(model.generation_config)
+    hsv.SpeculationConfig(strategy="prompt_lookup", num_draft_tokens=5).to_generation_config(
+        model.generation_config
+    )
     try:
         model.save_pretrained(tmp_path)
     finally:
         del model.generation_config.speculation
     shutil.copytree(os.path.join(hsv.custom_generate_path(), "custom_generate"), tmp_path / "custom_generate")
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path, trust_remote_code=True, dtype=torch.float32
+    ).eval()
     ids, mask = ragged_batch(3)
     out = loaded.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
     )
     assert out.speculation.strategy == "prompt_lookup" and max(out.speculation.draft_tokens) <= 5
     assert torch.equal(out.sequences, _plain(model, ids, mask))
@@ -106,7 +120,17 @@ def test_pipeline(pair, batched):
 def _cli(*args: str, tmp_path) -> dict:
     out_json = tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_sparse_verify.cli", "generate", *args, "--json", str(out_json), "--device", "cpu"],
+        [
+            sys.executable,
+            "-m",
+            "hf_sparse_verify.cli",
+            "generate",
+            *args,
+            "--json",
+            str(out_json),
+            "--device",
+            "cpu",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -126,9 +150,17 @@ def test_cli_embedded_default(tmp_path):
 
 def test_cli_prompt_lookup_batch_from_jsonl(tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"text": t}) for t in ["import os\n", "class A:\n    def f(self):\n"]))
+    prompts.write_text(
+        "\n".join(json.dumps({"text": t}) for t in ["import os\n", "class A:\n    def f(self):\n"])
+    )
     record, _ = _cli(
-        "--strategy", "prompt_lookup", "--prompt-file", str(prompts), "--max-new-tokens", "16", "--compare-plain",
+        "--strategy",
+        "prompt_lookup",
+        "--prompt-file",
+        str(prompts),
+        "--max-new-tokens",
+        "16",
+        "--compare-plain",
         tmp_path=tmp_path,
     )
     assert len(record["outputs"]) == 2 and record["plain"]["identical"] is True

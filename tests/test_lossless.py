@@ -200,7 +200,9 @@ def test_streamer_matches_plain_generate():
     model, draft = _pair("llama")
     ids, mask = ragged_batch(3)
     plain, ours = Recorder(), Recorder()
-    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, streamer=plain)
+    model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, streamer=plain
+    )
     _speculate(model, ids, mask, "draft_model", 3, draft, max_new_tokens=MAX_NEW, streamer=ours)
     assert ours.chunks == plain.chunks and ours.ended == plain.ended == 1
 
@@ -210,7 +212,11 @@ def test_unpadded_batch_and_attention_mask_omitted():
     ids = ragged_batch(2)[0][:, 7:]
     expected = model.generate(input_ids=ids, max_new_tokens=MAX_NEW, do_sample=False)
     out = model.generate(
-        input_ids=ids, max_new_tokens=MAX_NEW, do_sample=False, custom_generate=hsv.generate, draft_model=draft
+        input_ids=ids,
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        custom_generate=hsv.generate,
+        draft_model=draft,
     )
     assert torch.equal(out, expected)
 

@@ -34,7 +34,9 @@ class SpecLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads = key_states.shape[:2]
         if batch != self.owner.batch_size:
-            raise ValueError(f"SpecCache was built for batch {self.owner.batch_size}, got keys of batch {batch}")
+            raise ValueError(
+                f"SpecCache was built for batch {self.owner.batch_size}, got keys of batch {batch}"
+            )
         self.dtype, self.device = key_states.dtype, key_states.device
         shape = (batch, heads, self.owner.capacity)
         self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
@@ -50,7 +52,9 @@ class SpecLayer(CacheLayerMixin):
         if step is None:
             raise RuntimeError("SpecCache.update called outside a step: call begin_step() before the forward")
         if key_states.shape[-2] != step.q_len:
-            raise ValueError(f"step announced {step.q_len} new tokens, the layer wrote {key_states.shape[-2]}")
+            raise ValueError(
+                f"step announced {step.q_len} new tokens, the layer wrote {key_states.shape[-2]}"
+            )
         slots = step.on(self.device).query_slots  # [B, q]
         index = slots[:, None, :, None]
         self.keys.scatter_(2, index.expand_as(key_states), key_states.to(self.dtype))

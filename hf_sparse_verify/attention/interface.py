@@ -51,7 +51,9 @@ def sparse_verify_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     view = step.on(query.device)
-    out = get_backend(step.backend)(module, query, key, value, view, scaling=scaling, sliding_window=sliding_window)
+    out = get_backend(step.backend)(
+        module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
+    )
     return out, None
 
 

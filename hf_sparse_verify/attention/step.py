@@ -102,7 +102,9 @@ class DeviceView:
         """True when the mask is the plain causal mask of a fresh prefill (no padding, no window): host-side
         facts only, so no synchronisation."""
         step = self.step
-        return step.phase == "prefill" and step.no_padding and step.kv_len == step.q_len and not sliding_window
+        return (
+            step.phase == "prefill" and step.no_padding and step.kv_len == step.q_len and not sliding_window
+        )
 
     def is_full_row(self, sliding_window: int | None) -> bool:
         """True when one new token per row attends to every slot in ``[0, kv_len)`` (no padding, same start)."""

@@ -75,7 +75,9 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
         )
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(generation_config, flag, False):
-            raise NotImplementedError(f"{flag}=True is not supported by hf_sparse_verify.generate; leave it off")
+            raise NotImplementedError(
+                f"{flag}=True is not supported by hf_sparse_verify.generate; leave it off"
+            )
     if model_kwargs.get("inputs_embeds") is not None:
         raise NotImplementedError("inputs_embeds are not supported: pass input_ids")
     cache = model_kwargs.get("past_key_values")
@@ -187,7 +189,12 @@ def generate(
         if streamer is not None:
             model_kwargs["streamer"] = streamer
         return type(model).generate(
-            model, input_ids, custom_generate=generate, speculation=speculation, draft_model=draft_model, **model_kwargs
+            model,
+            input_ids,
+            custom_generate=generate,
+            speculation=speculation,
+            draft_model=draft_model,
+            **model_kwargs,
         )
     if streamer is None:
         streamer = _compat.recover_streamer()

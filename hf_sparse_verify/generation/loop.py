@@ -176,7 +176,9 @@ def speculative_decode(
             cache.end_step()
         return out.logits.to(device, torch.float32)
 
-    def emit(draft: Draft, accepted: torch.Tensor, new_tokens: torch.Tensor) -> tuple[list[int | None], list[int]]:
+    def emit(
+        draft: Draft, accepted: torch.Tensor, new_tokens: torch.Tensor
+    ) -> tuple[list[int | None], list[int]]:
         """Write the step's tokens, apply stopping; returns accepted-into-history per row and the new lengths."""
         before = list(state.committed)
         readback = torch.cat([accepted[:, None], new_tokens], dim=1).cpu()  # the step's one readback
@@ -198,7 +200,9 @@ def speculative_decode(
     logits = forward(input_ids, [0] * batch, "prefill", logits_to_keep=1)  # [B, 1, V]
     scores = processors(tokens[:, :prompt_len], logits[:, 0])[:, None] if len(processors) else logits
     first = _empty_draft(batch, device)
-    accepted, new_tokens = _select(scores, first, torch.zeros(batch, dtype=torch.long, device=device), settings.do_sample)
+    accepted, new_tokens = _select(
+        scores, first, torch.zeros(batch, dtype=torch.long, device=device), settings.do_sample
+    )
     timer.mark("prefill_end")
     emit(first, accepted, new_tokens)
     stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
@@ -236,7 +240,9 @@ def speculative_decode(
         stats.draft_time_s += draft_s
         stats.verify_time_s += verify_s
         policy.observe(
-            StepOutcome(index, k, [a for a, act in zip(accepted_rows, active_before) if act], draft_s + verify_s)
+            StepOutcome(
+                index, k, [a for a, act in zip(accepted_rows, active_before) if act], draft_s + verify_s
+            )
         )
         policy_state = policy.state()
         if policy_state:
@@ -249,7 +255,9 @@ def speculative_decode(
     generated = [c - prompt_len for c in state.committed]
     width = prompt_len + max(generated)
     keep = torch.arange(width, device=device)[None, :] < torch.tensor(state.committed, device=device)[:, None]
-    sequences = torch.where(keep, tokens[:, :width], torch.full_like(tokens[:, :width], settings.pad_token_id))
+    sequences = torch.where(
+        keep, tokens[:, :width], torch.full_like(tokens[:, :width], settings.pad_token_id)
+    )
     stats.new_tokens = generated
     stats.wall_time_s = time.perf_counter() - wall_start
     return sequences, stats

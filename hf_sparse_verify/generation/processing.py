@@ -126,7 +126,9 @@ class StopChecker:
             # every criterion on every prefix, then one readback
             hits = torch.stack(
                 [
-                    torch.as_tensor(c(tokens[row : row + 1, : committed + j + 1], None), device=tokens.device).reshape(-1)[0]
+                    torch.as_tensor(
+                        c(tokens[row : row + 1, : committed + j + 1], None), device=tokens.device
+                    ).reshape(-1)[0]
                     for j in range(count)
                     for c in self.generic
                 ]
