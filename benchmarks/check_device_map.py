@@ -29,14 +29,14 @@ def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int =
     device_map = infer_auto_device_map(
         model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype
     )
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    torch.manual_seed(seed)
     for name, param in list(model.named_parameters()):
         owner = max((k for k in device_map if name.startswith(k + ".") or k == name or k == ""), key=len)
         device = device_map[owner]
         if "norm" in name:
-            value = torch.ones(param.shape, dtype=dtype)
+            value = torch.ones(param.shape, dtype=dtype, device=device)
         else:
-            value = torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(0.02).to(dtype)
+            value = torch.randn(param.shape, dtype=dtype, device=device).mul_(0.02)
         set_module_tensor_to_device(model, name, device, value=value)
     model = dispatch_model(model, device_map=device_map)
     return model.eval(), device_map

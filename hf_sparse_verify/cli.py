@@ -47,7 +47,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEFAULT_PROMPT = 'def read_config(path):\n    """Load a JSON config file and return it as a dict."""\n'
+# ends mid-line: the demo tokenizer merges a newline with the next line's indentation
+DEFAULT_PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"
 
 
 def _prompts(args) -> list[str]:

@@ -61,6 +61,19 @@ def test_drafts_are_accepted_and_rejected():
     assert 1.0 < stats.mean_acceptance_length < 4.0
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3_moe"])
+def test_perfect_draft_is_always_accepted(arch):
+    """The target drafting for itself must have every draft accepted, in every row of a ragged batch
+    (positions, padding and the draft cache's catch-up and rollback all line up)."""
+    model = make_model(arch)
+    ids, mask = ragged_batch(3)
+    out = _speculate(model, ids, mask, "draft_model", 4, model, max_new_tokens=31)
+    stats = out.speculation
+    for k, row in zip(stats.draft_tokens, stats.accepted_tokens):
+        assert all(a == k for a in row if a is not None), (k, row)
+    assert stats.mean_acceptance_length == 5.0
+
+
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model"])
 def test_eos_inside_accepted_drafts(strategy):
     """EOS chosen as a token plain greedy emits mid-sequence; with a perfect draft it arrives inside a block."""

@@ -78,7 +78,7 @@ class DraftModelDrafter(Drafter):
             no_padding=max(state.pad) == 0,
             uniform_start=len(set(start)) == 1,
         )
-        positions = (start_t - pad_t).clamp_min(0)[:, None] + torch.arange(width, device=self.device)
+        positions = ((start_t - pad_t)[:, None] + torch.arange(width, device=self.device)).clamp_min(0)
         self.cache.begin_step(step)
         try:
             out = self.model(
