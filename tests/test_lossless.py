@@ -143,15 +143,16 @@ def test_stop_strings_from_arguments():
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("policy", ["constant", "heuristic"])
+@pytest.mark.parametrize("policy", ["constant", "heuristic", "utility", "plain"])
 def test_k_policies_keep_output(policy):
     model, draft = _pair("mistral")
     ids, mask = ragged_batch(3)
-    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    new = 120 if policy == "utility" else 40
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
     out = model.generate(
         input_ids=ids,
         attention_mask=mask,
-        max_new_tokens=40,
+        max_new_tokens=new,
         do_sample=False,
         custom_generate=hsv.generate,
         speculation=dict(strategy="draft_model", num_draft_tokens=2, k_policy=policy, max_draft_tokens=6),
@@ -162,12 +163,18 @@ def test_k_policies_keep_output(policy):
     ks = out.speculation.draft_tokens
     if policy == "heuristic":
         assert len(set(ks)) > 1 and max(ks) <= 6
+    elif policy == "utility":  # baseline K = 0 steps, then trials at several K
+        assert ks[:4] == [0, 0, 0, 0] and len(set(ks)) > 2 and max(ks) <= 6
+        assert {s["phase"] for s in out.speculation.policy_states} >= {"baseline", "test"}
+    elif policy == "plain":
+        assert set(ks) == {0}
     else:
         assert set(ks[:-2]) == {2} and set(ks) <= {0, 1, 2}  # K shrinks only at the very end (no room left)
 
 
 class AlternatingKPolicy(KPolicy):
-    """Three plain decode steps (K = 0), then three steps with K = 4, and so on."""
+    """Eight plain decode steps (K = 0), then eight steps with K = 4, and so on: longer than one catch-up chunk
+    (max_draft_tokens + 1 = 5 tokens), so the draft model catches up over several forwards."""
 
     def __init__(self, start_k: int, max_k: int):
         super().__init__(0, max_k)
@@ -175,7 +182,7 @@ class AlternatingKPolicy(KPolicy):
 
     def next_k(self) -> int:
         self.calls += 1
-        return 0 if (self.calls // 3) % 2 == 0 else 4
+        return 0 if (self.calls // 8) % 2 == 0 else 4
 
 
 def test_plain_decode_steps_and_drafter_catch_up(monkeypatch):
@@ -183,14 +190,16 @@ def test_plain_decode_steps_and_drafter_catch_up(monkeypatch):
     monkeypatch.setitem(K_POLICIES, "alternating", f"{__name__}:AlternatingKPolicy")
     model, draft = _pair("llama")
     ids, mask = ragged_batch(3)
-    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=60, do_sample=False)
     out = model.generate(
         input_ids=ids,
         attention_mask=mask,
-        max_new_tokens=40,
+        max_new_tokens=60,
         do_sample=False,
         custom_generate=hsv.generate,
-        speculation=dict(strategy="draft_model", num_draft_tokens=4, k_policy="alternating"),
+        speculation=dict(
+            strategy="draft_model", num_draft_tokens=4, k_policy="alternating", max_draft_tokens=4
+        ),
         draft_model=draft,
         return_dict_in_generate=True,
     )
@@ -262,3 +271,26 @@ def test_trained_fixtures_greedy(shared_models, strategy, batch):
     )
     assert torch.equal(out.sequences, expected)
     assert out.speculation.mean_acceptance_length > 1.2
+
+
+@pytest.mark.fixtures
+def test_trained_fixtures_utility_policy_keeps_output(shared_models):
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(shared_models / "code-target", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(shared_models / "code-target")
+    text = next(json.loads(line)["text"] for line in open(shared_models / "prompts.jsonl"))
+    inputs = tok(text, return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=96, do_sample=False)
+    out = target.generate(
+        **inputs,
+        max_new_tokens=96,
+        do_sample=False,
+        custom_generate=hsv.generate,
+        speculation=dict(strategy="prompt_lookup", k_policy="utility", max_draft_tokens=8),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, expected)
+    assert len(set(out.speculation.draft_tokens)) > 2

@@ -124,8 +124,8 @@ class DraftModelDrafter(Drafter):
                 if self.cached[b] == committed[b]:
                     done[b] = True
                     finishing.append((b, committed[b] - 1 - start[b]))
-            rows = torch.tensor([b for b, _ in finishing], device=logits.device)
-            cols = torch.tensor([i for _, i in finishing], device=logits.device)
+            rows = torch.tensor([b for b, _ in finishing], dtype=torch.long, device=logits.device)
+            cols = torch.tensor([i for _, i in finishing], dtype=torch.long, device=logits.device)
             if last_logits is None:
                 last_logits = logits.new_zeros(logits.shape[0], logits.shape[-1])
             last_logits[rows] = logits[rows, cols]
