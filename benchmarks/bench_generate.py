@@ -40,12 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def machine_info(device: str) -> dict:
     import transformers
 
+    commit = os.environ.get("GIT_COMMIT", "")
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+        if proc.returncode == 0 and len(proc.stdout.strip()) == 40:
+            commit = proc.stdout.strip()
     except OSError:
-        commit = ""
+        pass
     info = {
         "device": device,
         "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
@@ -55,7 +56,7 @@ def machine_info(device: str) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "hf_sparse_verify": hsv.__version__,
-        "commit": commit or os.environ.get("GIT_COMMIT", ""),
+        "commit": commit or "unknown (set GIT_COMMIT where the tree has no .git)",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     return info

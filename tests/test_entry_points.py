@@ -38,6 +38,23 @@ def test_direct_call_equals_callable(pair):
     assert torch.equal(out, _plain(model, ids, mask))
 
 
+def test_draft_model_named_in_config(pair, tmp_path):
+    model, draft = pair
+    draft.save_pretrained(tmp_path / "draft")
+    ids, mask = ragged_batch(3)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        custom_generate=hsv.generate,
+        speculation={"strategy": "draft_model", "draft_model": str(tmp_path / "draft")},
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, _plain(model, ids, mask))
+    assert out.speculation.mean_acceptance_length > 1.5  # the saved noisy copy, not some other model
+
+
 def test_custom_generate_folder(pair):
     model, draft = pair
     ids, mask = ragged_batch(3)

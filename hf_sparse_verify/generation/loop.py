@@ -176,10 +176,9 @@ def speculative_decode(
             cache.end_step()
         return out.logits.to(device, torch.float32)
 
-    def emit(
-        draft: Draft, accepted: torch.Tensor, new_tokens: torch.Tensor
-    ) -> tuple[list[int | None], list[int]]:
-        """Write the step's tokens, apply stopping; returns accepted-into-history per row and the new lengths."""
+    def emit(accepted: torch.Tensor, new_tokens: torch.Tensor) -> tuple[list[int | None], list[int]]:
+        """Write the step's tokens and apply stopping; returns the drafts per row that entered the history and
+        the history lengths before the step."""
         before = list(state.committed)
         readback = torch.cat([accepted[:, None], new_tokens], dim=1).cpu()  # the step's one readback
         state.write(before, new_tokens, readback[:, 1:])
@@ -204,7 +203,7 @@ def speculative_decode(
         scores, first, torch.zeros(batch, dtype=torch.long, device=device), settings.do_sample
     )
     timer.mark("prefill_end")
-    emit(first, accepted, new_tokens)
+    emit(accepted, new_tokens)
     stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
     emitter.flush()
     drafter.prefill(state)
@@ -228,7 +227,7 @@ def speculative_decode(
         accepted, new_tokens = _select(scores, draft, counts, settings.do_sample)
         timer.mark("verify_end")
         active_before = list(state.active)
-        accepted_rows, before = emit(draft, accepted, new_tokens)
+        accepted_rows, before = emit(accepted, new_tokens)
         drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))
 
         draft_s = timer.seconds("draft_start", "verify_start")

@@ -9,6 +9,8 @@ longest prefix that matches the new history (a length change, no copy).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...attention import SpecCache, StepInfo
@@ -16,6 +18,14 @@ from ...attention.interface import STEP_KWARG
 from ..processing import history_free_part
 from ..state import DecodeState
 from .base import Draft, Drafter, VerifyFeedback
+
+
+@functools.lru_cache(maxsize=2)
+def load_draft_model(name_or_path: str, dtype: torch.dtype, device: str):
+    """Load (once per process, for the two most recent keys) a draft model named in the config."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
 
 
 def _num_layers(model) -> int:
@@ -51,11 +61,7 @@ class DraftModelDrafter(Drafter):
                     "strategy 'draft_model' needs a draft model: set SpeculationConfig(draft_model='folder or Hub "
                     "id') or pass generate(..., draft_model=loaded_model)"
                 )
-            from transformers import AutoModelForCausalLM
-
-            draft_model = AutoModelForCausalLM.from_pretrained(config.draft_model, dtype=target.dtype).to(
-                target.device
-            )
+            draft_model = load_draft_model(config.draft_model, target.dtype, str(target.device))
         target_vocab = target.get_output_embeddings().weight.shape[0]
         return cls(draft_model, target_vocab, config.max_draft_tokens)
 
