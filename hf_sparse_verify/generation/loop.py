@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import SpecCache, StepInfo
-from ..attention.interface import STEP_KWARG
 from .drafters.base import Draft, Drafter, VerifyFeedback
 from .k_policy import KPolicy, StepOutcome
 from .processing import StopChecker, process_window
+from .runner import ModelRunner
 from .state import DecodeState
 from .stats import SpeculationStats
 from .timing import StepTimer
@@ -144,37 +143,8 @@ def speculative_decode(
     stop = StopChecker(stopping_criteria, settings.max_length, eos_token_ids)
     emitter = _Emitter(streamer, state, settings.pad_token_id)
     cache_len = settings.cache_len or settings.max_length + max_k
-    cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, cache_len)
-    input_device = model.get_input_embeddings().weight.device
-
-    def forward(ids: torch.Tensor, start: list[int], phase: str, logits_to_keep: int = 0) -> torch.Tensor:
-        width = ids.shape[1]
-        start_t = torch.tensor(start, device=input_device)
-        pad_t = state.pad_t.to(input_device)
-        step = StepInfo(
-            phase,
-            start_t,
-            pad_t,
-            q_len=width,
-            kv_len=max(start) + width,
-            backend=settings.backend,
-            no_padding=max(pads) == 0,
-            uniform_start=len(set(start)) == 1,
-        )
-        positions = (start_t - pad_t)[:, None] + torch.arange(width, device=input_device)
-        cache.begin_step(step)
-        try:
-            out = model(
-                input_ids=ids.to(input_device),
-                position_ids=positions.clamp_min(0),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                **{STEP_KWARG: step},
-            )
-        finally:
-            cache.end_step()
-        return out.logits.to(device, torch.float32)
+    target = ModelRunner(model, batch, cache_len, pads, device, settings.backend)
+    drafter.attach(target)
 
     def emit(accepted: torch.Tensor, new_tokens: torch.Tensor) -> tuple[list[int | None], list[int]]:
         """Write the step's tokens and apply stopping; returns the drafts per row that entered the history and
@@ -196,7 +166,9 @@ def speculative_decode(
     # ------------------------------------------------------------------------------------------------ prefill
     timer = StepTimer(device)
     timer.mark("prefill_start")
-    logits = forward(input_ids, [0] * batch, "prefill", logits_to_keep=1)  # [B, 1, V]
+    logits = target.forward(
+        input_ids, [0] * batch, "prefill", layer_states=drafter.layer_states("prefill"), logits_to_keep=1
+    )  # [B, 1, V]
     scores = processors(tokens[:, :prompt_len], logits[:, 0])[:, None] if len(processors) else logits
     first = _empty_draft(batch, device)
     accepted, new_tokens = _select(
@@ -221,7 +193,7 @@ def speculative_decode(
         pending = tokens.gather(1, torch.tensor(state.committed, device=device)[:, None] - 1)
         ids = torch.cat([pending, draft.tokens], dim=1)  # [B, K+1]
         start = [c - 1 for c in state.committed]
-        logits = forward(ids, start, "verify")
+        logits = target.forward(ids, start, "verify", layer_states=drafter.layer_states("verify"))
         scores = process_window(processors, tokens, state.committed, state.active, draft.tokens, logits)
         counts = torch.tensor(draft.counts, device=device)
         accepted, new_tokens = _select(scores, draft, counts, settings.do_sample)

@@ -53,6 +53,14 @@ class Drafter(CandidateGenerator):
     #: True when ``get_candidates`` returns the distributions it sampled from (speculative sampling needs them)
     gives_probs: bool = False
 
+    def attach(self, target) -> None:  # noqa: B027 - optional hook
+        """Called before the prefill with the target's `ModelRunner` (self-speculative drafters draft with it)."""
+
+    def layer_states(self, phase: str) -> list | None:
+        """Per-layer state objects to hand the target's ``phase`` forward (``"prefill"`` or ``"verify"``), for
+        example buffers its attention fills with scores; None when the drafter needs nothing."""
+        return None
+
     def prefill(self, state: DecodeState) -> None:  # noqa: B027 - optional hook
         """Called once after the target's prefill."""
 

@@ -13,9 +13,8 @@ import functools
 
 import torch
 
-from ...attention import SpecCache, StepInfo
-from ...attention.interface import STEP_KWARG
 from ..processing import history_free_part
+from ..runner import ModelRunner
 from ..state import DecodeState
 from .base import Draft, Drafter, VerifyFeedback
 
@@ -26,14 +25,6 @@ def load_draft_model(name_or_path: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
-
-
-def _num_layers(model) -> int:
-    return model.config.get_text_config().num_hidden_layers
-
-
-def _input_device(model) -> torch.device:
-    return model.get_input_embeddings().weight.device
 
 
 class DraftModelDrafter(Drafter):
@@ -48,8 +39,7 @@ class DraftModelDrafter(Drafter):
             )
         self.model = model.eval()
         self.max_k = max_k
-        self.device = _input_device(model)
-        self.cache: SpecCache | None = None
+        self.runner: ModelRunner | None = None
         self.cached: list[int] = []
         self.gives_probs = False
 
@@ -69,42 +59,12 @@ class DraftModelDrafter(Drafter):
     def models(self) -> list:
         return [self.model]
 
-    # ------------------------------------------------------------------------------------------------ forwards
-    def _forward(self, state: DecodeState, input_ids: torch.Tensor, start: list[int]) -> torch.Tensor:
-        """Run the draft on ``input_ids`` ``[B, W]`` written at slots ``start``; float32 logits ``[B, W, V]``."""
-        width = input_ids.shape[1]
-        start_t = torch.tensor(start, device=self.device)
-        pad_t = state.pad_t.to(self.device)
-        step = StepInfo(
-            "draft",
-            start_t,
-            pad_t,
-            q_len=width,
-            kv_len=max(start) + width,
-            no_padding=max(state.pad) == 0,
-            uniform_start=len(set(start)) == 1,
-        )
-        positions = ((start_t - pad_t)[:, None] + torch.arange(width, device=self.device)).clamp_min(0)
-        self.cache.begin_step(step)
-        try:
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-                **{STEP_KWARG: step},
-            )
-        finally:
-            self.cache.end_step()
-        return out.logits.to(state.tokens.device, torch.float32)
-
     def prefill(self, state: DecodeState) -> None:
         batch, prompt_len = state.batch_size, state.prompt_len
         capacity = state.tokens.shape[1] + self.max_k + 2
-        self.cache = SpecCache(_num_layers(self.model), batch, capacity)
-        self.cached = [0] * batch
+        self.runner = ModelRunner(self.model, batch, capacity, state.pad, state.tokens.device)
         # the prompt; _catch_up feeds the rest (the first generated token onwards)
-        self._forward(state, state.tokens[:, :prompt_len], [0] * batch)
+        self.runner.forward(state.tokens[:, :prompt_len], [0] * batch, "draft")
         self.cached = [prompt_len] * batch
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
@@ -121,7 +81,7 @@ class DraftModelDrafter(Drafter):
                 width, device=state.tokens.device
             )
             input_ids = state.tokens.gather(1, slots.clamp_max(capacity - 1))
-            logits = self._forward(state, input_ids, start)  # [B, W, V]
+            logits = self.runner.forward(input_ids, start, "draft")  # [B, W, V]
             finishing = []
             for b in range(state.batch_size):
                 if done[b]:
@@ -152,7 +112,7 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [token], [prob]
         for i in range(1, num_tokens):
             start = [c + i - 1 for c in state.committed]
-            logits = self._forward(state, token[:, None], start)[:, 0]
+            logits = self.runner.forward(token[:, None], start, "draft")[:, 0]
             token, prob = self._pick(logits, state)
             tokens.append(token)
             probs.append(prob)
@@ -169,4 +129,4 @@ class DraftModelDrafter(Drafter):
                 self.cached[b] = min(self.cached[b], feedback.committed_before[b] + accepted)
 
     def close(self) -> None:
-        self.cache = None
+        self.runner = None
