@@ -36,9 +36,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Qwen3MoeConfig
 
-from benchmarks.bench_generate import _sync, machine_info
 import hf_sparse_verify as hsv
-from hf_sparse_verify.attention import SpecCache, StepInfo, use_sparse_verify_attention
+from benchmarks.bench_generate import _sync, machine_info
+from hf_sparse_verify.attention import use_sparse_verify_attention
+from hf_sparse_verify.generation.runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,29 +157,6 @@ def time_ms(fn, device: str, warmups: int, repeats: int, after=None) -> list[flo
     return times
 
 
-def spec_forward(model, cache: SpecCache, ids: torch.Tensor, start: int, phase: str, logits_to_keep: int = 0):
-    """One forward through our engine, as `speculative_decode`'s ``forward`` does it (batch 1, no padding)."""
-    width = ids.shape[1]
-    start_t = torch.tensor([start], device=ids.device)
-    pad_t = torch.zeros(1, dtype=torch.long, device=ids.device)
-    step = StepInfo(
-        phase, start_t, pad_t, q_len=width, kv_len=start + width, no_padding=True, uniform_start=True
-    )
-    positions = start_t[:, None] + torch.arange(width, device=ids.device)
-    cache.begin_step(step)
-    try:
-        return model(
-            input_ids=ids,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            speculation_step=step,
-        )
-    finally:
-        cache.end_step()
-
-
 def crop_to(cache, length: int) -> None:
     """Roll a transformers cache back to ``length`` tokens (a negative ``crop`` removes that many tokens, which
     every transformers 4.x/5.x release accepts)."""
@@ -219,18 +197,18 @@ def step_sweep(name: str, model, ids: torch.Tensor, context: int, sizes: Sizes, 
     prompt = ids[:, :context]
     dyn_cache = DynamicCache(config=model.config)
     model(input_ids=prompt, past_key_values=dyn_cache, use_cache=True, logits_to_keep=1)
-    cache = SpecCache(model.config.num_hidden_layers, 1, context + max_k + 1)
+    runner = ModelRunner(model, 1, context + max_k + 1, [0], ids.device)  # the loop's SpecCache + StepInfo
     with use_sparse_verify_attention(model):
-        spec_forward(model, cache, prompt, 0, "prefill", logits_to_keep=1)
+        runner.forward(prompt, [0], "prefill", logits_to_keep=1)
     records = []
     for k in sizes.step_ks:
         new = ids[:, context : context + k + 1]  # [1, K + 1]: pending token + K drafts
 
         def ours(new=new):
-            spec_forward(model, cache, new, context, "verify")
+            runner.forward(new, [context], "verify")  # float32 logits [1, K + 1, V], as the loop gets them
 
         def theirs(new=new):
-            model(input_ids=new, past_key_values=dyn_cache, use_cache=True)
+            model(input_ids=new, past_key_values=dyn_cache, use_cache=True).logits.float()
 
         with use_sparse_verify_attention(model):
             ours_ms = time_ms(ours, device, sizes.step_warmups, sizes.step_repeats)

@@ -21,6 +21,7 @@ from .registry import DRAFTERS, K_POLICIES
 
 CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference")
+SELECTIONS = ("two_rows", "all", "last_token")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class SpeculationConfig:
 
     Args:
         strategy: drafter name: ``"prompt_lookup"`` (n-gram lookup in the prompt and output), ``"draft_model"``
-            (a smaller model with the same vocabulary) or ``"auto"`` (``draft_model`` when a draft model is
+            (a smaller model with the same vocabulary), ``"vegas"`` / ``"streaming"`` / ``"quest"`` (the target
+            drafts for itself with sparse attention, see `drafters/self_spec.py`) or ``"auto"`` (``draft_model`` when a draft model is
             given, else ``prompt_lookup``). Default ``"auto"``.
         num_draft_tokens: K, draft tokens per step for the ``constant`` policy and the starting K of the
             adaptive ones. Default 4.
@@ -43,6 +45,11 @@ class SpeculationConfig:
         attention_backend: ``"auto"`` or ``"reference"`` (plain PyTorch, exact). Kernels register more names.
         max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
             None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
+        ratio / min_tokens: self-speculative strategies (``vegas``, ``streaming``, ``quest``) draft with
+            ``max(min_tokens, ceil(ratio * prefix length))`` cached tokens per layer (paper defaults 0.07, 256).
+        selection: ``vegas`` scores: ``"two_rows"`` (first and last verify rows, Collect-2-Query), ``"all"``
+            (every verify row, the paper's Eq. 2) or ``"last_token"`` (the last accepted token's row).
+        streaming_sinks / quest_page_size: sink tokens of ``streaming``, page size of ``quest``.
         utility_*: constants of the ``utility`` K policy (Cascade, paper defaults): trial length t, trials per
             test phase M, set-phase length S, first K tried, plain-decode steps measured at the start of a
             request and the refresh period of that measurement, and the relative tolerance under which two
@@ -58,6 +65,11 @@ class SpeculationConfig:
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
     max_cache_len: int | None = None
+    ratio: float = 0.07
+    min_tokens: int = 256
+    selection: str = "two_rows"
+    streaming_sinks: int = 4
+    quest_page_size: int = 16
     utility_trial_steps: int = 4
     utility_max_trials: int = 4
     utility_set_steps: int = 16
@@ -105,6 +117,23 @@ class SpeculationConfig:
             _check_int("max_cache_len", self.max_cache_len)
             if self.max_cache_len < 1:
                 raise ValueError(f"max_cache_len must be >= 1 or None, got {self.max_cache_len}")
+        if (
+            isinstance(self.ratio, bool)
+            or not isinstance(self.ratio, (int, float))
+            or not 0.0 < self.ratio <= 1.0
+        ):
+            raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
+        _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"unknown selection {self.selection!r}: use one of {SELECTIONS}")
+        _check_int("streaming_sinks", self.streaming_sinks)
+        if self.streaming_sinks < 0:
+            raise ValueError(f"streaming_sinks must be >= 0, got {self.streaming_sinks}")
+        _check_int("quest_page_size", self.quest_page_size)
+        if self.quest_page_size < 1:
+            raise ValueError(f"quest_page_size must be >= 1, got {self.quest_page_size}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}: use one of {ATTENTION_BACKENDS}"

@@ -11,6 +11,9 @@ import importlib
 DRAFTERS: dict[str, str] = {
     "prompt_lookup": "hf_sparse_verify.generation.drafters.prompt_lookup:PromptLookupDrafter",
     "draft_model": "hf_sparse_verify.generation.drafters.draft_model:DraftModelDrafter",
+    "vegas": "hf_sparse_verify.generation.drafters.self_spec:VegasDrafter",
+    "streaming": "hf_sparse_verify.generation.drafters.self_spec:StreamingDrafter",
+    "quest": "hf_sparse_verify.generation.drafters.self_spec:QuestDrafter",
 }
 
 K_POLICIES: dict[str, str] = {

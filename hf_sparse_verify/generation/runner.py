@@ -21,7 +21,9 @@ class ModelRunner:
         backend: attention backend name.
     """
 
-    def __init__(self, model, batch: int, capacity: int, pad: list[int], out_device, backend: str = "reference"):
+    def __init__(
+        self, model, batch: int, capacity: int, pad: list[int], out_device, backend: str = "reference"
+    ):
         self.model = model
         self.cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, capacity)
         self.pad = pad

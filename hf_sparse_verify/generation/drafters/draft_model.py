@@ -13,10 +13,10 @@ import functools
 
 import torch
 
-from ..processing import history_free_part
 from ..runner import ModelRunner
 from ..state import DecodeState
 from .base import Draft, Drafter, VerifyFeedback
+from .sampling import pick_tokens
 
 
 @functools.lru_cache(maxsize=2)
@@ -97,23 +97,15 @@ class DraftModelDrafter(Drafter):
             last_logits[rows] = logits[rows, cols]
         return last_logits
 
-    def _pick(self, logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not state.do_sample:
-            return logits.argmax(-1), None
-        warpers = history_free_part(state.processors)
-        scores = warpers(state.tokens[:, :1], logits) if len(warpers) else logits
-        probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, 1).squeeze(1), probs
-
     # ---------------------------------------------------------------------------------------------- interface
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         self.gives_probs = state.do_sample
-        token, prob = self._pick(self._catch_up(state), state)
+        token, prob = pick_tokens(self._catch_up(state), state)
         tokens, probs = [token], [prob]
         for i in range(1, num_tokens):
             start = [c + i - 1 for c in state.committed]
             logits = self.runner.forward(token[:, None], start, "draft")[:, 0]
-            token, prob = self._pick(logits, state)
+            token, prob = pick_tokens(logits, state)
             tokens.append(token)
             probs.append(prob)
         self.cached = [c + num_tokens - 1 for c in state.committed]

@@ -1,0 +1,162 @@
+"""Self-speculative drafting: the target drafts for itself, each attention layer attending only to a selected set
+of cached tokens (per row and layer, shared by the layer's heads) plus every token appended since the selection.
+
+One drafter, pluggable selection policies (the Vegas paper's comparison set):
+
+- ``vegas`` (Vegas, verification-guided): after every verify step, the top-k prefix tokens by the verify pass's
+  own raw attention logits, head-averaged over the first and last query rows of the step (``selection=
+  "two_rows"``, Collect-2-Query), over all rows (``"all"``, the paper's Eq. 2), or over the row of the last
+  accepted token only (``"last_token"``, the SpecExtend-like baseline). The first selection is seeded from the
+  prefill's last query rows.
+- ``streaming`` (MagicDec-Stream): attention sinks plus the most recent tokens.
+- ``quest`` (MagicDec-Quest): query-aware page selection recomputed at every draft step from per-page key
+  summaries.
+
+All use the same budget ``k = max(min_tokens, ceil(ratio * prefix length))``; a prefix no longer than the budget is
+drafted with full attention. Drafting writes the draft tokens' keys into the target's cache; the verify pass
+rewrites those slots with exact values, so the output stays the target's own (lossless).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...attention.selection import SparseLayerState, budget, select_streaming, select_topk
+from ..state import DecodeState
+from .base import Draft, Drafter, VerifyFeedback
+from .sampling import pick_tokens
+
+_COLLECT = {"two_rows": "two_rows", "all": "all_rows", "last_token": "per_row"}
+
+
+class SelfSpecDrafter(Drafter):
+    """The target drafts for itself with sparse attention; ``policy`` picks the KV selection."""
+
+    policy = "vegas"
+
+    def __init__(
+        self,
+        ratio: float = 0.07,
+        min_tokens: int = 256,
+        selection: str = "two_rows",
+        sinks: int = 4,
+        page_size: int = 16,
+    ):
+        if selection not in _COLLECT:
+            raise ValueError(f"selection must be one of {sorted(_COLLECT)}, got {selection!r}")
+        self.ratio = ratio
+        self.min_tokens = min_tokens
+        self.selection = selection
+        self.sinks = sinks
+        self.page_size = page_size
+        self.target = None
+        self.states: list[SparseLayerState] = []
+
+    @classmethod
+    def from_config(cls, config, target=None, draft_model=None) -> SelfSpecDrafter:
+        if draft_model is not None:
+            raise ValueError(f"strategy {cls.policy!r} drafts with the target itself: pass no draft_model")
+        return cls(
+            ratio=config.ratio,
+            min_tokens=config.min_tokens,
+            selection=config.selection,
+            sinks=config.streaming_sinks,
+            page_size=config.quest_page_size,
+        )
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def attach(self, target) -> None:
+        self.target = target
+        self.states = [SparseLayerState(page_size=self.page_size) for _ in range(len(target.cache.layers))]
+        self.gives_probs = False
+
+    def layer_states(self, phase: str) -> list | None:
+        if self.policy != "vegas":
+            return None
+        collect = "last_rows" if phase == "prefill" else _COLLECT[self.selection]
+        for s in self.states:
+            s.collect = collect
+            s.scores = None
+        return self.states
+
+    def prefill(self, state: DecodeState) -> None:
+        self._select(state, [c - 1 for c in state.committed], accepted=None)
+
+    def on_verify(self, feedback: VerifyFeedback) -> None:
+        prefix_end = [c - 1 for c in feedback.committed_before]
+        self._select(self._state, prefix_end, accepted=feedback.accepted)
+
+    # ------------------------------------------------------------------------------------------------ selection
+    def _select(self, state: DecodeState, prefix_end: list[int], accepted: list[int | None] | None) -> None:
+        """Make every layer's selection over prefix slots ``[pad, prefix_end)``."""
+        self._state = state
+        device = self.target.device
+        capacity = self.target.cache.capacity
+        prefix = [max(0, e - p) for e, p in zip(prefix_end, state.pad)]
+        budgets = [budget(n, self.ratio, self.min_tokens) for n in prefix]
+        recent = torch.tensor(prefix_end, device=device)
+        dense = all(n <= b for n, b in zip(prefix, budgets))
+        for layer, s in enumerate(self.states):
+            layer_device = self.target.cache.layer_device(layer) or device
+            s.recent_start = recent.to(layer_device)
+            s.prefix_end = max(prefix_end)
+            s.page_min = s.page_max = None
+            s.selected = None
+            s.quest_budget = None
+            if dense:
+                continue
+            pad = self.target.pad_t.to(layer_device)
+            if self.policy == "vegas":
+                s.selected = select_topk(self._scores(s, accepted), pad, s.recent_start, budgets, capacity)
+            elif self.policy == "streaming":
+                s.selected = select_streaming(pad, s.recent_start, budgets, self.sinks, capacity)
+            else:  # quest: pages chosen per draft step inside the attention
+                pages = [math.ceil(b / self.page_size) for b in budgets]
+                s.quest_budget = torch.tensor(pages, device=layer_device)
+                s.quest_budget_max = max(pages)
+
+    def _scores(self, s: SparseLayerState, accepted: list[int | None] | None) -> torch.Tensor:
+        if s.scores is None:
+            raise RuntimeError("the verify pass collected no attention scores for this layer")
+        scores = s.scores
+        if scores.dim() == 3:  # per-row logits: the row of the last accepted token
+            rows = torch.tensor([a or 0 for a in accepted], device=scores.device)
+            rows = rows.clamp_max(scores.shape[1] - 1)
+            scores = scores[torch.arange(scores.shape[0], device=scores.device), rows]
+        return scores
+
+    # ------------------------------------------------------------------------------------------------ drafting
+    def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
+        self.gives_probs = state.do_sample
+        start = [c - 1 for c in state.committed]
+        token = state.tokens.gather(1, torch.tensor(start, device=state.tokens.device)[:, None]).squeeze(1)
+        tokens, probs = [], []
+        for i in range(num_tokens):
+            logits = self.target.forward(
+                token[:, None], [s + i for s in start], "draft", layer_states=self.states
+            )[:, 0]
+            token, prob = pick_tokens(logits, state)
+            tokens.append(token)
+            probs.append(prob)
+        counts = [num_tokens if a else 0 for a in state.active]
+        return Draft(
+            torch.stack(tokens, dim=1), counts, torch.stack(probs, dim=1) if state.do_sample else None
+        )
+
+    def close(self) -> None:
+        self.target = None
+        self.states = []
+
+
+class VegasDrafter(SelfSpecDrafter):
+    policy = "vegas"
+
+
+class StreamingDrafter(SelfSpecDrafter):
+    policy = "streaming"
+
+
+class QuestDrafter(SelfSpecDrafter):
+    policy = "quest"
