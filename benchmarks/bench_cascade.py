@@ -3,12 +3,13 @@ on a mixed workload.
 
 Suites:
 - ``steps``: one verify forward of K + 1 new tokens (K = 0..8) at batch 1 over a 1K-token context, through
-  hf_sparse_verify's engine exactly as the loop runs it (``sparse_verify`` attention, a prefilled `SpecCache`,
-  a ``verify`` `StepInfo`; the same slots are overwritten each repeat) and through plain transformers
-  (prefilled ``DynamicCache``, ``crop`` back to the context after each repeat, outside the timed region), for
-  the ``code-moe`` fixture (held-out tokens) and a Qwen3-30B-A3B-shaped MoE with random bf16 weights (random
-  tokens, default experts backend). Median of ``--step-repeats`` after ``--step-warmups``; CUDA events on GPU.
-  Also the unique experts touched per layer per step (one extra untimed forward with hooks on ``mlp.gate``).
+  hf_sparse_verify's engine exactly as the loop runs it (the loop's `ModelRunner`: ``sparse_verify`` attention,
+  a prefilled `SpecCache`, a ``verify`` `StepInfo`, float32 logits; the same slots are overwritten each repeat)
+  and through plain transformers (prefilled ``DynamicCache``, ``crop`` back to the context after each repeat,
+  outside the timed region), for the ``code-moe`` fixture (held-out tokens) and a Qwen3-30B-A3B-shaped MoE with
+  random bf16 weights (random tokens, default experts backend). Median of 10 repeats after 3 warm-ups, CUDA
+  events on GPU. Also the unique experts touched per layer per step (one extra untimed forward with hooks on
+  every ``mlp.gate``; with random weights routing is near uniform, so that count is an upper bound).
 - ``e2e``: greedy ``generate`` on ``code-moe`` and ``code-target`` over three workloads: ``good`` (held-out code
   prompts of ``prompts.jsonl``, ``prompt_lookup`` drafts are good), ``poor`` (the same token ids shuffled) and
   ``random`` (uniform random ids); the mix is all of them. Configurations: plain ``model.generate``, our
@@ -25,6 +26,7 @@ and our K = 0 path) on any workload, and on the mix at least as fast as the best
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -189,8 +191,11 @@ def experts_per_layer(model, run) -> float | None:
 
 
 @torch.no_grad()
-def step_sweep(name: str, model, ids: torch.Tensor, context: int, sizes: Sizes, args, bar) -> list[dict]:
-    """Ours vs transformers verify-forward time for each K; ``ids`` ``[1, context + max K + 1]``."""
+def step_sweep(
+    name: str, model, ids: torch.Tensor, context: int, sizes: Sizes, args, bar, **extra
+) -> list[dict]:
+    """Ours vs transformers verify-forward time for each K; ``ids`` ``[1, context + max K + 1]``; ``extra`` is
+    copied into every record."""
     device = args.device
     max_k = max(sizes.step_ks)
     assert ids.shape[1] >= context + max_k + 1, "need K + 1 tokens after the context"
@@ -228,6 +233,9 @@ def step_sweep(name: str, model, ids: torch.Tensor, context: int, sizes: Sizes, 
                 "unique_experts_per_layer": experts,
                 "num_experts": getattr(model.config, "num_experts", None),
                 "top_k": getattr(model.config, "num_experts_per_tok", None),
+                "experts_implementation": experts_backend(model),
+                "parameters": sum(p.numel() for p in model.parameters()),
+                **extra,
             }
         )
         bar.update(1)
@@ -259,7 +267,6 @@ def suite_steps(args, sizes: Sizes, dtype, bar) -> list[dict]:
     ids = tok(text, return_tensors="pt").input_ids[:, :need].to(args.device)
     moe = AutoModelForCausalLM.from_pretrained(shared / "code-moe", dtype=dtype).to(args.device).eval()
     records = step_sweep("code-moe", moe, ids, sizes.step_context, sizes, args, bar)
-    records[0]["experts_implementation"] = experts_backend(moe)
     del moe
     t0 = time.perf_counter()
     big = random_moe(sizes.random_moe, args.device, dtype)
@@ -267,14 +274,18 @@ def suite_steps(args, sizes: Sizes, dtype, bar) -> list[dict]:
     init_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, sizes.random_moe["vocab_size"], (1, need), generator=gen).to(args.device)
-    big_records = step_sweep(sizes.random_moe_name, big, ids, sizes.step_context, sizes, args, bar)
-    big_records[0]["experts_implementation"] = experts_backend(big)
-    big_records[0]["init_s"] = init_s
-    big_records[0]["parameters"] = sum(p.numel() for p in big.parameters())
+    records += step_sweep(
+        sizes.random_moe_name, big, ids, sizes.step_context, sizes, args, bar, init_s=init_s
+    )
     del big
-    if args.device.startswith("cuda"):
+    free_memory(args.device)
+    return records
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return records + big_records
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -317,14 +328,18 @@ def generate_once(model, ids: torch.Tensor, device: str, new_tokens: int, specul
     _sync(device)
     seconds = time.perf_counter() - t0
     sequences = out.sequences if hasattr(out, "sequences") else out
-    record = {"seconds": seconds, "new_tokens": int(sequences.shape[1] - ids.shape[1])}
+    record = {
+        "context": ids.shape[1],
+        "seconds": seconds,
+        "new_tokens": int(sequences.shape[1] - ids.shape[1]),
+    }
     stats = getattr(out, "speculation", None)
     if stats is not None:
-        drafting = [(k, row[0]) for k, row in zip(stats.draft_tokens, stats.accepted_tokens) if k > 0]
+        drafting = [row[0] for k, row in zip(stats.draft_tokens, stats.accepted_tokens) if k > 0]  # batch 1
         record.update(
             steps=stats.steps,
             drafting_steps=len(drafting),
-            accepted_drafts=sum(a for _, a in drafting if a is not None),
+            accepted_drafts=sum(a for a in drafting if a is not None),
             mean_k=sum(stats.draft_tokens) / max(1, stats.steps),
             mean_acceptance_length=stats.mean_acceptance_length,
             stats=stats,
@@ -393,6 +408,7 @@ def suite_e2e(args, sizes: Sizes, dtype, bar) -> tuple[list[dict], list[dict]]:
                         )
                         bar.update(1)
         del model
+        free_memory(args.device)
     return records, traces
 
 
