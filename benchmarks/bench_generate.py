@@ -42,7 +42,9 @@ def machine_info(device: str) -> dict:
 
     commit = os.environ.get("GIT_COMMIT", "")
     try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        )
         if proc.returncode == 0 and len(proc.stdout.strip()) == 40:
             commit = proc.stdout.strip()
     except OSError:

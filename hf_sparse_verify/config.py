@@ -20,7 +20,7 @@ from typing import Any
 from .registry import DRAFTERS, K_POLICIES
 
 CONFIG_NAME = "speculation_config.json"
-ATTENTION_BACKENDS = ("auto", "reference")
+ATTENTION_BACKENDS = ("auto", "reference", "token_sparse")
 SELECTIONS = ("two_rows", "all", "last_token")
 
 
@@ -42,7 +42,9 @@ class SpeculationConfig:
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
-        attention_backend: ``"auto"`` or ``"reference"`` (plain PyTorch, exact). Kernels register more names.
+        attention_backend: ``"auto"`` (``token_sparse`` on CUDA, ``reference`` elsewhere), ``"reference"`` (plain
+            PyTorch, exact, masks the whole cache) or ``"token_sparse"`` (draft steps gather only the selected
+            slots). Kernels register more names.
         max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
             None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
         ratio / min_tokens: self-speculative strategies (``vegas``, ``streaming``, ``quest``) draft with

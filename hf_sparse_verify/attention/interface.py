@@ -15,6 +15,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
+from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
 from .dispatch import get_backend
 from .step import StepInfo
 

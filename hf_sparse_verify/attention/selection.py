@@ -31,6 +31,9 @@ class SparseLayerState:
         page_size: Quest page size.
         page_min / page_max: Quest per-page key summaries ``[B, H_kv, pages, D]``, built on first use after a
             verify step and reused by the following draft steps.
+        index / index_valid: the selection as slot indices ``[B, k_max]`` (ascending) and which of them are
+            real (rows may keep fewer than ``k_max``); gather-based backends read these instead of ``selected``.
+        recent_min: host-side ``min(recent_start)``.
     """
 
     collect: str | None = None
@@ -43,6 +46,9 @@ class SparseLayerState:
     page_size: int = 16
     page_min: torch.Tensor | None = None
     page_max: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    index_valid: torch.Tensor | None = None
+    recent_min: int = 0
 
 
 PREFILL_SEED_ROWS = 8
@@ -90,6 +96,25 @@ def select_topk(
     selected.scatter_(1, top, keep)
     selected[:, :length] &= valid
     return selected
+
+
+def mask_to_index(selected: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot indices of a ``[B, C]`` selection mask: ``index`` ``[B, k_max]`` ascending (unused entries point at
+    slot 0) and ``valid`` ``[B, k_max]``. ``k_max`` must be >= the largest row count (host-side bound).
+
+    Example:
+        >>> index, valid = mask_to_index(torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0]]).bool(), 2)
+        >>> index.tolist(), valid.tolist()
+        ([[1, 3], [0, 0]], [[True, True], [True, False]])
+    """
+    capacity = selected.shape[1]
+    k_max = min(k_max, capacity)
+    # ascending slots of the selected entries first: key = slot for selected, capacity + slot otherwise
+    slots = torch.arange(capacity, device=selected.device)
+    order = torch.where(selected, slots, slots + capacity)
+    index = order.topk(k_max, dim=1, largest=False).values
+    valid = index < capacity
+    return torch.where(valid, index, torch.zeros_like(index)), valid
 
 
 def select_streaming(

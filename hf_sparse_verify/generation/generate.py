@@ -91,6 +91,12 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
         raise ValueError(f"unsupported model inputs for hf_sparse_verify.generate: {unexpected}")
 
 
+def _backend(config: SpeculationConfig, model) -> str:
+    if config.attention_backend != "auto":
+        return config.attention_backend
+    return "token_sparse" if model.get_input_embeddings().weight.device.type == "cuda" else "reference"
+
+
 def _settings(config: SpeculationConfig, generation_config, model, prompt_len: int) -> LoopSettings:
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if max_positions is not None and prompt_len > max_positions:
@@ -113,7 +119,7 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
         max_draft_tokens=config.max_draft_tokens,
         do_sample=bool(generation_config.do_sample),
         pad_token_id=int(pad.flatten()[0]),
-        backend="reference",
+        backend=_backend(config, model),
         cache_len=config.max_cache_len or needed,
     )
 

@@ -97,7 +97,8 @@ def plan_next_trial(
         tolerance: relative difference under which two successive utilities count as equal.
 
     Returns ``(next_k, "climb")`` or ``(None, reason)``, checked in this order:
-    ``"k_zero"`` (K = 1 has utility < 1: switch-off), ``"falling"`` (utility fell in two successive trials),
+    ``"k_zero"`` (K = 1 has utility < 1: switch-off); a utility < 1 at K > 1 moves to the lowest K tried - 1
+    (toward K = 0) before any early exit, while trials remain; then ``"falling"`` (utility fell in two successive trials),
     ``"converged"`` (the last two utilities are within ``tolerance``), ``"max_trials"``, then, from the next K:
     ``"k_zero"`` (it would be 0), ``"k_max"`` (above ``max_k``) or ``"peak"`` (already tried: the maximum is
     bracketed). The next K is the lowest K tried - 1 when the last utility is < 1 (move toward K = 0); after the
@@ -115,13 +116,17 @@ def plan_next_trial(
     k, u = trials[-1]
     if u < 1.0 and k == 1:
         return None, "k_zero"
+    tried = {trial_k for trial_k, _ in trials}
+    if u < 1.0 and len(trials) < max_trials:
+        # switch-off: below 1 keep moving toward K = 0 until K = 1 has been tried (no early exit before that)
+        next_k = min(tried) - 1
+        return (next_k, "climb") if next_k >= 1 else (None, "k_zero")
     if len(trials) >= 3 and u < trials[-2][1] < trials[-3][1]:
         return None, "falling"
     if len(trials) >= 2 and abs(u - trials[-2][1]) <= tolerance * trials[-2][1]:
         return None, "converged"
     if len(trials) >= max_trials:
         return None, "max_trials"
-    tried = {trial_k for trial_k, _ in trials}
     if u < 1.0:
         next_k = min(tried) - 1
     elif len(trials) == 1:
@@ -265,13 +270,15 @@ class UtilityKPolicy(KPolicy):
             window.add(outcome.tokens_per_row, time_s)
 
     def state(self) -> dict:
-        """Phase and K of the last issued step, last trial utility, best K of the test phase, S, and why the
-        last test phase ended."""
+        """Phase and K of the last issued step, last trial utility and the K it was measured at, the K = 0 step
+        time in use, best K of the test phase, S, and why the last test phase ended."""
         phase, k = self._issued
         return {
             "phase": phase,
             "k": k,
             "utility": self._last_utility,
+            "trial_k": self._trials[-1][0].k if self._trials else None,
+            "baseline_s": self._baseline_s(),
             "best_k": self._best_k,
             "set_steps": self._set_len,
             "exit": self._exit,

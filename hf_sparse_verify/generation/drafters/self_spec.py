@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ...attention.selection import SparseLayerState, budget, select_streaming, select_topk
+from ...attention.selection import SparseLayerState, budget, mask_to_index, select_streaming, select_topk
 from ..state import DecodeState
 from .base import Draft, Drafter, VerifyFeedback
 from .sampling import pick_tokens
@@ -102,8 +102,9 @@ class SelfSpecDrafter(Drafter):
             layer_device = self.target.cache.layer_device(layer) or device
             s.recent_start = recent.to(layer_device)
             s.prefix_end = max(prefix_end)
+            s.recent_min = min(prefix_end)
             s.page_min = s.page_max = None
-            s.selected = None
+            s.selected = s.index = s.index_valid = None
             s.quest_budget = None
             if dense:
                 continue
@@ -116,6 +117,8 @@ class SelfSpecDrafter(Drafter):
                 pages = [math.ceil(b / self.page_size) for b in budgets]
                 s.quest_budget = torch.tensor(pages, device=layer_device)
                 s.quest_budget_max = max(pages)
+                continue
+            s.index, s.index_valid = mask_to_index(s.selected, max(budgets))
 
     def _scores(self, s: SparseLayerState, accepted: list[int | None] | None) -> torch.Tensor:
         if s.scores is None:
