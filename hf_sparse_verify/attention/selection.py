@@ -56,7 +56,8 @@ PREFILL_SEED_ROWS = 8
 
 def budget(prefix_len: int, ratio: float, min_tokens: int) -> int:
     """Tokens kept for a prefix of ``prefix_len`` tokens: ``max(min_tokens, ceil(ratio * prefix_len))``."""
-    return max(min_tokens, math.ceil(ratio * prefix_len))
+    # round first: 0.07 * 100 is 7.000000000000001 in floating point
+    return max(min_tokens, math.ceil(round(ratio * prefix_len, 9)))
 
 
 def prefix_valid(pad: torch.Tensor, recent_start: torch.Tensor, length: int) -> torch.Tensor:
@@ -144,9 +145,13 @@ def page_summaries(key: torch.Tensor, page_size: int) -> tuple[torch.Tensor, tor
     """Quest key summaries: per page of ``page_size`` slots, the elementwise min and max key ``[B, H_kv, P, D]``."""
     batch, kv_heads, length, dim = key.shape
     pages = math.ceil(length / page_size)
-    padded = torch.nn.functional.pad(key.float(), (0, 0, 0, pages * page_size - length))
-    view = padded.view(batch, kv_heads, pages, page_size, dim)
-    return view.amin(dim=3), view.amax(dim=3)
+    extra = pages * page_size - length  # a partial last page: its padding must not enter the min / max
+
+    def reduce(fill: float, op) -> torch.Tensor:
+        padded = torch.nn.functional.pad(key.float(), (0, 0, 0, extra), value=fill)
+        return op(padded.view(batch, kv_heads, pages, page_size, dim), dim=3)
+
+    return reduce(float("inf"), torch.amin), reduce(float("-inf"), torch.amax)
 
 
 def select_quest(

@@ -1,0 +1,654 @@
+"""Self-speculative drafting (``vegas``, ``streaming``, ``quest``): greedy output equals plain generation while the
+draft attention is really sparse, sparsity 0 reproduces dense attention, the selection functions and the verify
+pass's score collection match brute-force references, sampling keeps the target's distribution, and bad
+configurations fail with a message naming the field."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import types
+from fractions import Fraction
+
+import pytest
+import torch
+from conftest import PAD, make_model, ragged_batch
+from scipy.stats import chisquare
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.attention import interface
+from hf_sparse_verify.attention.reference import _attention_with_logits, _reduce_rows, reference_attention
+from hf_sparse_verify.attention.selection import (
+    PREFILL_SEED_ROWS,
+    SparseLayerState,
+    budget,
+    head_mean_logits,
+    page_summaries,
+    select_quest,
+    select_streaming,
+    select_topk,
+)
+from hf_sparse_verify.attention.step import StepInfo
+from hf_sparse_verify.config import SpeculationConfig
+from hf_sparse_verify.generation import loop
+from hf_sparse_verify.generation.drafters.self_spec import SelfSpecDrafter
+from hf_sparse_verify.registry import DRAFTERS, resolve
+
+PROMPT_LEN, MAX_NEW = 40, 24
+SPARSE = dict(ratio=0.2, min_tokens=4)  # budget 8 of a ~40-token prefix
+STRATEGIES = {
+    "vegas": dict(strategy="vegas"),
+    "vegas-all": dict(strategy="vegas", selection="all"),
+    "vegas-last_token": dict(strategy="vegas", selection="last_token"),
+    "streaming": dict(strategy="streaming"),
+    "quest": dict(strategy="quest", quest_page_size=4),
+}
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def _expected_budget(n: int, ratio: float, min_tokens: int) -> int:
+    """``max(min_tokens, ceil(ratio * n))`` in exact arithmetic (the ratio as written in decimal)."""
+    return max(min_tokens, math.ceil(Fraction(str(ratio)) * n))
+
+
+@functools.cache
+def _model(arch: str) -> torch.nn.Module:
+    return make_model(arch)
+
+
+@functools.cache
+def _plain(arch: str, batch: int) -> torch.Tensor:
+    ids, mask = ragged_batch(batch, PROMPT_LEN)
+    return _model(arch).generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+
+
+def _speculate(model, ids, mask, k: int, max_new: int = MAX_NEW, do_sample: bool = False, **speculation):
+    return model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new,
+        do_sample=do_sample,
+        custom_generate=hsv.generate,
+        speculation=dict(num_draft_tokens=k, **speculation),
+        return_dict_in_generate=True,
+    )
+
+
+def _spy_selections(monkeypatch) -> list[dict]:
+    """Record every `SelfSpecDrafter._select` call: the scores it read (before) and the selection it made."""
+    calls: list[dict] = []
+    original = SelfSpecDrafter._select
+
+    def spy(self, state, prefix_end, accepted):
+        scores = [None if s.scores is None else s.scores.clone() for s in self.states]
+        original(self, state, prefix_end, accepted)
+        prefix = [max(0, e - p) for e, p in zip(prefix_end, state.pad)]
+        calls.append(
+            dict(
+                seed=accepted is None,
+                accepted=accepted,
+                pad=list(state.pad),
+                prefix_end=list(prefix_end),
+                prefix=prefix,
+                budgets=[_expected_budget(n, self.ratio, self.min_tokens) for n in prefix],
+                scores=scores,
+                selected=[None if s.selected is None else s.selected.clone() for s in self.states],
+                quest_pages=[
+                    None if s.quest_budget is None else s.quest_budget.tolist() for s in self.states
+                ],
+                page_size=self.page_size,
+            )
+        )
+
+    monkeypatch.setattr(SelfSpecDrafter, "_select", spy)
+    return calls
+
+
+def _assert_sparse(calls: list[dict], strategy: str) -> None:
+    """Every selection keeps ``min(budget, prefix)`` prefix slots per row, and at least one row of one call keeps
+    fewer than its prefix (the draft attention really was sparse)."""
+    assert calls and calls[0]["seed"], "the prefill must seed the first selection"
+    sparse_rows = 0
+    for call in calls:
+        dense = all(n <= b for n, b in zip(call["prefix"], call["budgets"]))
+        for layer, selected in enumerate(call["selected"]):
+            pages = call["quest_pages"][layer]
+            if dense:
+                assert selected is None and pages is None
+                continue
+            if strategy == "quest":
+                assert pages == [math.ceil(b / call["page_size"]) for b in call["budgets"]]
+                continue
+            assert selected is not None
+            for row, (pad, end, n, b) in enumerate(
+                zip(call["pad"], call["prefix_end"], call["prefix"], call["budgets"])
+            ):
+                assert not selected[row, :pad].any() and not selected[row, end:].any()
+                assert int(selected[row].sum()) == min(n, b), (layer, row, n, b)
+        if not dense:
+            sparse_rows += sum(n > b for n, b in zip(call["prefix"], call["budgets"]))
+    assert sparse_rows > 0, "no selection was sparse: lengthen the prompt or lower the ratio"
+
+
+def _brute_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``[B, H, q, L]`` float64 ``q . k * scale``, each KV head repeated for its ``H / H_kv`` query heads."""
+    group = query.shape[1] // key.shape[1]
+    keys = key.double().repeat_interleave(group, dim=1)
+    return torch.einsum("bhqd,bhld->bhql", query.double(), keys) * scaling
+
+
+def _brute_topk(scores: torch.Tensor, lo: int, hi: int, k: int) -> set[int]:
+    """The ``k`` slots of ``[lo, hi)`` with the highest ``scores`` ``[L]`` (all of them when fewer)."""
+    order = sorted(range(lo, hi), key=lambda j: float(scores[j]), reverse=True)
+    return set(order[:k])
+
+
+def _slots(mask_row: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(mask_row).flatten().tolist())
+
+
+# ----------------------------------------------------------------------------------------- lossless greedy output
+_CASES = [
+    pytest.param(arch, batch, k, "vegas", id=f"{arch}-b{batch}-k{k}-vegas")
+    for arch in ("llama", "qwen3", "qwen3_moe")
+    for batch in (1, 3)
+    for k in (1, 4, 8)
+] + [
+    pytest.param(arch, batch, k, name, id=f"{arch}-b{batch}-k{k}-{name}")
+    for name in STRATEGIES
+    if name != "vegas"
+    for arch, batch, k in (("llama", 3, 4), ("qwen3_moe", 1, 8))
+]
+
+
+@pytest.mark.parametrize("arch, batch, k, name", _CASES)
+def test_greedy_equals_plain_generate(monkeypatch, arch, batch, k, name):
+    """Token-for-token equal to plain greedy generation, with every selection keeping 8 of ~40 prefix tokens."""
+    calls = _spy_selections(monkeypatch)
+    ids, mask = ragged_batch(batch, PROMPT_LEN)
+    out = _speculate(_model(arch), ids, mask, k, **STRATEGIES[name], **SPARSE)
+    assert torch.equal(out.sequences, _plain(arch, batch))
+    assert out.speculation.strategy == STRATEGIES[name]["strategy"]
+    assert max(out.speculation.draft_tokens) == k
+    _assert_sparse(calls, STRATEGIES[name]["strategy"])
+    assert len(calls) == 1 + out.speculation.steps  # the prefill seed, then one selection per verify step
+
+
+@pytest.fixture(scope="module")
+def code_target(shared_models):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(shared_models / "code-target", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(shared_models / "code-target")
+    texts = [json.loads(line) for line in open(shared_models / "prompts.jsonl", encoding="utf-8")]
+    texts = [t["text"] for t in texts if t["len"] == 2048]
+    return model, [tok(t, return_tensors="pt").input_ids[0] for t in texts[:3]]
+
+
+@pytest.mark.fixtures
+@pytest.mark.parametrize("batch", [1, 3])
+def test_trained_target_greedy_with_paper_defaults(monkeypatch, code_target, batch):
+    """Held-out 2K-token prompts (ragged by truncation), ratio 0.07 / min_tokens 256: lossless, sparse, and the
+    trained model's peaky attention keeps most drafts."""
+    model, prompts = code_target
+    rows = [p[: 2048 - 160 * i] for i, p in enumerate(prompts[:batch])]
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch, width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = row
+        mask[b, width - len(row) :] = 1
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
+    calls = _spy_selections(monkeypatch)
+    out = _speculate(model, ids, mask, 4, max_new=32, strategy="vegas")
+    assert torch.equal(out.sequences, expected)
+    _assert_sparse(calls, "vegas")
+    assert max(calls[0]["budgets"]) == 256 < min(calls[0]["prefix"])
+    assert out.speculation.mean_acceptance_length > 2.0, out.speculation.summary()
+
+
+# ------------------------------------------------------------------------------------------- sparsity 0 is dense
+@pytest.mark.parametrize("name", ["vegas", "streaming", "quest"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_ratio_one_drafts_with_dense_attention(monkeypatch, arch, name):
+    """ratio = 1 keeps every prefix token: the drafts are the target's own greedy tokens, so every draft is
+    accepted; the same call with ratio 0.2 rejects some (so the selection is what made the difference)."""
+    model = _model(arch)
+    ids, mask = ragged_batch(3, PROMPT_LEN)
+    calls = _spy_selections(monkeypatch)
+    out = _speculate(model, ids, mask, 4, **STRATEGIES[name], ratio=1.0, min_tokens=1)
+    assert torch.equal(out.sequences, _plain(arch, 3))
+    assert all(s is None for call in calls for s in call["selected"] + call["quest_pages"])
+    stats = out.speculation
+    for k, row in zip(stats.draft_tokens, stats.accepted_tokens):
+        assert all(a == k for a in row if a is not None), (k, row)  # k shrinks only where the length ran out
+    assert stats.mean_acceptance_length > 4.0
+
+    sparse = _speculate(model, ids, mask, 4, **STRATEGIES[name], **SPARSE).speculation
+    assert any(
+        a < k for k, row in zip(sparse.draft_tokens, sparse.accepted_tokens) for a in row if a is not None
+    )
+
+
+def _draft_case(ragged: bool, seed: int = 0):
+    """Random q/k/v of one draft step: ``[B, H, 1, D]`` queries over a ``[B, H_kv, 32, D]`` cache."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, heads, kv_heads, dim, capacity = 3, 4, 2, 8, 32
+    pad = [0, 3, 6] if ragged else [0, 0, 0]
+    start = [20, 19, 17] if ragged else [20, 20, 20]
+    recent = [16, 18, 14] if ragged else [16, 16, 16]  # slots >= recent: drafts appended since the selection
+    query = torch.randn(batch, heads, 1, dim, generator=gen)
+    key = torch.randn(batch, kv_heads, capacity, dim, generator=gen)
+    value = torch.randn(batch, kv_heads, capacity, dim, generator=gen)
+    return query, key, value, pad, start, recent, capacity
+
+
+def _run_reference(query, key, value, pad, start, phase, state):
+    step = StepInfo(
+        phase,
+        torch.tensor(start),
+        torch.tensor(pad),
+        q_len=query.shape[2],
+        kv_len=max(start) + query.shape[2],
+        layer_states=None if state is None else [state],
+        no_padding=max(pad) == 0,
+        uniform_start=len(set(start)) == 1,
+    )
+    module = types.SimpleNamespace(layer_idx=0)
+    return reference_attention(module, query, key, value, step.on(query.device), scaling=0.35)
+
+
+@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "unpadded"])
+@pytest.mark.parametrize("policy", ["topk", "quest"])
+def test_draft_attention_with_full_selection_equals_dense(ragged, policy):
+    """A selection covering every prefix slot (top-k mask, or Quest with pages for the whole prefix) gives
+    bit-identical draft attention to no selection at all."""
+    query, key, value, pad, start, recent, capacity = _draft_case(ragged)
+    dense = _run_reference(query, key, value, pad, start, "draft", None)
+
+    def state(selected: torch.Tensor) -> SparseLayerState:
+        s = SparseLayerState(recent_start=torch.tensor(recent), prefix_end=max(recent), page_size=4)
+        if policy == "topk":
+            s.selected = selected
+        else:  # pages enough for the whole prefix
+            s.quest_budget = torch.tensor([capacity // 4] * 3)
+            s.quest_budget_max = capacity // 4
+        return s
+
+    slots = torch.arange(capacity)[None, :]
+    full = (slots >= torch.tensor(pad)[:, None]) & (slots < torch.tensor(recent)[:, None])
+    assert torch.equal(_run_reference(query, key, value, pad, start, "draft", state(full)), dense)
+    if policy == "topk":  # the same comparison catches one missing slot
+        holed = full.clone()
+        holed[1, 10] = False
+        out = _run_reference(query, key, value, pad, start, "draft", state(holed))
+        assert not torch.allclose(out[1], dense[1]) and torch.equal(out[[0, 2]], dense[[0, 2]])
+
+
+@pytest.mark.parametrize("collect", ["two_rows", "all_rows", "per_row"])
+def test_verify_collects_raw_logits_without_changing_output(collect):
+    """Collecting scores in a verify pass leaves its output unchanged (to float rounding) and stores the
+    head-averaged raw logits of the rows ``collect`` names, over every slot below ``kv_len``."""
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(3, 4, 5, 8, generator=gen)  # 5 verify rows
+    key = torch.randn(3, 2, 32, 8, generator=gen)
+    value = torch.randn(3, 2, 32, 8, generator=gen)
+    pad, start = [0, 3, 6], [20, 19, 17]
+    dense = _run_reference(query, key, value, pad, start, "verify", None)
+    state = SparseLayerState(collect=collect)
+    out = _run_reference(query, key, value, pad, start, "verify", state)
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+    per_row = _brute_logits(query, key[:, :, : max(start) + 5], 0.35).mean(dim=1)  # [B, q, L]
+    expected = {"two_rows": per_row[:, [0, 4]].mean(1), "all_rows": per_row.mean(1), "per_row": per_row}[
+        collect
+    ]
+    torch.testing.assert_close(state.scores.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------- selection vs brute force
+@pytest.mark.parametrize(
+    "n, ratio, min_tokens",
+    [
+        (1000, 0.07, 1),
+        (2048, 0.07, 256),
+        (8192, 0.07, 256),
+        (4097, 0.5, 1),
+        (40, 0.2, 4),
+        (7, 1.0, 1),
+        (3, 0.9, 1),
+        (0, 0.3, 5),
+        (100, 0.07, 1),  # 0.07 * 100 is 7.000000000000001 in floats
+        (1200, 0.07, 1),
+    ],
+)
+def test_budget_formula(n, ratio, min_tokens):
+    assert budget(n, ratio, min_tokens) == _expected_budget(n, ratio, min_tokens)
+
+
+def test_select_topk_matches_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 30, generator=gen)
+    pad, recent = [0, 3, 7, 20], [25, 30, 28, 26]
+    budgets = [5, 8, 3, 10]  # row 3: a prefix of 6 slots, shorter than its budget -> all of it
+    selected = select_topk(scores, torch.tensor(pad), torch.tensor(recent), budgets, capacity=40)
+    assert selected.shape == (4, 40) and selected.dtype == torch.bool
+    for row in range(4):
+        assert _slots(selected[row]) == _brute_topk(scores[row], pad[row], recent[row], budgets[row])
+    assert _slots(selected[3]) == set(range(20, 26))
+
+
+def test_head_mean_logits_matches_brute_force_with_gqa():
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(2, 6, 3, 8, generator=gen)
+    key = torch.randn(2, 2, 11, 8, generator=gen)
+    got = head_mean_logits(query, key, 0.3)
+    assert got.shape == (2, 3, 11)
+    torch.testing.assert_close(got.double(), _brute_logits(query, key, 0.3).mean(dim=1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_reduce_rows_and_attention_logits(q_len):
+    gen = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 4, q_len, 8, generator=gen)
+    key, value = torch.randn(2, 2, 9, 8, generator=gen), torch.randn(2, 2, 9, 8, generator=gen)
+    mask = torch.ones(2, 1, q_len, 9, dtype=torch.bool)
+    out, logits = _attention_with_logits(query, key, value, mask, 0.25)
+    brute = _brute_logits(query, key, 0.25)
+    torch.testing.assert_close(logits.double(), brute, atol=1e-5, rtol=1e-5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.25, enable_gqa=True)
+    torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
+
+    per_row = brute.mean(dim=1)  # [B, q, L]
+    expected = {
+        "two_rows": per_row[:, [0, q_len - 1]].mean(1),
+        "all_rows": per_row.mean(1),
+        "per_row": per_row,
+    }
+    for collect, want in expected.items():
+        torch.testing.assert_close(_reduce_rows(logits, collect).double(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown score collection 'first_row'"):
+        _reduce_rows(logits, "first_row")
+
+
+def test_select_streaming_matches_brute_force():
+    pad, recent, budgets, sinks = [0, 4, 2, 10], [30, 30, 12, 20], [10, 8, 12, 6], 4
+    selected = select_streaming(torch.tensor(pad), torch.tensor(recent), budgets, sinks, capacity=36)
+    assert selected.shape == (4, 36)
+    for row in range(4):
+        prefix = list(range(pad[row], recent[row]))
+        want = set(prefix[:sinks]) | set(prefix[len(prefix) - (budgets[row] - sinks) :])
+        assert _slots(selected[row]) == want, row
+    assert _slots(selected[2]) == set(range(2, 12))  # prefix of 10 <= budget 12: all of it
+
+
+def _brute_pages(key: torch.Tensor, page_size: int):
+    """Per page, elementwise min and max over the page's own slots: ``[B, H_kv, P, D]`` each."""
+    length = key.shape[2]
+    pages = [key[:, :, i : min(i + page_size, length)] for i in range(0, length, page_size)]
+    return torch.stack([p.amin(2) for p in pages], 2), torch.stack([p.amax(2) for p in pages], 2)
+
+
+@pytest.mark.parametrize(
+    "length",
+    [
+        24,
+        23,  # a partial last page
+    ],
+)
+def test_page_summaries_match_brute_force(length):
+    key = torch.randn(2, 2, length, 4, generator=torch.Generator().manual_seed(4)) + 3.0  # keys far from 0
+    page_min, page_max = page_summaries(key, 4)
+    want_min, want_max = _brute_pages(key, 4)
+    assert torch.equal(page_min, want_min) and torch.equal(page_max, want_max)
+
+
+def test_select_quest_matches_brute_force():
+    gen = torch.Generator().manual_seed(5)
+    batch, heads, kv_heads, dim, page, capacity = 3, 4, 2, 6, 4, 30
+    key = torch.randn(batch, kv_heads, 24, dim, generator=gen)  # 6 pages
+    query = torch.randn(batch, heads, 1, dim, generator=gen)
+    pad, recent, pages = [0, 5, 9], [24, 22, 17], [2, 3, 5]  # row 2: 5 pages asked, 3 overlap its prefix
+    page_min, page_max = page_summaries(key, page)
+    selected = select_quest(
+        query,
+        page_min,
+        page_max,
+        torch.tensor(pad),
+        torch.tensor(recent),
+        torch.tensor(pages),
+        max(pages),
+        page,
+        capacity,
+    )
+    assert selected.shape == (batch, capacity)
+    want_min, want_max = _brute_pages(key, page)
+    for b in range(batch):
+        scores = {}
+        for p in range(6):
+            if p * page + page <= pad[b] or p * page >= recent[b]:
+                continue  # page wholly outside the prefix
+            total = 0.0
+            for h in range(heads):
+                q = query[b, h, 0].double()
+                kv = h // (heads // kv_heads)
+                total += torch.maximum(q * want_min[b, kv, p].double(), q * want_max[b, kv, p].double()).sum()
+            scores[p] = float(total)
+        best = sorted(scores, key=scores.get, reverse=True)[: pages[b]]
+        want = {s for p in best for s in range(p * page, p * page + page) if pad[b] <= s < recent[b]}
+        assert _slots(selected[b]) == want, b
+
+
+# ----------------------------------------------------------------------------- scores from the verify pass
+def _spy_attention(monkeypatch) -> dict:
+    """Wrap the attention backend: after every prefill/verify call that collected scores, compare them with
+    the brute-force head-averaged logits of the rows the collection names; note which draft calls were sparse."""
+    seen = dict(prefill={}, verify=0, sparse_drafts=0, dense_drafts=0)
+    real_get = interface.get_backend
+
+    def get(name):
+        backend = real_get(name)
+
+        def wrapped(module, query, key, value, view, *, scaling, sliding_window=None):
+            out = backend(module, query, key, value, view, scaling=scaling, sliding_window=sliding_window)
+            step, layer = view.step, module.layer_idx
+            state = step.layer_state(layer)
+            keys = key[:, :, : step.kv_len]
+            if step.phase == "prefill" and state is not None and state.collect == "last_rows":
+                want = _brute_logits(query[:, :, -PREFILL_SEED_ROWS:], keys, scaling).mean(dim=(1, 2))
+                torch.testing.assert_close(state.scores.double(), want, atol=1e-4, rtol=1e-4)
+                seen["prefill"][layer] = want
+            elif step.phase == "verify" and state is not None:
+                per_row = _brute_logits(query, keys, scaling).mean(dim=1)  # [B, q, L]
+                want = {
+                    "two_rows": per_row[:, [0, -1]].mean(1),
+                    "all_rows": per_row.mean(1),
+                    "per_row": per_row,
+                }[state.collect]
+                torch.testing.assert_close(state.scores.double(), want, atol=1e-4, rtol=1e-4)
+                seen["verify"] += 1
+            elif step.phase == "draft" and state is not None:
+                sparse = state.selected is not None or state.quest_budget is not None
+                seen["sparse_drafts" if sparse else "dense_drafts"] += 1
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(interface, "get_backend", get)
+    return seen
+
+
+@pytest.mark.parametrize("selection", ["two_rows", "all", "last_token"])
+def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selection):
+    """In a real generate call: the prefill's last rows seed the first selection, every verify pass fills every
+    layer's scores (checked against brute force from the attention's own q and k), each selection is the top-k of
+    those scores, and every draft step attends through a selection."""
+    model = _model("llama")
+    layers = model.config.num_hidden_layers
+    ids, mask = ragged_batch(3, PROMPT_LEN)
+    calls = _spy_selections(monkeypatch)
+    seen = _spy_attention(monkeypatch)
+    out = _speculate(model, ids, mask, 3, max_new=12, strategy="vegas", selection=selection, **SPARSE)
+    stats = out.speculation
+    assert torch.equal(out.sequences, _plain("llama", 3)[:, : PROMPT_LEN + 12])
+
+    # the prefill's last rows seeded the first selection: top-k of the brute-force seed scores
+    seed = calls[0]
+    assert seed["seed"] and sorted(seen["prefill"]) == list(range(layers))
+    assert seed["prefix_end"] == [PROMPT_LEN] * 3
+    for layer in range(layers):
+        assert seed["scores"][layer].shape == (3, PROMPT_LEN)
+        for row in range(3):
+            want = _brute_topk(
+                seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row]
+            )
+            assert _slots(seed["selected"][layer][row]) == want, (layer, row)
+
+    # every verify pass filled every layer's scores, with the shape its collection gives
+    verify_calls = calls[1:]
+    assert len(verify_calls) == stats.steps and seen["verify"] == stats.steps * layers
+    for call, k in zip(verify_calls, stats.draft_tokens):
+        length = max(call["prefix_end"]) + k + 1
+        shape = (3, k + 1, length) if selection == "last_token" else (3, length)
+        assert [tuple(s.shape) for s in call["scores"]] == [shape] * layers
+        for layer in range(layers):  # the selection is the top-k of those scores
+            scores = call["scores"][layer]
+            for row in range(3):
+                row_scores = scores[row, call["accepted"][row] or 0] if scores.dim() == 3 else scores[row]
+                want = _brute_topk(
+                    row_scores, call["pad"][row], call["prefix_end"][row], call["budgets"][row]
+                )
+                assert _slots(call["selected"][layer][row]) == want
+    assert seen["sparse_drafts"] == sum(stats.draft_tokens) * layers and seen["dense_drafts"] == 0
+
+
+# ------------------------------------------------------------------------------------------ sampling, end to end
+E2E_VOCAB, E2E_ROWS = 8, 4000
+
+
+def _joint_next_tokens(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact ``P(t1, t2)`` and ``P(t2, t3)`` ``[V, V]`` (float64) of the next three tokens at temperature 1."""
+    vocab, length = E2E_VOCAB, len(prompt)
+    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # [V*V, 2] (t1, t2)
+    seqs = torch.cat([torch.tensor(prompt).repeat(vocab * vocab, 1), pairs], dim=1)
+    with torch.no_grad():
+        probs = model(input_ids=seqs).logits.float().softmax(-1).double()  # [V*V, L+2, V]
+    p1 = probs[0, length - 1]
+    p2 = probs[:, length].view(vocab, vocab, vocab)[:, 0]  # [t1, t2]
+    p3 = probs[:, length + 1].view(vocab, vocab, vocab)  # [t1, t2, t3]
+    return p1[:, None] * p2, torch.einsum("a,ab,abc->bc", p1, p2, p3)
+
+
+def _joint_pvalue(first: torch.Tensor, second: torch.Tensor, joint: torch.Tensor) -> float:
+    """Chi-square of observed token pairs against ``joint`` ``[V, V]``; cells expected < 5 are merged."""
+    observed = torch.bincount(first * E2E_VOCAB + second, minlength=E2E_VOCAB**2).double()
+    expected = joint.flatten() / joint.sum() * observed.sum()
+    small = expected < 5
+    obs = observed[~small].tolist() + ([observed[small].sum().item()] if small.any() else [])
+    exp = expected[~small].tolist() + ([expected[small].sum().item()] if small.any() else [])
+    return float(chisquare(obs, exp).pvalue)
+
+
+def _accept_every_draft(drafts, num_drafts, draft_probs, scores, generator=None):
+    """A lossy verifier: keeps every proposed draft, bonus from the target at the position after them."""
+    accepted = num_drafts.clone()
+    p = torch.softmax(scores[torch.arange(drafts.shape[0]), accepted], dim=-1)
+    bonus = torch.multinomial(p, 1, generator=generator).squeeze(1)
+    tokens = torch.cat([drafts, bonus[:, None]], dim=1).scatter(1, accepted[:, None], bonus[:, None])
+    return accepted, tokens
+
+
+def _sample_sparse(model, prompt: list[int]):
+    ids = torch.tensor([prompt]).repeat(E2E_ROWS, 1)
+    torch.manual_seed(0)
+    return _speculate(
+        model,
+        ids,
+        torch.ones_like(ids),  # token 0 is also the pad id: say that nothing is padding
+        2,
+        max_new=4,  # prefill token + a step with K = min(2, remaining - 1) = 2
+        do_sample=True,
+        strategy="vegas",
+        ratio=0.1,
+        min_tokens=2,
+    )
+
+
+def test_vegas_sampling_matches_target_distribution(monkeypatch):
+    """4000 identical 24-token prompts, one sampled generate call: the first token from the prefill, the next
+    three from one step with K = 2 sparse drafts (budget 3 of 24 tokens). Token pairs must follow the target's
+    exact joint distribution, while drafts are both accepted and rejected; the same test rejects the output of
+    a verifier that keeps every sparse draft."""
+    tiny = dict(
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = make_model(
+        "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
+    )
+    prompt = torch.randint(0, E2E_VOCAB, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    target_12, target_23 = _joint_next_tokens(model, prompt)
+
+    calls = _spy_selections(monkeypatch)
+    out = _sample_sparse(model, prompt)
+    _assert_sparse(calls, "vegas")
+    stats = out.speculation
+    assert stats.draft_tokens[0] == 2
+    first_step = torch.tensor(stats.accepted_tokens[0])
+    assert torch.bincount(first_step, minlength=3).min() > 200, first_step  # 0, 1 and 2 accepted all occur
+    new = out.sequences[:, len(prompt) :]
+    assert new.shape == (E2E_ROWS, 4)
+    assert _joint_pvalue(new[:, 0], new[:, 1], target_12) > 1e-3
+    assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
+
+    monkeypatch.setattr(loop, "verify_speculative_sampling", _accept_every_draft)
+    lossy = _sample_sparse(model, prompt).sequences[:, len(prompt) :]
+    assert _joint_pvalue(lossy[:, 1], lossy[:, 2], target_23) < 1e-6
+
+
+# ----------------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "speculation, message",
+    [
+        (dict(ratio=0.0), r"ratio must be a number in \(0, 1\]"),
+        (dict(ratio=-0.1), r"ratio must be a number in \(0, 1\]"),
+        (dict(ratio=1.5), r"ratio must be a number in \(0, 1\]"),
+        (dict(ratio=True), r"ratio must be a number"),
+        (dict(min_tokens=0), r"min_tokens must be >= 1"),
+        (dict(min_tokens=-3), r"min_tokens must be >= 1"),
+        (dict(min_tokens=2.5), r"min_tokens must be an int"),
+        (dict(selection="first_row"), r"unknown selection 'first_row'"),
+    ],
+)
+@pytest.mark.parametrize("strategy", ["vegas", "streaming", "quest"])
+def test_bad_config_names_the_field(strategy, speculation, message):
+    ids, mask = ragged_batch(2)
+    with pytest.raises(ValueError, match=message):
+        _speculate(_model("llama"), ids, mask, 2, max_new=4, strategy=strategy, **speculation)
+    with pytest.raises(ValueError, match=message):
+        SpeculationConfig(strategy=strategy, **speculation)
+
+
+@pytest.mark.parametrize("strategy", ["vegas", "streaming", "quest"])
+def test_self_speculation_rejects_a_draft_model(strategy):
+    model = _model("llama")
+    ids, mask = ragged_batch(2)
+    with pytest.raises(ValueError, match="draft_model"):
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            do_sample=False,
+            custom_generate=hsv.generate,
+            speculation=dict(strategy=strategy),
+            draft_model=make_model("llama", seed=1),
+        )
+    with pytest.raises(ValueError, match="draft_model"):
+        resolve(DRAFTERS, strategy).from_config(
+            SpeculationConfig(strategy=strategy), target=model, draft_model=model
+        )
+    with pytest.raises(ValueError, match="selection must be one of"):
+        SelfSpecDrafter(selection="first_row")
