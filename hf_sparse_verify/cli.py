@@ -1,4 +1,4 @@
-"""Command-line tool: ``hf-sparse-verify generate ...``.
+"""Command-line tool: ``hf-sparse-verify generate ...`` and ``hf-sparse-verify tune ...``.
 
 Without ``--model`` it runs the embedded demo pair (a small trained target and draft, see
 ``hf_sparse_verify/default_model/README.md``), offline.
@@ -44,7 +44,56 @@ def _build_parser() -> argparse.ArgumentParser:
         "--compare-plain", action="store_true", help="also run plain generate: speed and equality"
     )
     gen.add_argument("--json", help="write prompts, outputs and stats to this JSON file")
+    _add_tune_parser(sub)
     return parser
+
+
+def _add_tune_parser(sub) -> None:
+    from .tune import DEFAULT_K_LARGE, DEFAULT_KS, DEFAULT_RATIOS, MIN_GAIN, REFINE_FACTORS
+
+    tune = sub.add_parser(
+        "tune",
+        help="tune ratio and K of vegas/streaming/quest (the Vegas paper's three steps)",
+        description="(1) sweep the ratio at a large K until the mean acceptance length stops rising, (2) sweep K "
+        "at that ratio for decode tokens/s, (3) refine the ratio at that K; saves speculation_config.json, "
+        "tune_measurements.json and tune_sweep.png into --out.",
+    )
+    tune.add_argument("--strategy", default="vegas", help="vegas (default), streaming or quest")
+    tune.add_argument("--model", help="target model folder or Hub id (default: the embedded demo target)")
+    tune.add_argument("--draft-model", help="passed to generate (the ratio-based strategies take none)")
+    tune.add_argument(
+        "--prompt-file",
+        required=True,
+        help="a text file (one prompt) or .jsonl with a 'text' field per line; prompts run one by one",
+    )
+    tune.add_argument("--prompt-len", type=int, help="keep only .jsonl lines whose 'len' equals this")
+    tune.add_argument("--max-prompts", type=int, help="use at most this many prompts")
+    tune.add_argument("--max-new-tokens", type=int, default=64)
+    tune.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    tune.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)"
+    )
+    tune.add_argument("--out", default="tuned", help="output folder (default ./tuned)")
+    tune.add_argument("--k-large", type=int, default=DEFAULT_K_LARGE, help="K of step 1 (default 8)")
+    tune.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), help="step 1 ratios")
+    tune.add_argument("--ks", type=int, nargs="+", default=list(DEFAULT_KS), help="step 2 K values")
+    tune.add_argument(
+        "--refine-factors",
+        type=float,
+        nargs="+",
+        default=list(REFINE_FACTORS),
+        help="step 3 ratios: the chosen ratio times each",
+    )
+    tune.add_argument(
+        "--min-gain",
+        type=float,
+        default=MIN_GAIN,
+        help="step 1 stops when the acceptance gains less than this (relative)",
+    )
+    tune.add_argument("--min-tokens", type=int, default=256, help="min_tokens of the budget (default 256)")
+    tune.add_argument("--selection", default="two_rows", help="vegas scores: two_rows, all or last_token")
+    tune.add_argument("--attention-backend", default="auto")
+    tune.add_argument("--no-warmup", action="store_true", help="skip the warm-up call")
 
 
 # ends mid-line: the demo tokenizer merges a newline with the next line's indentation
@@ -150,10 +199,86 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hf_sparse_verify as hsv
+
+    from .tune import RATIO_STRATEGIES, dense_warning, read_prompts, tune
+
+    if args.strategy not in RATIO_STRATEGIES:
+        raise SystemExit(
+            f"--strategy {args.strategy!r}: tune sweeps the ratio of {', '.join(RATIO_STRATEGIES)}"
+        )
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    model_path = args.model or f"{hsv.default_model_path()}/target"
+    base = hsv.SpeculationConfig(
+        strategy=args.strategy,
+        min_tokens=args.min_tokens,
+        selection=args.selection,
+        attention_backend=args.attention_backend,
+    )
+    prompts = read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = (
+        AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype_name)).to(device).eval()
+    )
+    draft = (
+        AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=getattr(torch, dtype_name))
+        .to(device)
+        .eval()
+        if args.draft_model
+        else None
+    )
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    print(
+        f"{len(prompts)} prompt(s) of {min(lengths)}-{max(lengths)} tokens, {model_path}, {device} {dtype_name}"
+    )
+    warning = dense_warning(lengths, args.ratios, args.min_tokens)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    config, result = tune(
+        model,
+        tokenizer,
+        prompts,
+        args.strategy,
+        max_new_tokens=args.max_new_tokens,
+        ratios=args.ratios,
+        ks=args.ks,
+        k_large=args.k_large,
+        refine_factors=args.refine_factors,
+        min_gain=args.min_gain,
+        base_config=base,
+        draft_model=draft,
+        warmup=not args.no_warmup,
+        out_dir=args.out,
+        meta={"model": model_path, "device": device, "dtype": dtype_name},
+    )
+    for name, points in result.steps.items():
+        print(name)
+        for m in points:
+            print(
+                f"  ratio={m.ratio:<8g} K={m.k:<3d} mean acceptance length={m.mean_acceptance_length:6.3f} "
+                f"decode tokens/s={m.tokens_per_second:8.1f}"
+            )
+    best = result.best
+    print(
+        f"best: ratio={config.ratio:g} K={config.num_draft_tokens} ({best.tokens_per_second:.1f} decode tokens/s, "
+        f"mean acceptance length {best.mean_acceptance_length:.3f}); step 1 stopped at ratio={result.ratio_step1:g}"
+    )
+    print(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    print(f"saved {args.out}/speculation_config.json, tune_measurements.json, tune_sweep.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "tune":
+        return cmd_tune(args)
     raise SystemExit(f"unknown command {args.command}")
 
 
