@@ -423,3 +423,18 @@ def test_rejects_bad_arguments(kwargs):
 def test_docstring_examples_run():
     result = doctest.testmod(utility_policy)
     assert result.failed == 0 and result.attempted >= 8
+
+
+def test_warm_start_from_the_previous_request():
+    """A request's first trial starts at the best K its predecessor found."""
+    first = UtilityKPolicy(max_k=16)
+    curve = peaked(6)
+    run = simulate(first, lambda k, i: 1.0, lambda k, i: max(0, round(curve.get(k, 1.0) * k / 2)), steps=300)
+    best = first.recent_best_k()
+    assert best is not None and best > first.start_k
+    second = UtilityKPolicy(max_k=16)
+    second.warm_start(best)
+    assert [second.next_k() for _ in range(5)] == [0, 0, 0, 0, best]
+    assert run.ks[4] == 3  # the cold request started at K_start
+    second.warm_start(0)  # out of range: ignored
+    assert second.start_k == best

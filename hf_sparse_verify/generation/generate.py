@@ -25,6 +25,10 @@ from .k_policy import make_k_policy
 from .loop import LoopSettings, speculative_decode
 from .stats import SpeculationStats
 
+#: K policies that learn (``utility``) start a request's first trial from the best K of the previous request on
+#: the same model and strategy: (id(model), strategy, k_policy) -> K. The K never changes the output.
+_POLICY_MEMORY: dict[tuple, int | None] = {}
+
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
 _PREPARED_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
 
@@ -142,6 +146,9 @@ def _run(
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     drafter = build_drafter(config, strategy, model, draft_model)
     policy = make_k_policy(config)
+    memory_key = (id(model), strategy, config.k_policy)
+    if hasattr(policy, "warm_start"):
+        policy.warm_start(_POLICY_MEMORY.get(memory_key))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
@@ -159,6 +166,8 @@ def _run(
             streamer=streamer,
             stats=stats,
         )
+    if hasattr(policy, "recent_best_k"):
+        _POLICY_MEMORY[memory_key] = policy.recent_best_k()
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculation=stats)
     return sequences

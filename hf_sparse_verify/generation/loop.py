@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..moe.experts import experts_for_decoding
 from .drafters.base import Draft, Drafter, VerifyFeedback
 from .k_policy import KPolicy, StepOutcome
 from .processing import StopChecker, process_window
@@ -181,45 +182,52 @@ def speculative_decode(
     drafter.prefill(state)
 
     # --------------------------------------------------------------------------------------------------- steps
-    index = 0
-    while any(state.active):
-        remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
-        k = max(0, min(policy.next_k(), max_k, remaining - 1))
-        timer.mark("draft_start")
-        draft = drafter.get_candidates(state, k) if k > 0 else _empty_draft(batch, device)
-        k = max((c for c, a in zip(draft.counts, state.active) if a), default=0)
-        draft = _truncate(draft, k)
-        timer.mark("verify_start")
-        pending = tokens.gather(1, torch.tensor(state.committed, device=device)[:, None] - 1)
-        ids = torch.cat([pending, draft.tokens], dim=1)  # [B, K+1]
-        start = [c - 1 for c in state.committed]
-        logits = target.forward(ids, start, "verify", layer_states=drafter.layer_states("verify"))
-        scores = process_window(processors, tokens, state.committed, state.active, draft.tokens, logits)
-        counts = torch.tensor(draft.counts, device=device)
-        accepted, new_tokens = _select(scores, draft, counts, settings.do_sample)
-        timer.mark("verify_end")
-        active_before = list(state.active)
-        accepted_rows, before = emit(accepted, new_tokens)
-        drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))
+    with experts_for_decoding(model, *getattr(drafter, "models", [])):
+        index = 0
+        while any(state.active):
+            remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
+            k = max(0, min(policy.next_k(), max_k, remaining - 1))
+            timer.mark("draft_start")
+            draft = drafter.get_candidates(state, k) if k > 0 else _empty_draft(batch, device)
+            k = max((c for c, a in zip(draft.counts, state.active) if a), default=0)
+            draft = _truncate(draft, k)
+            timer.mark("verify_start")
+            pending = tokens.gather(1, torch.tensor(state.committed, device=device)[:, None] - 1)
+            ids = torch.cat([pending, draft.tokens], dim=1)  # [B, K+1]
+            start = [c - 1 for c in state.committed]
+            logits = target.forward(ids, start, "verify", layer_states=drafter.layer_states("verify"))
+            scores = process_window(processors, tokens, state.committed, state.active, draft.tokens, logits)
+            counts = torch.tensor(draft.counts, device=device)
+            accepted, new_tokens = _select(scores, draft, counts, settings.do_sample)
+            timer.mark("verify_end")
+            active_before = list(state.active)
+            accepted_rows, before = emit(accepted, new_tokens)
+            drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))
+            timer.mark("step_end")
 
-        draft_s = timer.seconds("draft_start", "verify_start")
-        verify_s = timer.seconds("verify_start", "verify_end")
-        stats.steps += 1
-        stats.draft_tokens.append(k)
-        stats.accepted_tokens.append([a if act else None for a, act in zip(accepted_rows, active_before)])
-        stats.step_times_s.append(draft_s + verify_s)
-        stats.draft_time_s += draft_s
-        stats.verify_time_s += verify_s
-        policy.observe(
-            StepOutcome(
-                index, k, [a for a, act in zip(accepted_rows, active_before) if act], draft_s + verify_s
+            draft_s = timer.seconds("draft_start", "verify_start")
+            verify_s = timer.seconds("verify_start", "verify_end")
+            update_s = timer.seconds("verify_end", "step_end")
+            stats.steps += 1
+            stats.draft_tokens.append(k)
+            stats.accepted_tokens.append([a if act else None for a, act in zip(accepted_rows, active_before)])
+            stats.step_times_s.append(draft_s + verify_s + update_s)
+            stats.draft_time_s += draft_s
+            stats.verify_time_s += verify_s
+            stats.update_time_s += update_s
+            policy.observe(
+                StepOutcome(
+                    index,
+                    k,
+                    [a for a, act in zip(accepted_rows, active_before) if act],
+                    draft_s + verify_s + update_s,
+                )
             )
-        )
-        policy_state = policy.state()
-        if policy_state:
-            stats.policy_states.append(policy_state)
-        emitter.flush()
-        index += 1
+            policy_state = policy.state()
+            if policy_state:
+                stats.policy_states.append(policy_state)
+            emitter.flush()
+            index += 1
 
     emitter.flush(final=True)
     drafter.close()

@@ -16,9 +16,10 @@ class SpeculationStats:
         accepted_tokens: per step, per row, drafts accepted (bonus excluded); None for rows already finished.
         new_tokens: tokens generated per row (EOS included, padding excluded).
         policy_states: per step, what the K policy reported (phase, utilities, ...), when it reports anything.
-        step_times_s: per step, draft + verify time in seconds.
-        wall_time_s / prefill_time_s / draft_time_s / verify_time_s: seconds; draft and verify are summed over
-            steps (CUDA events on GPU, host timers on CPU).
+        step_times_s: per step, draft + verify + update time in seconds.
+        wall_time_s / prefill_time_s / draft_time_s / verify_time_s / update_time_s: seconds; draft, verify and
+            update are summed over steps (CUDA events on GPU, host timers on CPU). ``update`` is the work after
+            verification: the step's readback, stopping checks and the drafter's update (Vegas' KV selection).
     """
 
     strategy: str = ""
@@ -33,6 +34,7 @@ class SpeculationStats:
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    update_time_s: float = 0.0
 
     def _drafts(self):
         """(K, accepted) for every row of every drafting step."""
@@ -100,6 +102,7 @@ class SpeculationStats:
                 f"draft_tokens per step: mean {sum(self.draft_tokens) / max(1, len(self.draft_tokens)):.2f}",
                 f"wall_time_s={self.wall_time_s:.3f} prefill_time_s={self.prefill_time_s:.3f} "
                 f"draft_time_s={self.draft_time_s:.3f} verify_time_s={self.verify_time_s:.3f} "
+                f"update_time_s={self.update_time_s:.3f} "
                 f"tokens/s={self.tokens_per_second:.1f}",
             ]
         )

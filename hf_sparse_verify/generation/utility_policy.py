@@ -317,6 +317,11 @@ class UtilityKPolicy(KPolicy):
     def _first_trial_k(self) -> int:
         if self._last_set is not None and self._last_set.k == 0:
             return 1
+        return self.recent_best_k() or self.start_k
+
+    def recent_best_k(self) -> int | None:
+        """The non-zero K with the best utility among the last test phase's trials and the last set phase, or
+        None when nothing was measured. A new request can start its first trial there (see `warm_start`)."""
         baseline_s = self._baseline_s()
         recent = [window for window, _ in self._trials]
         if self._last_set is not None:
@@ -324,8 +329,13 @@ class UtilityKPolicy(KPolicy):
         scored = [(window.k, window.utility(baseline_s)) for window in recent if window.k > 0]
         scored = [(k, u) for k, u in scored if u is not None]
         if not scored:
-            return self.start_k
+            return None
         return max(scored, key=lambda trial: (trial[1], -trial[0]))[0]
+
+    def warm_start(self, k: int | None) -> None:
+        """Start the first test phase at ``k`` (for example the previous request's `recent_best_k`)."""
+        if k is not None and 1 <= k <= self.max_k:
+            self.start_k = k
 
     def _end_trial(self) -> None:
         window = self._window

@@ -1,0 +1,45 @@
+"""The decoding-time experts switch (grouped_mm -> batched_mm off CPU, as transformers' own loop does)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sparse_verify.moe.experts import experts_for_decoding
+
+
+class _StubMoE(torch.nn.Module):
+    def __init__(self, device: str, impl: dict):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(2, device=device))
+        self.impl = dict(impl)
+        self.calls = []
+
+    def get_experts_implementation(self):
+        return dict(self.impl)
+
+    def set_experts_implementation(self, impl):
+        self.calls.append(dict(impl))
+        self.impl = dict(impl)
+
+
+def test_switches_grouped_mm_off_cpu_and_restores():
+    model = _StubMoE("meta", {"": "grouped_mm", "vision": "eager"})
+    with experts_for_decoding(model):
+        assert model.impl == {"": "batched_mm", "vision": "eager"}
+    assert model.impl == {"": "grouped_mm", "vision": "eager"}
+
+
+def test_restores_after_an_error():
+    model = _StubMoE("meta", {"": "grouped_mm"})
+    with pytest.raises(RuntimeError), experts_for_decoding(model):
+        raise RuntimeError("boom")
+    assert model.impl == {"": "grouped_mm"}
+
+
+@pytest.mark.parametrize("device, impl", [("cpu", {"": "grouped_mm"}), ("meta", {"": "eager"}), ("meta", {})])
+def test_leaves_other_cases_alone(device, impl):
+    model = _StubMoE(device, impl)
+    with experts_for_decoding(model, torch.nn.Linear(2, 2)):  # a dense module has no experts API
+        pass
+    assert model.calls == []
