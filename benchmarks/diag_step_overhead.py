@@ -30,7 +30,9 @@ def main() -> None:
     dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(shared / "code-target", dtype=dtype).to(args.device).eval()
     tok = AutoTokenizer.from_pretrained(shared / "code-target")
-    text = next(json.loads(line)["text"] for line in open(shared / "prompts.jsonl") if json.loads(line)["len"] == 1024)
+    text = next(
+        json.loads(line)["text"] for line in open(shared / "prompts.jsonl") if json.loads(line)["len"] == 1024
+    )
     ids = tok(text, return_tensors="pt").input_ids[:, :1024].to(args.device)
     configs = {
         "static_k3": dict(strategy="prompt_lookup", num_draft_tokens=3),
@@ -55,20 +57,33 @@ def main() -> None:
 def run_configs(model, ids, configs, args) -> None:
     for name, spec in configs.items():
         for _ in range(2):
-            model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, custom_generate=hsv.generate,
-                           speculation=spec)
+            model.generate(
+                ids,
+                max_new_tokens=args.new_tokens,
+                do_sample=False,
+                custom_generate=hsv.generate,
+                speculation=spec,
+            )
         profiler = cProfile.Profile()
         torch.cuda.synchronize() if args.device != "cpu" else None
         start = time.perf_counter()
         profiler.enable()
-        out = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, custom_generate=hsv.generate,
-                             speculation=spec, return_dict_in_generate=True)
+        out = model.generate(
+            ids,
+            max_new_tokens=args.new_tokens,
+            do_sample=False,
+            custom_generate=hsv.generate,
+            speculation=spec,
+            return_dict_in_generate=True,
+        )
         profiler.disable()
         torch.cuda.synchronize() if args.device != "cpu" else None
         wall = time.perf_counter() - start
         st = out.speculation
-        print(f"== {name}: wall {wall:.3f}s steps {st.steps} sum(step times) {sum(st.step_times_s):.3f}s "
-              f"draft {st.draft_time_s:.3f} verify {st.verify_time_s:.3f} prefill {st.prefill_time_s:.3f}")
+        print(
+            f"== {name}: wall {wall:.3f}s steps {st.steps} sum(step times) {sum(st.step_times_s):.3f}s "
+            f"draft {st.draft_time_s:.3f} verify {st.verify_time_s:.3f} prefill {st.prefill_time_s:.3f}"
+        )
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(3)
         print("\n".join(buf.getvalue().splitlines()[6:10]))
