@@ -242,17 +242,18 @@ def _bound_generate(streamer):
         **model_kwargs,
     ):
         if streamer is not None:
-            streamer.put(input_ids.cpu())
-        return _run(
+            streamer.put(input_ids.cpu())  # transformers streams the prompt only when it holds the streamer
+        return generate(
             model,
             input_ids,
             logits_processor,
             stopping_criteria,
             generation_config,
+            synced_gpus,
+            streamer,
             speculation,
             draft_model,
-            streamer,
-            model_kwargs,
+            **model_kwargs,
         )
 
     return run
