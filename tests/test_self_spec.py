@@ -80,15 +80,16 @@ def _spy_selections(monkeypatch) -> list[dict]:
     calls: list[dict] = []
     original = SelfSpecDrafter._select
 
-    def spy(self, state, prefix_end, accepted):
+    def spy(self, prefix_end, accepted):
         scores = [None if s.scores is None else s.scores.clone() for s in self.states]
-        original(self, state, prefix_end, accepted)
-        prefix = [max(0, e - p) for e, p in zip(prefix_end, state.pad)]
+        original(self, prefix_end, accepted)
+        pads = self.target.pad
+        prefix = [max(0, e - p) for e, p in zip(prefix_end, pads)]
         calls.append(
             dict(
                 seed=accepted is None,
                 accepted=accepted,
-                pad=list(state.pad),
+                pad=list(pads),
                 prefix_end=list(prefix_end),
                 prefix=prefix,
                 budgets=[_expected_budget(n, self.ratio, self.min_tokens) for n in prefix],

@@ -183,7 +183,6 @@ def speculative_decode(
 
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *getattr(drafter, "models", [])):
-        index = 0
         while any(state.active):
             remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
             k = max(0, min(policy.next_k(), max_k, remaining - 1))
@@ -208,6 +207,7 @@ def speculative_decode(
             draft_s = timer.seconds("draft_start", "verify_start")
             verify_s = timer.seconds("verify_start", "verify_end")
             update_s = timer.seconds("verify_end", "step_end")
+            index = stats.steps
             stats.steps += 1
             stats.draft_tokens.append(k)
             stats.accepted_tokens.append([a if act else None for a, act in zip(accepted_rows, active_before)])
@@ -227,7 +227,6 @@ def speculative_decode(
             if policy_state:
                 stats.policy_states.append(policy_state)
             emitter.flush()
-            index += 1
 
     emitter.flush(final=True)
     drafter.close()

@@ -50,9 +50,6 @@ class Drafter(CandidateGenerator):
     (transformers' hook) forwards to :meth:`on_verify` when called with a `VerifyFeedback`.
     """
 
-    #: True when ``get_candidates`` returns the distributions it sampled from (speculative sampling needs them)
-    gives_probs: bool = False
-
     def attach(self, target) -> None:  # noqa: B027 - optional hook
         """Called before the prefill with the target's `ModelRunner` (self-speculative drafters draft with it)."""
 

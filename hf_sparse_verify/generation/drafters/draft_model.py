@@ -41,7 +41,6 @@ class DraftModelDrafter(Drafter):
         self.max_k = max_k
         self.runner: ModelRunner | None = None
         self.cached: list[int] = []
-        self.gives_probs = False
 
     @classmethod
     def from_config(cls, config, target, draft_model=None) -> DraftModelDrafter:
@@ -99,7 +98,6 @@ class DraftModelDrafter(Drafter):
 
     # ---------------------------------------------------------------------------------------------- interface
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
-        self.gives_probs = state.do_sample
         token, prob = pick_tokens(self._catch_up(state), state)
         tokens, probs = [token], [prob]
         for i in range(1, num_tokens):

@@ -46,8 +46,6 @@ def lookup_ngram(history: np.ndarray, num_tokens: int, max_ngram: int, min_ngram
 class PromptLookupDrafter(Drafter):
     """Batched prompt-lookup (n-gram) drafter."""
 
-    gives_probs = False
-
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram

@@ -70,7 +70,6 @@ class SelfSpecDrafter(Drafter):
     def attach(self, target) -> None:
         self.target = target
         self.states = [SparseLayerState(page_size=self.page_size) for _ in range(len(target.cache.layers))]
-        self.gives_probs = False
 
     def layer_states(self, phase: str) -> list | None:
         if self.policy != "vegas":
@@ -82,19 +81,17 @@ class SelfSpecDrafter(Drafter):
         return self.states
 
     def prefill(self, state: DecodeState) -> None:
-        self._select(state, [c - 1 for c in state.committed], accepted=None)
+        self._select([c - 1 for c in state.committed], accepted=None)
 
     def on_verify(self, feedback: VerifyFeedback) -> None:
-        prefix_end = [c - 1 for c in feedback.committed_before]
-        self._select(self._state, prefix_end, accepted=feedback.accepted)
+        self._select([c - 1 for c in feedback.committed_before], accepted=feedback.accepted)
 
     # ------------------------------------------------------------------------------------------------ selection
-    def _select(self, state: DecodeState, prefix_end: list[int], accepted: list[int | None] | None) -> None:
+    def _select(self, prefix_end: list[int], accepted: list[int | None] | None) -> None:
         """Make every layer's selection over prefix slots ``[pad, prefix_end)``."""
-        self._state = state
         device = self.target.device
         capacity = self.target.cache.capacity
-        prefix = [max(0, e - p) for e, p in zip(prefix_end, state.pad)]
+        prefix = [max(0, e - p) for e, p in zip(prefix_end, self.target.pad)]
         budgets = [budget(n, self.ratio, self.min_tokens) for n in prefix]
         recent = torch.tensor(prefix_end, device=device)
         dense = all(n <= b for n, b in zip(prefix, budgets))
@@ -132,7 +129,6 @@ class SelfSpecDrafter(Drafter):
 
     # ------------------------------------------------------------------------------------------------ drafting
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
-        self.gives_probs = state.do_sample
         start = [c - 1 for c in state.committed]
         token = state.tokens.gather(1, torch.tensor(start, device=state.tokens.device)[:, None]).squeeze(1)
         tokens, probs = [], []
