@@ -148,6 +148,7 @@ def suite_fixtures(args, device, dtype) -> list[dict]:
                 "draft_model_k4",
                 dict(speculation=dict(strategy="draft_model", num_draft_tokens=4), draft_model=draft),
             ),
+            ("vegas_k6", dict(speculation=dict(strategy="vegas", num_draft_tokens=6))),
         ]:
             record = run_case(name, *common, **kwargs)
             record.update(

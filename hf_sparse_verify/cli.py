@@ -45,7 +45,42 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--json", help="write prompts, outputs and stats to this JSON file")
     _add_tune_parser(sub)
+    _add_bench_parser(sub)
     return parser
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 1,2,4, got {text!r}"
+        ) from None
+
+
+def _add_bench_parser(sub) -> None:
+    from .bench.shapes import SHAPES
+
+    bench = sub.add_parser("bench", help="benchmarks (needs a GPU for meaningful numbers)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    step = kinds.add_parser(
+        "step",
+        help="time one decode/verify forward: our fast path vs transformers eager vs the bandwidth floor",
+        description="Builds a random-weight model of a named shape, measures the copy bandwidth, then times one "
+        "forward step per (context, new tokens, batch) with our fast path (CUDA graphs + Triton attention) and "
+        "with plain transformers eager; writes machine, versions and records with ours_ms, transformers_ms and "
+        "floor_ms.",
+    )
+    step.add_argument("--shape", required=True, choices=sorted(SHAPES), help="model shape preset")
+    step.add_argument("--context", type=_int_list, default=(1024,), help="cached tokens, e.g. 1024,65536")
+    step.add_argument("--new-tokens", type=_int_list, default=(1, 2, 4, 8, 16), help="e.g. 1,2,4,8,16")
+    step.add_argument("--batch", type=_int_list, default=(1,), help="rows, e.g. 1 or 8,32")
+    step.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    step.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    step.add_argument("--repeats", type=int, default=10, help="timed calls per record (median)")
+    step.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+    step.add_argument("--no-cuda-graphs", action="store_true", help="time our eager path instead")
+    step.add_argument("--json", help="write the result JSON here")
 
 
 def _add_tune_parser(sub) -> None:
@@ -273,12 +308,39 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import torch
+
+    from .bench.step import StepBenchArgs
+    from .bench.step import main as bench_step
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        bench_args = StepBenchArgs(
+            shape=args.shape,
+            contexts=args.context,
+            new_tokens=args.new_tokens,
+            batches=args.batch,
+            device=device,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            transformers=not args.no_transformers,
+            cuda_graphs=not args.no_cuda_graphs,
+        )
+    except ValueError as err:
+        raise SystemExit(f"hf-sparse-verify bench step: {err}") from None
+    bench_step(bench_args, args.json)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "generate":
         return cmd_generate(args)
     if args.command == "tune":
         return cmd_tune(args)
+    if args.command == "bench":
+        return cmd_bench(args)
     raise SystemExit(f"unknown command {args.command}")
 
 

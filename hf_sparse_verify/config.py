@@ -20,7 +20,7 @@ from typing import Any
 from .registry import DRAFTERS, K_POLICIES
 
 CONFIG_NAME = "speculation_config.json"
-ATTENTION_BACKENDS = ("auto", "reference", "token_sparse")
+ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
 SELECTIONS = ("two_rows", "all", "last_token")
 
 
@@ -42,9 +42,14 @@ class SpeculationConfig:
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
-        attention_backend: ``"auto"`` (``token_sparse`` on CUDA, ``reference`` elsewhere), ``"reference"`` (plain
-            PyTorch, exact, masks the whole cache) or ``"token_sparse"`` (draft steps gather only the selected
-            slots). Kernels register more names.
+        attention_backend: ``"auto"`` (``triton`` on CUDA, ``reference`` elsewhere), ``"reference"`` (plain
+            PyTorch, exact, masks the whole cache), ``"token_sparse"`` (as reference, but draft steps gather only
+            the selected slots) or ``"triton"`` (decode/verify steps of up to 16 tokens per row run the split-KV
+            decode-attention kernel, with Vegas score collection fused; other steps as ``token_sparse``).
+        cuda_graphs: the fast path: on CUDA with the ``triton`` backend, capture the target's decode and verify
+            steps (one CUDA graph per query length 1 .. K_max + 1, one shared memory pool) and the draft model's
+            steps, and replay them; changing K never recaptures. Where capture fails (an unsupported module) the
+            loop warns once and runs eagerly. Default True; ignored on CPU.
         max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
             None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
         ratio / min_tokens: self-speculative strategies (``vegas``, ``streaming``, ``quest``) draft with
@@ -66,6 +71,7 @@ class SpeculationConfig:
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
+    cuda_graphs: bool = True
     max_cache_len: int | None = None
     ratio: float = 0.07
     min_tokens: int = 256
@@ -136,6 +142,8 @@ class SpeculationConfig:
         _check_int("quest_page_size", self.quest_page_size)
         if self.quest_page_size < 1:
             raise ValueError(f"quest_page_size must be >= 1, got {self.quest_page_size}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}: use one of {ATTENTION_BACKENDS}"

@@ -17,6 +17,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
+from . import triton_backend as _triton_backend  # noqa: F401 - registers the "triton" backend
 from .dispatch import get_backend
 from .step import StepInfo
 

@@ -31,8 +31,9 @@ class SparseLayerState:
         page_size: Quest page size.
         page_min / page_max: Quest per-page key summaries ``[B, H_kv, pages, D]``, built on first use after a
             verify step and reused by the following draft steps.
-        index / index_valid: the selection as slot indices ``[B, k_max]`` (ascending) and which of them are
-            real (rows may keep fewer than ``k_max``); gather-based backends read these instead of ``selected``.
+        index / index_valid / index_count: the selection as slot indices ``[B, k_max]`` (ascending), which of
+            them are real (rows may keep fewer than ``k_max``) and how many per row ``[B]``; gather-based
+            backends and the token-sparse kernel read these instead of ``selected``.
         recent_min: host-side ``min(recent_start)``.
     """
 
@@ -48,6 +49,7 @@ class SparseLayerState:
     page_max: torch.Tensor | None = None
     index: torch.Tensor | None = None
     index_valid: torch.Tensor | None = None
+    index_count: torch.Tensor | None = None
     recent_min: int = 0
 
 

@@ -19,6 +19,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .. import _compat
 from ..attention import use_sparse_verify_attention
 from ..config import SpeculationConfig
+from ..kernels._triton import HAVE_TRITON
 from ..registry import DRAFTERS, resolve
 from .drafters.base import Drafter
 from .k_policy import make_k_policy
@@ -98,7 +99,9 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
 def _backend(config: SpeculationConfig, model) -> str:
     if config.attention_backend != "auto":
         return config.attention_backend
-    return "token_sparse" if model.get_input_embeddings().weight.device.type == "cuda" else "reference"
+    if model.get_input_embeddings().weight.device.type != "cuda":
+        return "reference"
+    return "triton" if HAVE_TRITON else "token_sparse"
 
 
 def _settings(config: SpeculationConfig, generation_config, model, prompt_len: int) -> LoopSettings:
@@ -125,6 +128,7 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
         pad_token_id=int(pad.flatten()[0]),
         backend=_backend(config, model),
         cache_len=config.max_cache_len or needed,
+        cuda_graphs=config.cuda_graphs,
     )
 
 

@@ -57,6 +57,11 @@ class KPolicy(ABC):
         self.start_k = start_k
         self.max_k = max_k
 
+    @property
+    def k_bound(self) -> int:
+        """The largest K this policy can return (the loop captures CUDA graphs for verify widths up to it + 1)."""
+        return self.max_k
+
     @abstractmethod
     def next_k(self) -> int: ...
 
@@ -76,6 +81,10 @@ class ConstantKPolicy(KPolicy):
             raise ValueError(f"a constant K policy needs K >= 1, got {start_k}")
         super().__init__(start_k, max_k)
 
+    @property
+    def k_bound(self) -> int:
+        return self.start_k
+
     def next_k(self) -> int:
         return self.start_k
 
@@ -86,6 +95,10 @@ class PlainKPolicy(KPolicy):
 
     def __init__(self, start_k: int = 0, max_k: int = 0):
         super().__init__(0, max(0, max_k))
+
+    @property
+    def k_bound(self) -> int:
+        return 0
 
     def next_k(self) -> int:
         return 0

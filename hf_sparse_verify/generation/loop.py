@@ -32,6 +32,7 @@ class LoopSettings:
     pad_token_id: int
     backend: str = "reference"
     cache_len: int | None = None  # KV slots per row; default max_length + max_draft_tokens
+    cuda_graphs: bool = False  # capture decode/verify/draft steps (CUDA + "triton" backend only)
 
 
 def left_padding(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:
@@ -145,6 +146,7 @@ def speculative_decode(
     emitter = _Emitter(streamer, state, settings.pad_token_id)
     cache_len = settings.cache_len or settings.max_length + max_k
     target = ModelRunner(model, batch, cache_len, pads, device, settings.backend)
+    target.use_graphs = settings.cuda_graphs and target.can_capture()
     drafter.attach(target)
 
     def emit(accepted: torch.Tensor, new_tokens: torch.Tensor) -> tuple[list[int | None], list[int]]:
@@ -180,6 +182,10 @@ def speculative_decode(
     stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
     emitter.flush()
     drafter.prefill(state)
+    if target.use_graphs and not drafter.needs_verify_states:
+        # one graph per verify width 1 .. K_max + 1; the policy may then change K at every step
+        target.capture(range(1, min(policy.k_bound, max_k) + 2))
+    stats.graph_capture_s = sum(r.graphs.capture_s for r in (target, *drafter.runners) if r.graphs)
 
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *getattr(drafter, "models", [])):

@@ -1,4 +1,5 @@
-"""`ModelRunner`: one model plus its `SpecCache`, run one step at a time (used for the target and draft models)."""
+"""`ModelRunner`: one model plus its `SpecCache`, run one step at a time (used for the target and draft models),
+eagerly or by replaying captured CUDA graphs (`generation.graphs`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from ..attention import SpecCache, StepInfo
 from ..attention.interface import STEP_KWARG
+from .graphs import StepGraphs, warn_once
 
 
 class ModelRunner:
@@ -31,6 +33,47 @@ class ModelRunner:
         self.pad_t = torch.tensor(pad, device=self.device)
         self.out_device = out_device
         self.backend = backend
+        self.graphs: StepGraphs | None = None
+
+    def can_capture(self) -> bool:
+        """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device)."""
+        return self.device.type == "cuda" and self.backend == "triton"
+
+    def capture(self, widths) -> bool:
+        """Capture one CUDA graph per width in ``widths`` (after the prefill). On failure warn once, stay eager
+        and return False."""
+        if not self.can_capture():
+            return False
+        try:
+            self.graphs = StepGraphs(self, widths)
+        except Exception as err:  # capture can fail inside any module: fall back, say why once
+            self.graphs = None
+            torch.cuda.synchronize(self.device)
+            warn_once(
+                type(self.model).__name__,
+                f"hf_sparse_verify: CUDA-graph capture of {type(self.model).__name__} failed "
+                f"({type(err).__name__}: {err}); running eager steps instead. Set "
+                "SpeculationConfig(cuda_graphs=False) to skip the attempt.",
+            )
+            return False
+        return True
+
+    def run_model(self, ids: torch.Tensor, step: StepInfo, logits_to_keep: int = 0) -> torch.Tensor:
+        """One forward with ``step`` announced to the cache; the model's logits as they come."""
+        positions = (step.start - step.pad)[:, None] + torch.arange(step.q_len, device=self.device)
+        self.cache.begin_step(step)
+        try:
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions.clamp_min(0),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **{STEP_KWARG: step},
+            )
+        finally:
+            self.cache.end_step()
+        return out.logits
 
     def forward(
         self,
@@ -43,10 +86,13 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Write ``ids`` ``[B, W]`` at slots ``start[b] ..`` of each row; float32 logits ``[B, W or keep, V]``."""
         width = ids.shape[1]
-        start_t = torch.tensor(start, device=self.device)
+        graphs = self.graphs
+        if graphs is not None and layer_states is None and logits_to_keep == 0 and width in graphs.graphs:
+            logits = graphs.replay(ids.to(self.device), start)
+            return logits.to(self.out_device, torch.float32, copy=True)
         step = StepInfo(
             phase,
-            start_t,
+            torch.tensor(start, device=self.device),
             self.pad_t,
             q_len=width,
             kv_len=max(start) + width,
@@ -55,17 +101,5 @@ class ModelRunner:
             no_padding=max(self.pad) == 0,
             uniform_start=len(set(start)) == 1,
         )
-        positions = ((start_t - self.pad_t)[:, None] + torch.arange(width, device=self.device)).clamp_min(0)
-        self.cache.begin_step(step)
-        try:
-            out = self.model(
-                input_ids=ids.to(self.device),
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                **{STEP_KWARG: step},
-            )
-        finally:
-            self.cache.end_step()
-        return out.logits.to(self.out_device, torch.float32)
+        logits = self.run_model(ids.to(self.device), step, logits_to_keep)
+        return logits.to(self.out_device, torch.float32)

@@ -20,6 +20,7 @@ class SpeculationStats:
         wall_time_s / prefill_time_s / draft_time_s / verify_time_s / update_time_s: seconds; draft, verify and
             update are summed over steps (CUDA events on GPU, host timers on CPU). ``update`` is the work after
             verification: the step's readback, stopping checks and the drafter's update (Vegas' KV selection).
+        graph_capture_s: seconds spent capturing CUDA graphs after the prefill (0 when steps run eagerly).
     """
 
     strategy: str = ""
@@ -32,6 +33,7 @@ class SpeculationStats:
     step_times_s: list[float] = field(default_factory=list)
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    graph_capture_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     update_time_s: float = 0.0

@@ -50,6 +50,14 @@ class Drafter(CandidateGenerator):
     (transformers' hook) forwards to :meth:`on_verify` when called with a `VerifyFeedback`.
     """
 
+    #: the verify forward needs this drafter's per-layer states (score collection): no CUDA graph for it
+    needs_verify_states: bool = False
+
+    @property
+    def runners(self) -> list:
+        """The drafter's own `ModelRunner` objects (a draft model's), for statistics."""
+        return []
+
     def attach(self, target) -> None:  # noqa: B027 - optional hook
         """Called before the prefill with the target's `ModelRunner` (self-speculative drafters draft with it)."""
 

@@ -41,6 +41,7 @@ class DraftModelDrafter(Drafter):
         self.max_k = max_k
         self.runner: ModelRunner | None = None
         self.cached: list[int] = []
+        self.target: ModelRunner | None = None
 
     @classmethod
     def from_config(cls, config, target, draft_model=None) -> DraftModelDrafter:
@@ -58,13 +59,24 @@ class DraftModelDrafter(Drafter):
     def models(self) -> list:
         return [self.model]
 
+    @property
+    def runners(self) -> list:
+        return [self.runner] if self.runner is not None else []
+
+    def attach(self, target) -> None:
+        self.target = target
+
     def prefill(self, state: DecodeState) -> None:
         batch, prompt_len = state.batch_size, state.prompt_len
         capacity = state.tokens.shape[1] + self.max_k + 2
-        self.runner = ModelRunner(self.model, batch, capacity, state.pad, state.tokens.device)
+        backend = self.target.backend if self.target is not None else "reference"
+        self.runner = ModelRunner(self.model, batch, capacity, state.pad, state.tokens.device, backend)
         # the prompt; _catch_up feeds the rest (the first generated token onwards)
         self.runner.forward(state.tokens[:, :prompt_len], [0] * batch, "draft")
         self.cached = [prompt_len] * batch
+        if getattr(self.target, "use_graphs", False):
+            # draft steps (width 1) and catch-up chunks (up to max_k + 1)
+            self.runner.capture(range(1, self.max_k + 2))
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Feed every row's unseen history; return ``[B, V]`` logits for the token after each row's history."""
@@ -120,3 +132,4 @@ class DraftModelDrafter(Drafter):
 
     def close(self) -> None:
         self.runner = None
+        self.target = None

@@ -66,6 +66,10 @@ class SelfSpecDrafter(Drafter):
             page_size=config.quest_page_size,
         )
 
+    @property
+    def needs_verify_states(self) -> bool:  # type: ignore[override]
+        return self.policy == "vegas"
+
     # ------------------------------------------------------------------------------------------------ hooks
     def attach(self, target) -> None:
         self.target = target
@@ -101,7 +105,7 @@ class SelfSpecDrafter(Drafter):
             s.prefix_end = max(prefix_end)
             s.recent_min = min(prefix_end)
             s.page_min = s.page_max = None
-            s.selected = s.index = s.index_valid = None
+            s.selected = s.index = s.index_valid = s.index_count = None
             s.quest_budget = None
             if dense:
                 continue
@@ -116,6 +120,7 @@ class SelfSpecDrafter(Drafter):
                 s.quest_budget_max = max(pages)
                 continue
             s.index, s.index_valid = mask_to_index(s.selected, max(budgets))
+            s.index_count = s.index_valid.sum(dim=1)
 
     def _scores(self, s: SparseLayerState, accepted: list[int | None] | None) -> torch.Tensor:
         if s.scores is None:

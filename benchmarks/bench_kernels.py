@@ -1,0 +1,78 @@
+"""Time every kernel in the benchmark registry (`hf_sparse_verify.kernels.registry`) against the measured copy
+bandwidth: achieved GB/s = bytes_moved / median time, and its share of the copy bandwidth.
+
+Run on a GPU: ``python benchmarks/bench_kernels.py --json benchmarks/results/h200_kernels.json``; ``--quick`` for a
+smoke run of small sizes (also on CPU under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info, median
+from hf_sparse_verify.kernels.registry import load_all
+
+
+def time_case(run, device: torch.device, quick: bool) -> float:
+    """Median seconds per call."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median") / 1000
+    times = []
+    for _ in range(1 if quick else 3):
+        begin = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begin)
+    return median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", nargs="*", help="registry names (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    registry = load_all()
+    names = args.ops or sorted(registry)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    records = []
+    for name in names:
+        for case in tqdm(list(registry[name](device, dtype, args.quick)), desc=name, file=sys.stderr):
+            try:
+                seconds = time_case(case.run, device, args.quick)
+            except Exception as err:  # record and go on: one broken variant must not hide the others
+                records.append(dict(op=case.op, variant=case.variant, **case.params, error=repr(err)[:300]))
+                continue
+            gbps = case.bytes_moved / seconds / 1e9
+            record = dict(
+                op=case.op, variant=case.variant, **case.params, us=round(seconds * 1e6, 2),
+                bytes_moved=case.bytes_moved, GBps=round(gbps, 1),
+            )  # fmt: skip
+            if bandwidth:
+                record["share_of_copy"] = round(gbps * 1e9 / bandwidth, 3)
+            records.append(record)
+            print(json.dumps(record), flush=True)
+    result = dict(
+        machine=machine_info(device),
+        dtype=args.dtype,
+        copy_bandwidth_GBps=round(bandwidth / 1e9, 1) if bandwidth else None,
+        method="triton.testing.do_bench median; bytes_moved = fewest bytes the launch must read and write",
+        records=records,
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

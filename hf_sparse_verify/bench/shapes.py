@@ -1,0 +1,123 @@
+"""Named model shapes with random weights: timings of a forward step do not depend on weight values, so these
+stand in for the real checkpoints (which cannot be downloaded here) at their exact sizes."""
+
+from __future__ import annotations
+
+import torch
+
+#: preset name -> (transformers config class name, config fields)
+SHAPES: dict[str, tuple[str, dict]] = {
+    "llama-3.1-8b": (
+        "LlamaConfig",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rope_parameters={"rope_theta": 500000.0, "rope_type": "default"},
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeConfig",
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            max_position_embeddings=131072,
+            rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+            tie_word_embeddings=False,
+        ),
+    ),
+    # small stand-ins with the same structure, for tests and CPU smoke runs
+    "tiny-llama": (
+        "LlamaConfig",
+        dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "tiny-qwen3-moe": (
+        "Qwen3MoeConfig",
+        dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
+}
+
+
+def shape_config(name: str):
+    """The transformers config of preset ``name``."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}: use one of {sorted(SHAPES)}")
+    import transformers
+
+    class_name, fields = SHAPES[name]
+    return getattr(transformers, class_name)(**fields)
+
+
+def random_model(name: str, device: str | torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Preset ``name`` with random weights, built directly on ``device`` in ``dtype`` (eval mode, SDPA attention)."""
+    from transformers import AutoModelForCausalLM
+
+    config = shape_config(name)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def weight_bytes_per_step(model: torch.nn.Module, new_tokens: int, batch: int) -> int:
+    """The fewest weight bytes one forward of ``batch x new_tokens`` tokens must read: every parameter except the
+    input embedding table (of which only the used rows are read); for MoE layers, only the experts the tokens can
+    reach (``min(E, tokens x top_k)`` experts per layer, the most a uniform router can touch)."""
+    config = model.config.get_text_config()
+    total = 0
+    embed = model.get_input_embeddings().weight
+    tokens = new_tokens * batch
+    experts = getattr(config, "num_experts", None)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        if param is embed:
+            size = tokens * param.shape[1] * param.element_size()
+        elif experts and ".experts." in name and param.dim() >= 3 and param.shape[0] == experts:
+            size = size * min(experts, tokens * top_k) // experts
+        total += size
+    return total
+
+
+def kv_bytes(model: torch.nn.Module, context: int, batch: int, dtype: torch.dtype) -> int:
+    """Bytes of keys and values of ``context`` cached tokens per row, all layers."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+    return per_token * context * batch * torch.empty((), dtype=dtype).element_size()

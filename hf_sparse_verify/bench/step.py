@@ -1,0 +1,196 @@
+"""``hf-sparse-verify bench step``: time one forward step (1..16 new tokens per row over a cache of ``context``
+tokens) with our fast path and with plain transformers eager, next to the bandwidth floor.
+
+- ours: `ModelRunner` on the ``triton`` attention backend, each width a captured CUDA graph (on CUDA), the call
+  timed as the engine makes it (token ids in, float32 logits out);
+- transformers: ``model(input_ids, past_key_values=DynamicCache, logits_to_keep=new_tokens)`` with SDPA, the
+  cache cropped back after each call (untimed);
+- floor: (weight bytes the step must read + KV bytes) / measured copy bandwidth (`shapes.weight_bytes_per_step`).
+
+Both caches hold random keys and values (step time does not depend on their values). Each figure is the median of
+``--repeats`` calls after warm-ups, host clock around a synchronized call.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import sys
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from .machine import copy_bandwidth, machine_info, median, time_calls
+from .shapes import kv_bytes, random_model, weight_bytes_per_step
+
+
+@dataclass(frozen=True)
+class StepBenchArgs:
+    shape: str
+    contexts: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    batches: tuple[int, ...] = (1,)
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    repeats: int = 10
+    warmups: int = 3
+    transformers: bool = True
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.contexts or min(self.contexts) < 1:
+            raise ValueError(f"--context needs positive token counts, got {self.contexts}")
+        if not self.new_tokens or not all(1 <= n <= 32 for n in self.new_tokens):
+            raise ValueError(f"--new-tokens takes values in 1..32, got {self.new_tokens}")
+        if not self.batches or min(self.batches) < 1:
+            raise ValueError(f"--batch needs positive sizes, got {self.batches}")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"--dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _ours(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> tuple[dict, str]:
+    """Median ms per step of each width on our runner, and the mode (``graph`` or ``eager``)."""
+    from ..attention import use_sparse_verify_attention
+    from ..generation.runner import ModelRunner
+    from ..moe.experts import experts_for_decoding
+
+    backend = "triton" if device.type == "cuda" else "reference"
+    vocab = model.config.get_text_config().vocab_size
+    times = {}
+    with use_sparse_verify_attention(model), experts_for_decoding(model):
+        runner = ModelRunner(model, batch, context + max(widths), [0] * batch, device, backend)
+        runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), [0] * batch, "prefill")
+        for layer in runner.cache.layers:  # random keys and values for the whole cache
+            layer.keys.normal_()
+            layer.values.normal_()
+        mode = "eager"
+        if args.cuda_graphs and runner.can_capture() and runner.capture(widths):
+            mode = "graph"
+        for width in widths:
+            ids = torch.randint(0, vocab, (batch, width), device=device)
+            call = functools.partial(runner.forward, ids, [context] * batch, "verify")
+            runs = time_calls(call, device, args.warmups, args.repeats)
+            times[width] = 1000 * median(runs)
+            bar.update(1)
+    _free(device)
+    return times, mode
+
+
+def _transformers(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> dict:
+    """Median ms per step of each width with plain transformers eager (SDPA, DynamicCache)."""
+    from transformers import DynamicCache
+
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = DynamicCache(config=model.config)
+    shape = (batch, config.num_key_value_heads, context, head_dim)
+    dtype = model.dtype
+    for layer in range(config.num_hidden_layers):
+        cache.update(
+            torch.randn(shape, device=device, dtype=dtype),
+            torch.randn(shape, device=device, dtype=dtype),
+            layer,
+        )
+    times = {}
+    for width in widths:
+        ids = torch.randint(0, config.vocab_size, (batch, width), device=device)
+        call = functools.partial(
+            model, input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=width
+        )
+        # crop with a negative count: drop the step's tokens again (untimed)
+        crop = functools.partial(_crop, cache, context)
+        runs = time_calls(call, device, args.warmups, args.repeats, after=crop)
+        times[width] = 1000 * median(runs)
+        bar.update(1)
+    _free(device)
+    return times
+
+
+def _crop(cache, context: int) -> None:
+    cache.crop(context - cache.get_seq_length())
+
+
+@torch.no_grad()
+def run(args: StepBenchArgs) -> dict:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    model = random_model(args.shape, device, dtype)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    widths = sorted(set(args.new_tokens))
+    records = []
+    total = len(args.contexts) * len(args.batches) * len(widths) * (2 if args.transformers else 1)
+    with tqdm(total=total, desc=f"bench step {args.shape}", file=sys.stderr) as bar:
+        for context in args.contexts:
+            for batch in args.batches:
+                ours, mode = _ours(model, context, batch, widths, args, device, bar)
+                theirs = (
+                    _transformers(model, context, batch, widths, args, device, bar)
+                    if args.transformers
+                    else {}
+                )
+                for width in widths:
+                    moved = weight_bytes_per_step(model, width, batch) + kv_bytes(
+                        model, context, batch, dtype
+                    )
+                    floor_ms = 1000 * moved / bandwidth if bandwidth else None
+                    record = dict(
+                        context=context,
+                        new_tokens=width,
+                        batch=batch,
+                        ours_ms=round(ours[width], 4),
+                        ours_mode=mode,
+                        transformers_ms=round(theirs[width], 4) if width in theirs else None,
+                        floor_ms=round(floor_ms, 4) if floor_ms else None,
+                        bytes_moved=moved,
+                        tokens_per_s=round(batch * width * 1000 / ours[width], 1),
+                    )
+                    if floor_ms:
+                        record["ours_over_floor"] = round(ours[width] / floor_ms, 3)
+                    if width in theirs:
+                        record["transformers_over_ours"] = round(theirs[width] / ours[width], 3)
+                    if 1 in ours:
+                        record["ours_over_our_decode"] = round(ours[width] / ours[1], 3)
+                    records.append(record)
+    return dict(
+        machine=machine_info(device),
+        shape=args.shape,
+        dtype=args.dtype,
+        copy_bandwidth_GBps=round(bandwidth / 1e9, 1) if bandwidth else None,
+        method=f"median of {args.repeats} calls after {args.warmups} warm-ups, host clock around a synchronized "
+        "call; caches hold random keys and values; floor = (weight bytes read + KV bytes) / copy bandwidth",
+        records=records,
+    )
+
+
+def table(result: dict) -> str:
+    """A plain-text table of the records."""
+    lines = [
+        f"{result['shape']} {result['dtype']} on {result['machine']['gpu'] or result['machine']['device']}, "
+        f"copy {result['copy_bandwidth_GBps']} GB/s",
+        "context  batch  new  ours_ms  mode   transformers_ms  floor_ms  ours/floor  theirs/ours  ours/decode",
+    ]
+    for r in result["records"]:
+        lines.append(
+            f"{r['context']:>7}  {r['batch']:>5}  {r['new_tokens']:>3}  {r['ours_ms']:>7.2f}  {r['ours_mode']:<5}  "
+            f"{r['transformers_ms'] or float('nan'):>15.2f}  {r['floor_ms'] or float('nan'):>8.2f}  "
+            f"{r.get('ours_over_floor', float('nan')):>10.2f}  {r.get('transformers_over_ours', float('nan')):>11.2f}  "
+            f"{r.get('ours_over_our_decode', float('nan')):>11.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(args: StepBenchArgs, json_path: str | None) -> dict:
+    result = run(args)
+    print(table(result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result

@@ -1,0 +1,189 @@
+"""Triton split-KV decode attention for ``q`` = 1..16 new tokens per row (decode and verify steps).
+
+Grid ``(splits, H_kv, B)``: each program reads one contiguous share of one row's valid slots for one KV head and
+processes all ``group * q`` query rows of that KV head at once (GQA packing: every K/V row is loaded once per
+KV head). The share is computed on the device from ``start``/``pad``, so the grid depends on shapes only and the
+launch can be captured in a CUDA graph. A second kernel merges the splits' partial softmax states.
+
+Optionally (``COLLECT``) the split kernel also writes, per KV head, the raw logits ``q . k * scale`` summed over the
+group's heads and the chosen query rows: the Vegas "Collect-2-Query" signal, at the cost of one float32 store per
+slot and KV head (0.4% of the K/V bytes at head_dim 128).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton import dot_in_float32, next_power_of_2
+
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, START, PAD,
+    O_PART, M_PART, L_PART, S_PART,
+    scale, window, q_len, group, num_splits, capacity,
+    s_qb, s_qh, s_qt, s_qd,
+    s_kb, s_kh, s_kt, s_kd,
+    s_vb, s_vh, s_vt, s_vd,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    COLLECT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    split = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kv_heads = tl.num_programs(1)
+
+    start = tl.load(START + b)
+    pad = tl.load(PAD + b)
+    lo = pad
+    if window > 0:
+        lo = tl.maximum(lo, start - window + 1)
+    lo = tl.minimum(lo, start)  # queries inside the padding still read their own slot
+    hi = start + q_len
+    share = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    s_lo = lo + split * share
+    s_hi = tl.minimum(s_lo + share, hi)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < group * q_len
+    g = offs_m // q_len  # query head within the group
+    i = offs_m % q_len  # new token
+    own = start + i  # [BLOCK_M] each row's own slot
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    p_q = Q + b * s_qb + (kvh * group + g)[:, None] * s_qh + i[:, None] * s_qt + offs_d[None, :] * s_qd
+    b_q = tl.load(p_q, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    if COLLECT == 1:
+        scored = row_ok & ((i == 0) | (i == q_len - 1))
+    else:
+        scored = row_ok
+
+    b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = K + b * s_kb + kvh * s_kh
+    v_base = V + b * s_vb + kvh * s_vh
+    for n0 in range(s_lo, s_hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < s_hi
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        b_k = tl.load(k_base + offs_n[:, None] * s_kt + offs_d[None, :] * s_kd, mask=kv_mask, other=0.0)
+        if DOT_F32:
+            b_k = b_k.to(tl.float32)
+        if IEEE:
+            b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
+        else:
+            b_s = tl.dot(b_q, tl.trans(b_k)) * scale
+        if COLLECT > 0:
+            b_col = tl.sum(tl.where(scored[:, None], b_s, 0.0), axis=0)  # [BLOCK_N]
+            tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
+        allowed = (offs_n[None, :] <= own[:, None]) & (offs_n[None, :] >= pad)
+        if window > 0:
+            allowed = allowed & (offs_n[None, :] > own[:, None] - window)
+        allowed = (allowed | (offs_n[None, :] == own[:, None])) & n_ok[None, :]
+        b_s = tl.where(allowed, b_s, NEG_INF)
+        m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp(b_m - m_safe)
+        b_p = tl.exp(b_s - m_safe[:, None])
+        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_v = tl.load(v_base + offs_n[:, None] * s_vt + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
+        if DOT_F32:
+            b_v = b_v.to(tl.float32)
+        if IEEE:
+            b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision="ieee")
+        else:
+            b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+        b_m = m_new
+
+    part = (b * kv_heads + kvh) * num_splits + split
+    tl.store(M_PART + part * BLOCK_M + offs_m, b_m)
+    tl.store(L_PART + part * BLOCK_M + offs_m, b_l)
+    tl.store(O_PART + (part * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :], b_acc)
+
+
+@triton.jit
+def _merge_kernel(
+    O_PART, M_PART, L_PART, OUT,
+    q_len, group, num_splits,
+    s_ob, s_ot, s_oh, s_od,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    kvh = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    kv_heads = tl.num_programs(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < group * q_len
+    g = offs_m // q_len
+    i = offs_m % q_len
+
+    b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    base = (b * kv_heads + kvh) * num_splits
+    for s in range(0, num_splits):
+        m_s = tl.load(M_PART + (base + s) * BLOCK_M + offs_m)
+        l_s = tl.load(L_PART + (base + s) * BLOCK_M + offs_m)
+        o_s = tl.load(O_PART + ((base + s) * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :])
+        m_new = tl.maximum(b_m, m_s)
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        a = tl.exp(b_m - m_safe)
+        c = tl.exp(m_s - m_safe)
+        b_l = b_l * a + l_s * c
+        b_acc = b_acc * a[:, None] + o_s * c[:, None]
+        b_m = m_new
+    b_out = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
+    p_o = OUT + b * s_ob + i[:, None] * s_ot + (kvh * group + g)[:, None] * s_oh + offs_d[None, :] * s_od
+    tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+def launch(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    start: torch.Tensor,
+    pad: torch.Tensor,
+    scale: float,
+    window: int,
+    collect: int,
+    num_splits: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run both kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
+    per-KV-head score sums ``[B, H_kv, C]`` float32 or None)."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    block_m = max(16, next_power_of_2(group * q_len))
+    block_d = max(16, next_power_of_2(dim))
+    block_n = 64 if block_d <= 128 else 32
+    device = query.device
+    o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
+    m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
+    l_part = torch.empty_like(m_part)
+    s_part = torch.zeros(batch, kv_heads, capacity, device=device, dtype=torch.float32) if collect else m_part
+    out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
+    _split_kernel[(num_splits, kv_heads, batch)](
+        query, key, value, start, pad,
+        o_part, m_part, l_part, s_part,
+        scale, window, q_len, group, num_splits, capacity,
+        *query.stride(), *key.stride(), *value.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
+        COLLECT=collect, IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
+        num_warps=8 if block_m >= 128 else 4,
+    )  # fmt: skip
+    _merge_kernel[(kv_heads, batch)](
+        o_part, m_part, l_part, out,
+        q_len, group, num_splits,
+        *out.stride(),
+        BLOCK_M=block_m, BLOCK_D=block_d, HEAD_DIM=dim,
+        num_warps=4,
+    )  # fmt: skip
+    return out, (s_part if collect else None)

@@ -1,0 +1,139 @@
+"""``hsv::decode_attention``: the public op (validation, registration with ``torch.library``, dispatch to the
+Triton kernel where Triton runs and to the reference elsewhere)."""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton import triton_runs_on
+from .naive import decode_attention_naive, score_rows
+
+COLLECT_MODES = {None: 0, "two_rows": 1, "all_rows": 2}
+#: query rows one program holds: (query heads per KV head) x (new tokens per row)
+MAX_ROWS = 128
+
+#: programs to aim for per launch (about twice the H100/H200 SM count) and the fewest slots worth a split
+TARGET_PROGRAMS = 264
+MIN_SPLIT_SLOTS = 512
+MAX_SPLITS = 64
+
+
+def default_splits(batch: int, kv_heads: int, capacity: int) -> int:
+    """Splits per (row, KV head) from shapes only: enough programs to fill the GPU, at least
+    `MIN_SPLIT_SLOTS` cache slots each."""
+    by_length = -(-capacity // MIN_SPLIT_SLOTS)
+    by_occupancy = -(-TARGET_PROGRAMS // (batch * kv_heads))
+    return max(1, min(by_length, by_occupancy, MAX_SPLITS))
+
+
+@torch.library.custom_op("hsv::decode_attention", mutates_args=())
+def _decode_attention_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    start: torch.Tensor,
+    pad: torch.Tensor,
+    scale: float,
+    window: int,
+    collect: int,
+    num_splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, heads, q_len, _ = query.shape
+    if triton_runs_on(query.device) and query.dtype != torch.float64:
+        from .kernel import launch
+
+        out, partial = launch(query, key, value, start, pad, scale, window, collect, num_splits)
+        if partial is None:
+            return out, query.new_empty(batch, 0, dtype=torch.float32)
+        rows = len(score_rows(q_len, "two_rows" if collect == 1 else "all_rows"))
+        return out, partial.sum(dim=1) / (heads * rows)
+    mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
+    out, scores = decode_attention_naive(query, key, value, start, pad, scale, window, mode)
+    if scores is None:
+        scores = query.new_empty(batch, 0, dtype=torch.float32)
+    return out.contiguous(), scores
+
+
+@_decode_attention_op.register_fake
+def _(query, key, value, start, pad, scale, window, collect, num_splits):
+    batch, heads, q_len, dim = query.shape
+    out = query.new_empty(batch, q_len, heads, dim)
+    scores = query.new_empty(batch, key.shape[2] if collect else 0, dtype=torch.float32)
+    return out, scores
+
+
+def _validate(query, key, value, start, pad, window, collect) -> None:
+    if query.dim() != 4 or key.dim() != 4:
+        raise ValueError(
+            f"query must be [B, H, q, D] and key/value [B, H_kv, C, D]; got {tuple(query.shape)} and "
+            f"{tuple(key.shape)}"
+        )
+    if key.shape != value.shape:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
+    batch, heads, q_len, dim = query.shape
+    if key.shape[0] != batch or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} does not match query {tuple(query.shape)} in batch or head_dim")
+    if heads % key.shape[1]:
+        raise ValueError(f"query heads ({heads}) must be a multiple of KV heads ({key.shape[1]})")
+    if q_len < 1 or heads // key.shape[1] * q_len > MAX_ROWS:
+        raise ValueError(
+            f"decode attention holds (query heads per KV head) x (new tokens) <= {MAX_ROWS} rows per program; got "
+            f"{heads // key.shape[1]} x {q_len}: use fewer new tokens per step (or the reference attention)"
+        )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(f"query, key and value dtypes differ: {query.dtype}, {key.dtype}, {value.dtype}")
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError("key/value must be contiguous in the last dimension (head_dim)")
+    for name, t in (("start", start), ("pad", pad)):
+        if t.shape != (batch,) or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 tensor of shape [{batch}], got {t.dtype} {tuple(t.shape)}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0 = no sliding window), got {window}")
+    if collect not in COLLECT_MODES:
+        raise ValueError(f"collect must be one of {sorted(k for k in COLLECT_MODES if k)} or None, got {collect!r}")
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    start: torch.Tensor,
+    pad: torch.Tensor,
+    scale: float,
+    *,
+    window: int = 0,
+    collect: str | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of ``q`` new tokens per row (``q * H / H_kv <= 128``) over a preallocated KV cache.
+
+    Query ``i`` of row ``b`` sits at slot ``start[b] + i`` and attends to slots ``pad[b] .. start[b] + i`` (within
+    ``window`` on sliding layers). No host synchronisation: the op can be captured in a CUDA graph.
+
+    Args:
+        query: ``[B, H, q, D]`` (any strides).
+        key, value: ``[B, H_kv, C, D]`` cache buffers.
+        start, pad: ``[B]`` int32/int64 on the cache's device.
+        scale: softmax scale.
+        window: sliding window, 0 for none.
+        collect: None, ``"two_rows"`` (first and last query row, Vegas' Collect-2-Query) or ``"all_rows"``: also
+            return the raw logits ``q . k * scale`` averaged over every query head and those rows, ``[B, C]``
+            float32 (0 outside the slots each row reads).
+        num_splits: splits of the KV range per (row, KV head); default from shapes (`default_splits`).
+
+    Returns:
+        ``(out [B, q, H, D], scores [B, C] or None)``.
+
+    Example:
+        >>> q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 2, 8, 16)
+        >>> out, _ = decode_attention(q, k, k, torch.tensor([5]), torch.tensor([0]), 0.25)
+        >>> tuple(out.shape)
+        (1, 2, 4, 16)
+    """
+    _validate(query, key, value, start, pad, window, collect)
+    if num_splits is None:
+        num_splits = default_splits(query.shape[0], key.shape[1], key.shape[2])
+    out, scores = torch.ops.hsv.decode_attention(
+        query, key, value, start, pad, float(scale), int(window), COLLECT_MODES[collect], int(num_splits)
+    )
+    return out, (scores if collect else None)

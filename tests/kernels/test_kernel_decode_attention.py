@@ -1,0 +1,157 @@
+"""Decode attention kernel vs its reference, and the reference vs a brute-force loop (CPU: Triton interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_sparse_verify.kernels.decode_attention import decode_attention, decode_attention_naive
+from hf_sparse_verify.kernels.decode_attention.op import default_splits
+
+TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def _inputs(batch, heads, kv_heads, q_len, dim, capacity, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # a strided query, as transformers passes it ([B, q, H, D] transposed)
+    query = torch.randn(batch, q_len, heads, dim, generator=g).transpose(1, 2).to(device, dtype)
+    key = torch.randn(batch, kv_heads, capacity, dim, generator=g).to(device, dtype)
+    value = torch.randn(batch, kv_heads, capacity, dim, generator=g).to(device, dtype)
+    # ragged rows: different left padding and lengths, all inside the capacity
+    pad = torch.randint(0, 6, (batch,), generator=g)
+    length = torch.randint(q_len + 8, capacity - 2, (batch,), generator=g)
+    start = torch.maximum(length - q_len, pad)
+    return query, key, value, start.to(device), pad.to(device)
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _check(batch, heads, kv_heads, q_len, dim, capacity, dtype, window=0, collect=None, splits=None, seed=0):
+    query, key, value, start, pad = _inputs(batch, heads, kv_heads, q_len, dim, capacity, dtype, seed=seed)
+    scale = dim**-0.5
+    out, scores = decode_attention(
+        query, key, value, start, pad, scale, window=window, collect=collect, num_splits=splits
+    )
+    ref, ref_scores = decode_attention_naive(
+        query.double(), key.double(), value.double(), start, pad, scale, window, collect
+    )
+    assert not out.isnan().any()
+    assert out.dtype == dtype and out.shape == (batch, q_len, heads, dim)
+    assert _rel(out, ref) < TOL[dtype]
+    if collect:
+        assert _rel(scores, ref_scores) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("q_len", [1, 3, 16])
+def test_matches_reference(dtype, q_len):
+    _check(3, 8, 2, q_len, 32, 101, dtype, splits=3)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_gqa_groups(group):
+    _check(2, 2 * group, 2, 5, 16, 77, torch.float32, splits=2, seed=group)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7])
+def test_split_counts_agree(splits):
+    # more splits than tiles: some programs get no slots and must not disturb the merge
+    _check(2, 4, 2, 4, 16, 150, torch.float32, splits=splits, seed=3)
+
+
+def test_odd_head_dim_and_window():
+    _check(2, 6, 3, 4, 24, 90, torch.float32, window=9, splits=2, seed=4)
+
+
+@pytest.mark.parametrize("collect", ["two_rows", "all_rows"])
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_score_collection(collect, q_len):
+    _check(3, 8, 2, q_len, 16, 83, torch.float32, collect=collect, splits=3, seed=5)
+
+
+def test_reference_matches_brute_force():
+    """The reference against an explicit loop over rows, heads and slots."""
+    query, key, value, start, pad = _inputs(2, 4, 2, 3, 8, 40, torch.float64, seed=7)
+    window, scale = 6, 0.3
+    out, scores = decode_attention_naive(query, key, value, start, pad, scale, window, "two_rows")
+    for b in range(2):
+        for h in range(4):
+            for i in range(3):
+                own = int(start[b]) + i
+                slots = [j for j in range(40) if (int(pad[b]) <= j <= own and j > own - window) or j == own]
+                k, v = key[b, h // 2, slots], value[b, h // 2, slots]
+                p = torch.softmax(k @ query[b, h, i] * scale, dim=0)
+                torch.testing.assert_close(out[b, i, h], p @ v)
+        lo, hi = max(int(pad[b]), int(start[b]) - window + 1), int(start[b]) + 3
+        for j in range(40):
+            expect = 0.0
+            if lo <= j < hi:
+                expect = (
+                    sum(float(query[b, h, r] @ key[b, h // 2, j]) for h in range(4) for r in (0, 2))
+                    * scale
+                    / 8
+                )
+            assert abs(float(scores[b, j]) - expect) < 1e-6  # scores are float32
+
+
+def test_padding_query_attends_own_slot():
+    # a query inside the left padding (a prefill-like row) still gets a finite output
+    query, key, value, _, _ = _inputs(1, 2, 1, 2, 16, 20, torch.float32, seed=8)
+    start, pad = torch.tensor([3]), torch.tensor([5])
+    out, _ = decode_attention(query, key, value, start, pad, 0.25, num_splits=1)
+    ref, _ = decode_attention_naive(query.double(), key.double(), value.double(), start, pad, 0.25)
+    assert _rel(out, ref) < 1e-4
+
+
+def test_custom_op_registered():
+    query, key, value, start, pad = _inputs(1, 4, 2, 2, 16, 30, torch.float32, seed=9)
+    out, scores = torch.ops.hsv.decode_attention(query, key, value, start, pad, 0.25, 0, 1, 2)
+    assert out.shape == (1, 2, 4, 16) and scores.shape == (1, 30)
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fq = torch.empty(1, 4, 2, 16)
+        fk = torch.empty(1, 2, 30, 16)
+        fo, fs = torch.ops.hsv.decode_attention(
+            fq, fk, fk, torch.empty(1, dtype=torch.long), torch.empty(1, dtype=torch.long), 0.25, 0, 0, 2
+        )
+        assert fo.shape == (1, 2, 4, 16) and fs.shape == (1, 0)
+
+
+def test_default_splits_from_shapes():
+    assert default_splits(1, 8, 1024) == 2
+    assert default_splits(1, 8, 65536) == 33
+    assert default_splits(32, 8, 16384) == 2
+    assert default_splits(1, 8, 100) == 1
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(query=a["query"][0]), "query must be"),
+        (lambda a: a.update(value=a["value"][:, :, :-1]), "same shape"),
+        (lambda a: a.update(query=torch.randn(1, 3, 2, 16)), "multiple of KV heads"),
+        (lambda a: a.update(start=a["start"].float()), "start must be"),
+        (lambda a: a.update(window=-1), "window must be"),
+        (lambda a: a.update(collect="first"), "collect must be"),
+        (lambda a: a.update(query=torch.randn(1, 4, 65, 16)), "rows per program"),
+    ],
+)
+def test_bad_input(change, message):
+    query, key, value, start, pad = _inputs(1, 4, 2, 2, 16, 30, torch.float32)
+    args = dict(query=query, key=key, value=value, start=start, pad=pad, scale=0.25)
+    change(args)
+    with pytest.raises(ValueError, match=message):
+        decode_attention(**args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("q_len", [1, 2, 8, 16])
+@pytest.mark.parametrize("context", [1000, 33000])
+def test_real_shapes_on_gpu(q_len, context):
+    query, key, value, start, pad = _inputs(1, 32, 8, q_len, 128, context + 16, torch.bfloat16, "cuda")
+    start = torch.tensor([context - q_len], device="cuda")
+    pad = torch.zeros(1, dtype=torch.long, device="cuda")
+    out, scores = decode_attention(query, key, value, start, pad, 128**-0.5, collect="two_rows")
+    ref, ref_scores = decode_attention_naive(query, key, value, start, pad, 128**-0.5, 0, "two_rows")
+    assert _rel(out, ref) < 2e-2 and _rel(scores, ref_scores) < 2e-2
