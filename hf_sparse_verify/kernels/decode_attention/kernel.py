@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
