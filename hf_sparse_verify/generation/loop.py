@@ -182,13 +182,16 @@ def speculative_decode(
     stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
     emitter.flush()
     drafter.prefill(state)
-    if target.use_graphs and not drafter.needs_verify_states:
-        # one graph per verify width 1 .. K_max + 1; the policy may then change K at every step
-        target.capture(range(1, min(policy.k_bound, max_k) + 2))
-    stats.graph_capture_s = sum(r.graphs.capture_s for r in (target, *drafter.runners) if r.graphs)
 
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *getattr(drafter, "models", [])):
+        if target.use_graphs and not drafter.needs_verify_states:
+            # one graph per verify width 1 .. K_max + 1 (captured with the decoding experts implementation); the
+            # policy may then change K at every step without a recapture
+            target.capture(range(1, min(policy.k_bound, max_k) + 2))
+        if target.use_graphs:
+            drafter.capture_graphs()
+        stats.graph_capture_s = sum(r.graphs.capture_s for r in (target, *drafter.runners) if r.graphs)
         while any(state.active):
             remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
             k = max(0, min(policy.next_k(), max_k, remaining - 1))

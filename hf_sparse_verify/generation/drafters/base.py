@@ -58,6 +58,10 @@ class Drafter(CandidateGenerator):
         """The drafter's own `ModelRunner` objects (a draft model's), for statistics."""
         return []
 
+    def capture_graphs(self) -> None:  # noqa: B027 - optional hook
+        """Called once after the prefill when the loop runs on CUDA graphs (inside the decoding experts setting):
+        capture the drafter's own steps."""
+
     def attach(self, target) -> None:  # noqa: B027 - optional hook
         """Called before the prefill with the target's `ModelRunner` (self-speculative drafters draft with it)."""
 

@@ -74,9 +74,10 @@ class DraftModelDrafter(Drafter):
         # the prompt; _catch_up feeds the rest (the first generated token onwards)
         self.runner.forward(state.tokens[:, :prompt_len], [0] * batch, "draft")
         self.cached = [prompt_len] * batch
-        if getattr(self.target, "use_graphs", False):
-            # draft steps (width 1) and catch-up chunks (up to max_k + 1)
-            self.runner.capture(range(1, self.max_k + 2))
+
+    def capture_graphs(self) -> None:
+        # draft steps (width 1) and catch-up chunks (up to max_k + 1)
+        self.runner.capture(range(1, self.max_k + 2))
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Feed every row's unseen history; return ``[B, V]`` logits for the token after each row's history."""

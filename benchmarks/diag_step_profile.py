@@ -1,0 +1,69 @@
+"""Where the time of one captured decode step goes: torch.profiler over replays of our graph step (Llama-3.1-8B
+shape, random bf16 weights), CUDA kernels grouped by name, and the step's kernel count.
+
+``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hf_sparse_verify.attention import use_sparse_verify_attention
+from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.generation.runner import ModelRunner
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama-3.1-8b")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    model = random_model(args.shape, device, torch.bfloat16)
+    width = args.new_tokens
+    with use_sparse_verify_attention(model):
+        runner = ModelRunner(model, 1, args.context + 16, [0], device, "triton")
+        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), [0], "prefill")
+        for layer in runner.cache.layers:
+            layer.keys.normal_()
+            layer.values.normal_()
+        assert runner.capture([width])
+        ids = torch.randint(0, 1000, (1, width), device=device)
+        for _ in range(3):
+            runner.forward(ids, [args.context], "verify")
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(args.steps):
+                runner.forward(ids, [args.context], "verify")
+            torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time)
+    rows = sorted(
+        ({"kernel": k[:90], "calls_per_step": len(v) / args.steps, "us_per_step": sum(v) / args.steps}
+         for k, v in kernels.items()),
+        key=lambda r: -r["us_per_step"],
+    )  # fmt: skip
+    total = sum(r["us_per_step"] for r in rows)
+    count = sum(r["calls_per_step"] for r in rows)
+    print(
+        f"{args.shape} context {args.context} width {width}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
+    )
+    for r in rows[:25]:
+        print(f"{r['us_per_step']:9.1f} us  {r['calls_per_step']:6.1f}x  {r['kernel']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), kernels=count, gpu_ms=total / 1000, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
