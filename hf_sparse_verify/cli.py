@@ -80,6 +80,9 @@ def _add_bench_parser(sub) -> None:
     step.add_argument("--repeats", type=int, default=10, help="timed calls per record (median)")
     step.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     step.add_argument("--no-cuda-graphs", action="store_true", help="time our eager path instead")
+    step.add_argument(
+        "--vegas-scores", action="store_true", help="also time verify steps that collect Vegas' scores"
+    )
     step.add_argument("--json", help="write the result JSON here")
 
 
@@ -326,6 +329,7 @@ def cmd_bench(args) -> int:
             repeats=args.repeats,
             transformers=not args.no_transformers,
             cuda_graphs=not args.no_cuda_graphs,
+            vegas_scores=args.vegas_scores,
         )
     except ValueError as err:
         raise SystemExit(f"hf-sparse-verify bench step: {err}") from None

@@ -175,3 +175,22 @@ def test_self_speculation_on_gpu_equals_plain_generate(strategy):
     expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
     out = _run(model, ids, mask, max_new=40, strategy=strategy, num_draft_tokens=3, min_tokens=4, ratio=0.3)
     assert torch.equal(out.sequences, expected)
+
+
+def test_capture_failure_falls_back_with_one_warning(monkeypatch):
+    """Where capture fails (here: no CUDA) the loop warns once and decodes eagerly, with the self-speculative
+    drafter's selections already moved into the fixed index buffers a captured draft step would read; the
+    output is still the plain greedy output."""
+    from hf_sparse_verify.generation import graphs
+    from hf_sparse_verify.generation.runner import ModelRunner
+
+    monkeypatch.setattr(ModelRunner, "can_capture", lambda self: True)
+    monkeypatch.setattr(graphs, "_warned", set())
+    model = make_model("llama")
+    ids, mask = ragged_batch(3)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    with pytest.warns(RuntimeWarning, match="CUDA-graph capture of LlamaForCausalLM failed") as record:
+        out = _run(model, ids, mask, strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3)
+        _run(model, ids, mask, strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3)
+    assert sum("CUDA-graph capture" in str(w.message) for w in record) == 1
+    assert torch.equal(out.sequences, expected)

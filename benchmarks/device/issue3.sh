@@ -10,7 +10,7 @@ for stage in "$@"; do
   case $stage in
     tests) python -m pytest tests/kernels tests/test_kernel_path.py -q -x -p no:cacheprovider 2>&1 | tail -25 ;;
     lossless) python -m pytest tests/test_lossless.py -q -x -p no:cacheprovider -k "greedy_equals" 2>&1 | tail -5 ;;
-    step8b) hsv bench step --shape llama-3.1-8b --context 1024,65536 --new-tokens 1,2,4,8,16 --json "$OUT/h200_step_8b.json" 2>&1 | grep -v "it/s" ;;
+    step8b) hsv bench step --shape llama-3.1-8b --context 1024,65536 --new-tokens 1,2,4,8,16 --vegas-scores --json "$OUT/h200_step_8b.json" 2>&1 | grep -v "it/s" ;;
     batch) hsv bench step --shape llama-3.1-8b --context 16384 --new-tokens 1,5 --batch 8,32 --repeats 5 --json "$OUT/h200_step_8b_batch.json" 2>&1 | grep -v "it/s" ;;
     moe) hsv bench step --shape qwen3-30b-a3b --context 1024 --new-tokens 1,2,4,8,16 --json "$OUT/h200_step_moe.json" 2>&1 | grep -v "it/s" ;;
     kernels) python benchmarks/bench_kernels.py ${KERNEL_OPS:+--ops $KERNEL_OPS} --json "$OUT/h200_kernels.json" 2>&1 | grep -v "it/s" | cut -c1-220 ;;

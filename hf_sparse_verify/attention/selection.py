@@ -35,6 +35,8 @@ class SparseLayerState:
             them are real (rows may keep fewer than ``k_max``) and how many per row ``[B]``; gather-based
             backends and the token-sparse kernel read these instead of ``selected``.
         recent_min: host-side ``min(recent_start)``.
+        static_buffers: in CUDA-graph mode, the fixed tensors behind ``index``, ``index_valid``, ``index_count``
+            and ``recent_start`` (a captured draft step reads them; new selections are copied in).
     """
 
     collect: str | None = None
@@ -51,6 +53,7 @@ class SparseLayerState:
     index_valid: torch.Tensor | None = None
     index_count: torch.Tensor | None = None
     recent_min: int = 0
+    static_buffers: tuple | None = None
 
 
 PREFILL_SEED_ROWS = 8

@@ -38,6 +38,7 @@ class StepBenchArgs:
     warmups: int = 3
     transformers: bool = True
     cuda_graphs: bool = True
+    vegas_scores: bool = False  # also time steps that collect Vegas' Collect-2-Query scores
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -56,32 +57,41 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _ours(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> tuple[dict, str]:
-    """Median ms per step of each width on our runner, and the mode (``graph`` or ``eager``)."""
+def _ours(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> tuple[dict, dict, str]:
+    """Median ms per step of each width on our runner (without and with Vegas score collection), and the mode
+    (``graph`` or ``eager``)."""
     from ..attention import use_sparse_verify_attention
+    from ..attention.selection import SparseLayerState
     from ..generation.runner import ModelRunner
     from ..moe.experts import experts_for_decoding
 
     backend = "triton" if device.type == "cuda" else "reference"
     vocab = model.config.get_text_config().vocab_size
-    times = {}
+    times, collect_times = {}, {}
     with use_sparse_verify_attention(model), experts_for_decoding(model):
         runner = ModelRunner(model, batch, context + max(widths), [0] * batch, device, backend)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), [0] * batch, "prefill")
         for layer in runner.cache.layers:  # random keys and values for the whole cache
             layer.keys.normal_()
             layer.values.normal_()
+        states = None
+        if args.vegas_scores:
+            states = [SparseLayerState(collect="two_rows") for _ in runner.cache.layers]
         mode = "eager"
         if args.cuda_graphs and runner.can_capture() and runner.capture(widths):
             mode = "graph"
+            if states is not None and not runner.capture(widths, "verify", states):
+                mode = "eager"
         for width in widths:
             ids = torch.randint(0, vocab, (batch, width), device=device)
             call = functools.partial(runner.forward, ids, [context] * batch, "verify")
-            runs = time_calls(call, device, args.warmups, args.repeats)
-            times[width] = 1000 * median(runs)
+            times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
+            if states is not None:
+                call = functools.partial(runner.forward, ids, [context] * batch, "verify", layer_states=states)
+                collect_times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
             bar.update(1)
     _free(device)
-    return times, mode
+    return times, collect_times, mode
 
 
 def _transformers(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> dict:
@@ -130,7 +140,7 @@ def run(args: StepBenchArgs) -> dict:
     with tqdm(total=total, desc=f"bench step {args.shape}", file=sys.stderr) as bar:
         for context in args.contexts:
             for batch in args.batches:
-                ours, mode = _ours(model, context, batch, widths, args, device, bar)
+                ours, ours_collect, mode = _ours(model, context, batch, widths, args, device, bar)
                 theirs = (
                     _transformers(model, context, batch, widths, args, device, bar)
                     if args.transformers
@@ -158,6 +168,9 @@ def run(args: StepBenchArgs) -> dict:
                         record["transformers_over_ours"] = round(theirs[width] / ours[width], 3)
                     if 1 in ours:
                         record["ours_over_our_decode"] = round(ours[width] / ours[1], 3)
+                    if width in ours_collect:
+                        record["ours_vegas_scores_ms"] = round(ours_collect[width], 4)
+                        record["vegas_scores_overhead"] = round(ours_collect[width] / ours[width] - 1, 4)
                     records.append(record)
     return dict(
         machine=machine_info(device),

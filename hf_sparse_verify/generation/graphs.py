@@ -1,23 +1,29 @@
-"""CUDA graphs for decode, verify and draft steps: one graph per width (new tokens per row), one shared memory
-pool, static input buffers.
+"""CUDA graphs for decode, verify and draft steps: one graph per (phase, width), one shared memory pool, static
+input buffers.
 
 A captured step is the runner's ordinary forward with the ``"triton"`` attention backend, whose kernels read each
-row's valid cache range from the device-side ``start``/``pad`` buffers; so a graph captured once replays correctly
-at every later length, and changing K between steps only picks another graph. Replay copies the step's token ids
-and start slots into the static buffers, replays, and returns the static logits buffer (valid until the next
-replay of the same width).
+row's valid cache range from the device-side ``start``/``pad`` buffers and (for sparse drafting) the selection
+from the layer states' index buffers; so a graph captured once replays correctly at every later length, and
+changing K between steps only picks another graph. Replay copies the step's token ids and start slots into the
+static buffers, replays, and returns the static logits buffer (valid until the next replay of the same graph).
+
+Steps without layer states are captured once per width and serve every phase. Steps with layer states (Vegas'
+score-collecting verify, self-speculative draft steps) are captured for that phase and that list of states: the
+states' input tensors must stay the same objects (the drafter copies new selections into them), and tensors the
+attention assigns to the states during capture (collected scores) are assigned again after each replay.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 from ..attention import StepInfo
 
-#: forwards run on a side stream before capturing a width (Triton compilation, cuBLAS workspaces)
+#: forwards run on a side stream before capturing a graph (Triton compilation, cuBLAS workspaces)
 WARMUP_FORWARDS = 2
 
 _warned: set[str] = set()
@@ -30,63 +36,80 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # [B, W] static input
+    logits: torch.Tensor  # [B, W, V] static output
+    layer_states: list | None
+    scores: list | None  # per layer, what the captured step assigned to ``state.scores``
+
+
 class StepGraphs:
-    """Captured steps of one `ModelRunner` for each width in ``widths``.
+    """Captured steps of one `ModelRunner` (its cache must be allocated: capture after the prefill)."""
 
-    Args:
-        runner: the runner whose model, cache and padding the graphs use (its cache must be allocated: capture
-            after the prefill).
-        widths: new tokens per row to capture (for a target: 1 .. K_max + 1).
-    """
-
-    def __init__(self, runner, widths):
+    def __init__(self, runner):
         self.runner = runner
-        device = runner.device
-        batch = runner.cache.batch_size
-        self.start = torch.zeros(batch, dtype=torch.long, device=device)
+        self.start = torch.zeros(runner.cache.batch_size, dtype=torch.long, device=runner.device)
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple, _Graph] = {}
+        self.capture_s = 0.0
+
+    @staticmethod
+    def _key(phase: str | None, width: int, layer_states: list | None) -> tuple:
+        if layer_states is None:
+            return (None, width, None)
+        return (phase, width, id(layer_states))
+
+    def add(self, widths, phase: str = "verify", layer_states: list | None = None) -> None:
+        """Capture ``phase`` steps of each width in ``widths`` (largest first: the pool is sized by the largest
+        step and the smaller ones reuse it)."""
+        runner = self.runner
+        device = runner.device
         begin = time.perf_counter()
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        # largest first: the pool is sized by the largest step and the smaller ones reuse it
         for width in sorted(set(widths), reverse=True):
-            ids = torch.zeros(batch, width, dtype=torch.long, device=device)
+            ids = torch.zeros(runner.cache.batch_size, width, dtype=torch.long, device=device)
             # warm-up writes land in the last cache slots, which every real step rewrites before reading
             self.start.fill_(runner.cache.capacity - width)
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_FORWARDS):
-                    self._step(ids)
+                    self._step(ids, phase, layer_states)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                logits = self._step(ids)
-            self.graphs[width] = (graph, ids, logits)
+                logits = self._step(ids, phase, layer_states)
+            scores = [s.scores for s in layer_states] if layer_states is not None else None
+            self.graphs[self._key(phase, width, layer_states)] = _Graph(
+                graph, ids, logits, layer_states, scores
+            )
         torch.cuda.synchronize(device)
-        self.capture_s = time.perf_counter() - begin
+        self.capture_s += time.perf_counter() - begin
 
-    @property
-    def widths(self) -> set[int]:
-        return set(self.graphs)
-
-    def _step(self, ids: torch.Tensor) -> torch.Tensor:
+    def _step(self, ids: torch.Tensor, phase: str, layer_states: list | None) -> torch.Tensor:
         """The forward that gets captured: everything derived from ``start`` is computed inside the graph."""
         runner = self.runner
-        width = ids.shape[1]
         step = StepInfo(
-            "verify",
+            phase,
             self.start,
             runner.pad_t,
-            q_len=width,
+            q_len=ids.shape[1],
             kv_len=runner.cache.capacity,
+            layer_states=layer_states,
             backend=runner.backend,
         )
         return runner.run_model(ids, step)
 
-    def replay(self, ids: torch.Tensor, start: list[int]) -> torch.Tensor:
-        """Run the captured step of width ``ids.shape[1]``; returns the static ``[B, W, V]`` logits buffer."""
-        graph, static_ids, logits = self.graphs[ids.shape[1]]
-        static_ids.copy_(ids, non_blocking=True)
+    def find(self, phase: str, width: int, layer_states: list | None) -> _Graph | None:
+        return self.graphs.get(self._key(phase, width, layer_states))
+
+    def replay(self, entry: _Graph, ids: torch.Tensor, start: list[int]) -> torch.Tensor:
+        """Run a captured step; returns its static ``[B, W, V]`` logits buffer."""
+        entry.ids.copy_(ids, non_blocking=True)
         self.start.copy_(torch.tensor(start, dtype=torch.long), non_blocking=True)
-        graph.replay()
-        return logits
+        entry.graph.replay()
+        if entry.scores is not None:
+            for state, scores in zip(entry.layer_states, entry.scores):
+                state.scores = scores
+        return entry.logits

@@ -185,11 +185,14 @@ def speculative_decode(
 
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *getattr(drafter, "models", [])):
-        if target.use_graphs and not drafter.needs_verify_states:
+        if target.use_graphs:
             # one graph per verify width 1 .. K_max + 1 (captured with the decoding experts implementation); the
             # policy may then change K at every step without a recapture
-            target.capture(range(1, min(policy.k_bound, max_k) + 2))
-        if target.use_graphs:
+            widths = range(1, min(policy.k_bound, max_k) + 2)
+            if not drafter.needs_verify_states:
+                target.capture(widths)
+            elif drafter.verify_graphable:
+                target.capture(widths, "verify", drafter.layer_states("verify"))
             drafter.capture_graphs()
         stats.graph_capture_s = sum(r.graphs.capture_s for r in (target, *drafter.runners) if r.graphs)
         while any(state.active):

@@ -39,16 +39,20 @@ class ModelRunner:
         """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device)."""
         return self.device.type == "cuda" and self.backend == "triton"
 
-    def capture(self, widths) -> bool:
-        """Capture one CUDA graph per width in ``widths`` (after the prefill). On failure warn once, stay eager
-        and return False."""
+    def capture(self, widths, phase: str = "verify", layer_states: list | None = None) -> bool:
+        """Capture one CUDA graph per width in ``widths`` (after the prefill); with ``layer_states``, for steps of
+        ``phase`` that pass exactly that list. On failure warn once, drop every graph (eager steps) and return
+        False."""
         if not self.can_capture():
             return False
         try:
-            self.graphs = StepGraphs(self, widths)
+            if self.graphs is None:
+                self.graphs = StepGraphs(self)
+            self.graphs.add(widths, phase, layer_states)
         except Exception as err:  # capture can fail inside any module: fall back, say why once
             self.graphs = None
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             warn_once(
                 type(self.model).__name__,
                 f"hf_sparse_verify: CUDA-graph capture of {type(self.model).__name__} failed "
@@ -86,9 +90,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Write ``ids`` ``[B, W]`` at slots ``start[b] ..`` of each row; float32 logits ``[B, W or keep, V]``."""
         width = ids.shape[1]
-        graphs = self.graphs
-        if graphs is not None and layer_states is None and logits_to_keep == 0 and width in graphs.graphs:
-            logits = graphs.replay(ids.to(self.device), start)
+        entry = self.graphs.find(phase, width, layer_states) if self.graphs and not logits_to_keep else None
+        if entry is not None:
+            logits = self.graphs.replay(entry, ids.to(self.device), start)
             return logits.to(self.out_device, torch.float32, copy=True)
         step = StepInfo(
             phase,

@@ -119,7 +119,7 @@ def test_custom_op_registered():
 
 
 def test_default_splits_from_shapes():
-    assert default_splits(1, 8, 1024) == 2
+    assert default_splits(1, 8, 1024) == 4
     assert default_splits(1, 8, 65536) == 33
     assert default_splits(32, 8, 16384) == 2
     assert default_splits(1, 8, 100) == 1

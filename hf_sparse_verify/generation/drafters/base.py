@@ -50,8 +50,10 @@ class Drafter(CandidateGenerator):
     (transformers' hook) forwards to :meth:`on_verify` when called with a `VerifyFeedback`.
     """
 
-    #: the verify forward needs this drafter's per-layer states (score collection): no CUDA graph for it
+    #: the verify forward needs this drafter's per-layer states (score collection) ...
     needs_verify_states: bool = False
+    #: ... and those verify steps can still be captured in CUDA graphs (the collection is fused in the kernel)
+    verify_graphable: bool = False
 
     @property
     def runners(self) -> list:

@@ -23,7 +23,14 @@ import math
 
 import torch
 
-from ...attention.selection import SparseLayerState, budget, mask_to_index, select_streaming, select_topk
+from ...attention.selection import (
+    SparseLayerState,
+    budget,
+    mask_to_index,
+    prefix_valid,
+    select_streaming,
+    select_topk,
+)
 from ..state import DecodeState
 from .base import Draft, Drafter, VerifyFeedback
 from .sampling import pick_tokens
@@ -53,6 +60,7 @@ class SelfSpecDrafter(Drafter):
         self.page_size = page_size
         self.target = None
         self.states: list[SparseLayerState] = []
+        self.static_index = False  # CUDA-graph mode: selections are copied into fixed index buffers
 
     @classmethod
     def from_config(cls, config, target=None, draft_model=None) -> SelfSpecDrafter:
@@ -69,6 +77,27 @@ class SelfSpecDrafter(Drafter):
     @property
     def needs_verify_states(self) -> bool:  # type: ignore[override]
         return self.policy == "vegas"
+
+    @property
+    def verify_graphable(self) -> bool:  # type: ignore[override]
+        return self.policy == "vegas" and self.selection in ("two_rows", "all")
+
+    def capture_graphs(self) -> None:
+        """Capture the draft step (one token per row) with the selection in fixed index buffers. Quest selects
+        pages inside every draft step and sliding-window layers gather on the host side: those stay eager."""
+        config = self.target.model.config.get_text_config()
+        layer_types = getattr(config, "layer_types", None) or []
+        sliding = "sliding_attention" in layer_types or (
+            getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        )
+        if self.policy == "quest" or sliding:
+            return
+        capacity = self.target.cache.capacity
+        self.index_slots = min(capacity, budget(capacity, self.ratio, self.min_tokens))
+        self.static_index = True
+        for layer, s in enumerate(self.states):
+            self._make_static(layer, s)
+        self.target.capture([1], "draft", self.states)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def attach(self, target) -> None:
@@ -107,9 +136,11 @@ class SelfSpecDrafter(Drafter):
             s.page_min = s.page_max = None
             s.selected = s.index = s.index_valid = s.index_count = None
             s.quest_budget = None
-            if dense:
-                continue
             pad = self.target.pad_t.to(layer_device)
+            if dense:
+                if self.static_index:
+                    self._make_static(layer, s)
+                continue
             if self.policy == "vegas":
                 s.selected = select_topk(self._scores(s, accepted), pad, s.recent_start, budgets, capacity)
             elif self.policy == "streaming":
@@ -119,8 +150,43 @@ class SelfSpecDrafter(Drafter):
                 s.quest_budget = torch.tensor(pages, device=layer_device)
                 s.quest_budget_max = max(pages)
                 continue
+            if self.static_index:
+                self._make_static(layer, s)
+                continue
             s.index, s.index_valid = mask_to_index(s.selected, max(budgets))
             s.index_count = s.index_valid.sum(dim=1)
+
+    def _make_static(self, layer: int, s: SparseLayerState) -> None:
+        """Write layer ``layer``'s selection (all of the prefix when none) into its fixed buffers: ``index``
+        ``[B, index_slots]``, ``index_count`` and ``recent_start`` keep their storage from one selection to the next,
+        so a captured draft step reads the current selection."""
+        pad = self.target.pad_t.to(s.recent_start.device)
+        selected = (
+            s.selected
+            if s.selected is not None
+            else prefix_valid(pad, s.recent_start, self.target.cache.capacity)
+        )
+        index, valid = mask_to_index(selected, self.index_slots)
+        buffers = s.static_buffers
+        if buffers is None:
+            buffers = (
+                torch.zeros_like(index),
+                torch.zeros_like(valid),
+                index.new_zeros(index.shape[0]),
+                s.recent_start.clone(),
+            )
+            s.static_buffers = buffers
+        static_index, static_valid, static_count, static_recent = buffers
+        static_index.copy_(index)
+        static_valid.copy_(valid)
+        static_count.copy_(valid.sum(dim=1))
+        static_recent.copy_(s.recent_start)
+        s.index, s.index_valid, s.index_count, s.recent_start = (
+            static_index,
+            static_valid,
+            static_count,
+            static_recent,
+        )
 
     def _scores(self, s: SparseLayerState, accepted: list[int | None] | None) -> torch.Tensor:
         if s.scores is None:

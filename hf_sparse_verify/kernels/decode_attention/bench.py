@@ -26,6 +26,17 @@ def _sdpa(query, key, value, mask, scale):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
+def _with_tiles(block_n: int, stages: int, *args):
+    from . import kernel
+
+    saved = dict(kernel.TILES)
+    kernel.TILES.update(block_n=block_n, num_stages=stages)
+    try:
+        return decode_attention(*args)
+    finally:
+        kernel.TILES.update(saved)
+
+
 @register_benchmark("decode_attention")
 def cases(device: torch.device, dtype: torch.dtype, quick: bool):
     heads, kv_heads, dim = (4, 2, 64) if quick else (HEADS, KV_HEADS, HEAD_DIM)
@@ -50,6 +61,11 @@ def cases(device: torch.device, dtype: torch.dtype, quick: bool):
                 "decode_attention", "triton+scores", params, bytes_moved + 4 * context,
                 functools.partial(decode_attention, *args, collect="two_rows"),
             )  # fmt: skip
+            for block_n, stages in ((32, 3), (128, 2), (64, 4)):
+                yield KernelCase(
+                    "decode_attention", f"triton_n{block_n}_s{stages}", params, bytes_moved,
+                    functools.partial(_with_tiles, block_n, stages, *args),
+                )  # fmt: skip
             mask = None if q_len == 1 else attention_mask(start, pad, q_len, context)[:, None]
             yield KernelCase(
                 "decode_attention",

@@ -114,35 +114,32 @@ def _merge_kernel(
     O_PART, M_PART, L_PART, OUT,
     q_len, group, num_splits,
     s_ob, s_ot, s_oh, s_od,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    kvh = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    kv_heads = tl.num_programs(0)
-    offs_m = tl.arange(0, BLOCK_M)
+    # one program per (query row, KV head, batch row): all splits of that row at once
+    m = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kv_heads = tl.num_programs(1)
+    g = m // q_len
+    i = m % q_len
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < group * q_len
-    g = offs_m // q_len
-    i = offs_m % q_len
+    s_ok = offs_s < num_splits
+    rows = ((b * kv_heads + kvh) * num_splits + offs_s) * BLOCK_M + m  # [BLOCK_S]
+    m_s = tl.load(M_PART + rows, mask=s_ok, other=NEG_INF)
+    l_s = tl.load(L_PART + rows, mask=s_ok, other=0.0)
+    o_s = tl.load(O_PART + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    m_max = tl.max(m_s, 0)
+    w = tl.exp(m_s - tl.where(m_max == NEG_INF, 0.0, m_max))  # splits without slots weigh 0
+    b_l = tl.sum(w * l_s, 0)
+    b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_l > 0, b_l, 1.0)  # [BLOCK_D]
+    p_o = OUT + b * s_ob + i * s_ot + (kvh * group + g) * s_oh + offs_d * s_od
+    tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
-    b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
-    b_l = tl.zeros([BLOCK_M], tl.float32)
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    base = (b * kv_heads + kvh) * num_splits
-    for s in range(0, num_splits):
-        m_s = tl.load(M_PART + (base + s) * BLOCK_M + offs_m)
-        l_s = tl.load(L_PART + (base + s) * BLOCK_M + offs_m)
-        o_s = tl.load(O_PART + ((base + s) * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :])
-        m_new = tl.maximum(b_m, m_s)
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-        a = tl.exp(b_m - m_safe)
-        c = tl.exp(m_s - m_safe)
-        b_l = b_l * a + l_s * c
-        b_acc = b_acc * a[:, None] + o_s * c[:, None]
-        b_m = m_new
-    b_out = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
-    p_o = OUT + b * s_ob + i[:, None] * s_ot + (kvh * group + g)[:, None] * s_oh + offs_d[None, :] * s_od
-    tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+#: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
+TILES = {"block_n": 64, "num_stages": 3}
 
 
 def launch(
@@ -163,7 +160,7 @@ def launch(
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    block_n = 64 if block_d <= 128 else 32
+    block_n = TILES["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
     m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
@@ -177,13 +174,13 @@ def launch(
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
         COLLECT=collect, IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
-        num_warps=8 if block_m >= 128 else 4,
+        num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip
-    _merge_kernel[(kv_heads, batch)](
+    _merge_kernel[(group * q_len, kv_heads, batch)](
         o_part, m_part, l_part, out,
         q_len, group, num_splits,
         *out.stride(),
-        BLOCK_M=block_m, BLOCK_D=block_d, HEAD_DIM=dim,
+        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
         num_warps=4,
     )  # fmt: skip
     return out, (s_part if collect else None)

@@ -1,0 +1,50 @@
+"""``hf-sparse-verify bench step`` end to end on a tiny preset (CPU: eager steps, no floor), and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_sparse_verify.bench.shapes import SHAPES, random_model, shape_config, weight_bytes_per_step
+from hf_sparse_verify.cli import main
+
+
+def test_bench_step_writes_records(tmp_path):
+    out = tmp_path / "step.json"
+    argv = ["bench", "step", "--shape", "tiny-llama", "--context", "40,70", "--new-tokens", "1,3", "--device", "cpu"]
+    assert main([*argv, "--dtype", "float32", "--repeats", "2", "--vegas-scores", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["shape"] == "tiny-llama" and result["machine"]["torch"]
+    records = result["records"]
+    assert [(r["context"], r["new_tokens"]) for r in records] == [(40, 1), (40, 3), (70, 1), (70, 3)]
+    for r in records:
+        assert r["ours_ms"] > 0 and r["transformers_ms"] > 0 and r["ours_vegas_scores_ms"] > 0
+        assert r["floor_ms"] is None  # no copy bandwidth measured on CPU
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shape", "tiny-llama", "--new-tokens", "0"], "new-tokens takes values in 1..32"),
+        (["--shape", "tiny-llama", "--context", "0"], "context needs positive"),
+        (["--shape", "tiny-llama", "--dtype", "int8"], "dtype must be"),
+    ],
+)
+def test_bench_step_bad_input(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["bench", "step", "--device", "cpu", *argv])
+
+
+def test_shape_presets_build_and_count_bytes():
+    assert {"llama-3.1-8b", "qwen3-30b-a3b"} <= set(SHAPES)
+    config = shape_config("llama-3.1-8b")
+    assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (4096, 32, 8)
+    model = random_model("tiny-qwen3-moe", "cpu", __import__("torch").float32)
+    # one token reaches top_k experts per layer; many tokens at most all of them
+    assert weight_bytes_per_step(model, 1, 1) < weight_bytes_per_step(model, 16, 1)
+    # past 4 tokens (8 experts, top 2) every expert is counted: only embedding rows are added
+    row = model.config.hidden_size * 4
+    assert weight_bytes_per_step(model, 64, 1) - weight_bytes_per_step(model, 16, 1) == 48 * row
+    with pytest.raises(ValueError, match="unknown shape"):
+        shape_config("llama-5")
