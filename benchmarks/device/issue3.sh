@@ -9,6 +9,7 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests) python -m pytest tests/kernels tests/test_kernel_path.py -q -x -p no:cacheprovider 2>&1 | tail -25 ;;
+    diag) python -m pytest tests/test_kernel_path.py -q -x -p no:cacheprovider -W error::RuntimeWarning -k "cuda_graph_path and draft_model" 2>&1 | grep -E "capturing|Error|passed|failed" | head -20 ;;
     lossless) python -m pytest tests/test_lossless.py -q -x -p no:cacheprovider -k "greedy_equals" 2>&1 | tail -5 ;;
     step8b) hsv bench step --shape llama-3.1-8b --context 1024,65536 --new-tokens 1,2,4,8,16 --vegas-scores --json "$OUT/h200_step_8b.json" 2>&1 | grep -v "it/s" ;;
     batch) hsv bench step --shape llama-3.1-8b --context 16384 --new-tokens 1,5 --batch 8,32 --repeats 5 --json "$OUT/h200_step_8b_batch.json" 2>&1 | grep -v "it/s" ;;

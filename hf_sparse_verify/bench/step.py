@@ -57,7 +57,9 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _ours(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> tuple[dict, dict, str]:
+def _ours(
+    model, context: int, batch: int, widths, args: StepBenchArgs, device, bar
+) -> tuple[dict, dict, str]:
     """Median ms per step of each width on our runner (without and with Vegas score collection), and the mode
     (``graph`` or ``eager``)."""
     from ..attention import use_sparse_verify_attention
@@ -87,7 +89,9 @@ def _ours(model, context: int, batch: int, widths, args: StepBenchArgs, device, 
             call = functools.partial(runner.forward, ids, [context] * batch, "verify")
             times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
             if states is not None:
-                call = functools.partial(runner.forward, ids, [context] * batch, "verify", layer_states=states)
+                call = functools.partial(
+                    runner.forward, ids, [context] * batch, "verify", layer_states=states
+                )
                 collect_times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
             bar.update(1)
     _free(device)
@@ -141,6 +145,7 @@ def run(args: StepBenchArgs) -> dict:
         for context in args.contexts:
             for batch in args.batches:
                 ours, ours_collect, mode = _ours(model, context, batch, widths, args, device, bar)
+                _free(device)  # our runner's cache is gone only now
                 theirs = (
                     _transformers(model, context, batch, widths, args, device, bar)
                     if args.transformers

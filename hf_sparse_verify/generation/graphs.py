@@ -68,11 +68,19 @@ class StepGraphs:
         device = runner.device
         begin = time.perf_counter()
         side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
         for width in sorted(set(widths), reverse=True):
+            self._capture_one(width, phase, layer_states, side)
+        torch.cuda.synchronize(device)
+        self.capture_s += time.perf_counter() - begin
+
+    def _capture_one(self, width: int, phase: str, layer_states: list | None, side) -> None:
+        runner = self.runner
+        device = runner.device
+        try:
             ids = torch.zeros(runner.cache.batch_size, width, dtype=torch.long, device=device)
             # warm-up writes land in the last cache slots, which every real step rewrites before reading
             self.start.fill_(runner.cache.capacity - width)
+            side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_FORWARDS):
                     self._step(ids, phase, layer_states)
@@ -80,12 +88,12 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 logits = self._step(ids, phase, layer_states)
-            scores = [s.scores for s in layer_states] if layer_states is not None else None
-            self.graphs[self._key(phase, width, layer_states)] = _Graph(
-                graph, ids, logits, layer_states, scores
-            )
-        torch.cuda.synchronize(device)
-        self.capture_s += time.perf_counter() - begin
+        except Exception as err:
+            raise RuntimeError(
+                f"capturing a {phase} step of width {width}: {type(err).__name__}: {err}"
+            ) from err
+        scores = [s.scores for s in layer_states] if layer_states is not None else None
+        self.graphs[self._key(phase, width, layer_states)] = _Graph(graph, ids, logits, layer_states, scores)
 
     def _step(self, ids: torch.Tensor, phase: str, layer_states: list | None) -> torch.Tensor:
         """The forward that gets captured: everything derived from ``start`` is computed inside the graph."""

@@ -72,7 +72,9 @@ def _validate(query, key, value, start, pad, window, collect) -> None:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
     batch, heads, q_len, dim = query.shape
     if key.shape[0] != batch or key.shape[3] != dim:
-        raise ValueError(f"key {tuple(key.shape)} does not match query {tuple(query.shape)} in batch or head_dim")
+        raise ValueError(
+            f"key {tuple(key.shape)} does not match query {tuple(query.shape)} in batch or head_dim"
+        )
     if heads % key.shape[1]:
         raise ValueError(f"query heads ({heads}) must be a multiple of KV heads ({key.shape[1]})")
     if q_len < 1 or heads // key.shape[1] * q_len > MAX_ROWS:
@@ -86,11 +88,15 @@ def _validate(query, key, value, start, pad, window, collect) -> None:
         raise ValueError("key/value must be contiguous in the last dimension (head_dim)")
     for name, t in (("start", start), ("pad", pad)):
         if t.shape != (batch,) or t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be an int32/int64 tensor of shape [{batch}], got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be an int32/int64 tensor of shape [{batch}], got {t.dtype} {tuple(t.shape)}"
+            )
     if window < 0:
         raise ValueError(f"window must be >= 0 (0 = no sliding window), got {window}")
     if collect not in COLLECT_MODES:
-        raise ValueError(f"collect must be one of {sorted(k for k in COLLECT_MODES if k)} or None, got {collect!r}")
+        raise ValueError(
+            f"collect must be one of {sorted(k for k in COLLECT_MODES if k)} or None, got {collect!r}"
+        )
 
 
 def decode_attention(
