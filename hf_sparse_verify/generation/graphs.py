@@ -15,6 +15,7 @@ attention assigns to the states during capture (collected scores) are assigned a
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from dataclasses import dataclass
@@ -86,8 +87,14 @@ class StepGraphs:
                     self._step(ids, phase, layer_states)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                logits = self._step(ids, phase, layer_states)
+            # no garbage collection inside the capture: a collected object's CUDA destructor (an event, say) is an
+            # illegal call during capture whose error is swallowed, and the capture then fails at the next launch
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    logits = self._step(ids, phase, layer_states)
+            finally:
+                gc.enable()
         except Exception as err:
             raise RuntimeError(
                 f"capturing a {phase} step of width {width}: {type(err).__name__}: {err}"
