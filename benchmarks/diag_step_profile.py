@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.generation.runner import ModelRunner
+from hf_sparse_verify.modules import use_fused_modules
 
 
 @torch.no_grad()
@@ -29,7 +30,7 @@ def main() -> None:
     device = torch.device("cuda")
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
-    with use_sparse_verify_attention(model):
+    with use_sparse_verify_attention(model), use_fused_modules(model):
         runner = ModelRunner(model, 1, args.context + 16, [0], device, "triton")
         runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), [0], "prefill")
         for layer in runner.cache.layers:

@@ -50,6 +50,9 @@ class SpeculationConfig:
             steps (one CUDA graph per query length 1 .. K_max + 1, one shared memory pool) and the draft model's
             steps, and replay them; changing K never recaptures. Where capture fails (an unsupported module) the
             loop warns once and runs eagerly. Default True; ignored on CPU.
+        fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms on a fused Triton
+            kernel during the call (module replacement, undone on exit; the same float32 statistics, summed in a
+            different order). Default True.
         max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
             None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
         ratio / min_tokens: self-speculative strategies (``vegas``, ``streaming``, ``quest``) draft with
@@ -72,6 +75,7 @@ class SpeculationConfig:
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
     cuda_graphs: bool = True
+    fused_modules: bool = True
     max_cache_len: int | None = None
     ratio: float = 0.07
     min_tokens: int = 256
@@ -142,8 +146,9 @@ class SpeculationConfig:
         _check_int("quest_page_size", self.quest_page_size)
         if self.quest_page_size < 1:
             raise ValueError(f"quest_page_size must be >= 1, got {self.quest_page_size}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "fused_modules"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}: use one of {ATTENTION_BACKENDS}"

@@ -12,7 +12,18 @@ from hf_sparse_verify.cli import main
 
 def test_bench_step_writes_records(tmp_path):
     out = tmp_path / "step.json"
-    argv = ["bench", "step", "--shape", "tiny-llama", "--context", "40,70", "--new-tokens", "1,3", "--device", "cpu"]
+    argv = [
+        "bench",
+        "step",
+        "--shape",
+        "tiny-llama",
+        "--context",
+        "40,70",
+        "--new-tokens",
+        "1,3",
+        "--device",
+        "cpu",
+    ]
     assert main([*argv, "--dtype", "float32", "--repeats", "2", "--vegas-scores", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["shape"] == "tiny-llama" and result["machine"]["torch"]

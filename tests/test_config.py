@@ -28,6 +28,7 @@ CUSTOM = dict(
     prompt_lookup_min_ngram=2,
     attention_backend="reference",
     cuda_graphs=False,
+    fused_modules=False,
     max_cache_len=4096,
     ratio=0.1,
     min_tokens=64,

@@ -1,8 +1,8 @@
 """``hf-sparse-verify bench step``: time one forward step (1..16 new tokens per row over a cache of ``context``
 tokens) with our fast path and with plain transformers eager, next to the bandwidth floor.
 
-- ours: `ModelRunner` on the ``triton`` attention backend, each width a captured CUDA graph (on CUDA), the call
-  timed as the engine makes it (token ids in, float32 logits out);
+- ours: `ModelRunner` on the ``triton`` attention backend with the fused RMSNorm modules, each width a captured
+  CUDA graph (on CUDA), the call timed as the engine makes it (token ids in, float32 logits out);
 - transformers: ``model(input_ids, past_key_values=DynamicCache, logits_to_keep=new_tokens)`` with SDPA, the
   cache cropped back after each call (untimed);
 - floor: (weight bytes the step must read + KV bytes) / measured copy bandwidth (`shapes.weight_bytes_per_step`).
@@ -13,6 +13,7 @@ Both caches hold random keys and values (step time does not depend on their valu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -65,12 +66,14 @@ def _ours(
     from ..attention import use_sparse_verify_attention
     from ..attention.selection import SparseLayerState
     from ..generation.runner import ModelRunner
+    from ..modules import use_fused_modules
     from ..moe.experts import experts_for_decoding
 
     backend = "triton" if device.type == "cuda" else "reference"
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
-    with use_sparse_verify_attention(model), experts_for_decoding(model):
+    fused = use_fused_modules(model) if backend == "triton" else contextlib.nullcontext()
+    with use_sparse_verify_attention(model), experts_for_decoding(model), fused:
         runner = ModelRunner(model, batch, context + max(widths), [0] * batch, device, backend)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), [0] * batch, "prefill")
         for layer in runner.cache.layers:  # random keys and values for the whole cache

@@ -20,6 +20,7 @@ from .. import _compat
 from ..attention import use_sparse_verify_attention
 from ..config import SpeculationConfig
 from ..kernels._triton import HAVE_TRITON
+from ..modules import use_fused_modules
 from ..registry import DRAFTERS, resolve
 from .drafters.base import Drafter
 from .k_policy import make_k_policy
@@ -156,7 +157,9 @@ def _run(
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
-    with use_sparse_verify_attention(model, *getattr(drafter, "models", [])):
+    models = (model, *getattr(drafter, "models", []))
+    fuse = config.fused_modules and settings.backend == "triton"
+    with use_sparse_verify_attention(*models), use_fused_modules(*(models if fuse else ())):
         sequences, stats = speculative_decode(
             model,
             input_ids,

@@ -48,6 +48,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.token_sparse.bench",
     "hf_sparse_verify.kernels.block_sparse.bench",
     "hf_sparse_verify.kernels.block_summary.bench",
+    "hf_sparse_verify.kernels.rms_norm.bench",
 )
 
 

@@ -1,0 +1,35 @@
+"""Triton RMSNorm: one program per row, one launch instead of the six elementwise/reduction kernels of the eager
+module (measured on an H200 decode step of the Llama-3.1-8B shape: 65 norms cost ~0.6 ms of 7.1 ms eagerly)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton import next_power_of_2
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n_cols
+    b_x = tl.load(X + row * s_x + offs, mask=ok, other=0.0).to(tl.float32)
+    variance = tl.sum(b_x * b_x, axis=0) / n_cols
+    b_y = (b_x * tl.math.rsqrt(variance + eps)).to(X.dtype.element_ty)  # rounded to the input dtype, as eager
+    b_w = tl.load(W + offs, mask=ok, other=0.0)
+    b_out = b_w.to(tl.float32) * b_y.to(tl.float32)
+    tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n_cols = x.shape[-1]
+    rows = x.reshape(-1, n_cols)  # a view when the last dim is contiguous
+    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    block = next_power_of_2(n_cols)
+    _rms_norm_kernel[(rows.shape[0],)](
+        rows, weight, out, n_cols, rows.stride(0), out.stride(0), eps,
+        BLOCK=block, num_warps=8 if block >= 4096 else 4,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n_cols)

@@ -1,0 +1,13 @@
+"""Reference RMSNorm: exactly the arithmetic of transformers' Llama-family ``*RMSNorm.forward`` (float32
+statistics, the normalized value rounded to the input dtype, then multiplied by the weight)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x * rsqrt(mean(x**2, -1) + eps)).to(x.dtype)`` with float32 statistics; ``x`` ``[..., N]``."""
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)

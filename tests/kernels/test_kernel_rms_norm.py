@@ -1,0 +1,65 @@
+"""RMSNorm kernel vs its reference, the reference vs transformers' modules, and the module replacement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_model
+
+from hf_sparse_verify.kernels.rms_norm import rms_norm, rms_norm_naive
+from hf_sparse_verify.modules import REPLACEABLE, TritonRMSNorm, use_fused_modules
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (3, 5, 100), (7, 48)])
+def test_matches_reference(dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g).to(dtype) * 3
+    w = torch.rand(shape[-1], generator=g).to(dtype) + 0.5
+    out = rms_norm(x, w, 1e-6)
+    ref = rms_norm_naive(x, w, 1e-6)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    # float32: summation order only; 16-bit: at most one rounding step (Triton's CPU interpreter also truncates
+    # where the GPU rounds to nearest)
+    tol = 1e-6 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_strided_input_and_weight_promotion():
+    x = torch.randn(4, 32, 2)[:, :, 0]  # last dim not contiguous
+    w = torch.rand(32, dtype=torch.float32)
+    out = rms_norm(x.bfloat16(), w, 1e-5)
+    assert out.dtype == torch.float32  # bf16 activations times a float32 weight, as eager
+    # the normalized value is rounded to bfloat16 before the weight: one bf16 step of tolerance
+    torch.testing.assert_close(out, rms_norm_naive(x.bfloat16(), w, 1e-5), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_replacement_equals_transformers_module(arch):
+    """Every allow-listed RMSNorm of the test architectures gives the same output through the replacement."""
+    model = make_model(arch)
+    norms = [m for m in model.modules() if type(m).__name__ in REPLACEABLE]
+    assert norms, f"{arch}: no replaceable RMSNorm found"
+    for norm in norms[:3]:
+        x = torch.randn(2, 3, norm.weight.shape[0])
+        torch.testing.assert_close(TritonRMSNorm(norm)(x), norm(x), rtol=1e-6, atol=1e-6)
+
+
+def test_use_fused_modules_swaps_and_restores():
+    model = make_model("qwen3")  # has q_norm / k_norm inside attention too
+    before = {name: type(m).__name__ for name, m in model.named_modules()}
+    ids = torch.randint(3, 90, (2, 9))
+    expected = model(ids).logits
+    with use_fused_modules(model) as count:
+        assert count == sum(1 for n in before.values() if n in REPLACEABLE)
+        assert not any(type(m).__name__ in REPLACEABLE for m in model.modules())
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
+    assert {name: type(m).__name__ for name, m in model.named_modules()} == before
+    with pytest.raises(RuntimeError), use_fused_modules(model):
+        raise RuntimeError("restored on errors too")
+    assert {name: type(m).__name__ for name, m in model.named_modules()} == before
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="weight \\[N\\]"):
+        rms_norm(torch.randn(2, 8), torch.rand(7), 1e-6)
