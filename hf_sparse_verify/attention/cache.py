@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..kernels.cache_write import cache_write
 from .step import StepInfo
 
 
@@ -56,9 +57,12 @@ class SpecLayer(CacheLayerMixin):
                 f"step announced {step.q_len} new tokens, the layer wrote {key_states.shape[-2]}"
             )
         slots = step.on(self.device).query_slots  # [B, q]
-        index = slots[:, None, :, None]
-        self.keys.scatter_(2, index.expand_as(key_states), key_states.to(self.dtype))
-        self.values.scatter_(2, index.expand(*value_states.shape), value_states.to(self.dtype))
+        if step.backend == "triton" and key_states.shape == value_states.shape:
+            cache_write(self.keys, self.values, key_states, value_states, slots)  # one launch for both
+        else:
+            index = slots[:, None, :, None]
+            self.keys.scatter_(2, index.expand_as(key_states), key_states.to(self.dtype))
+            self.values.scatter_(2, index.expand(*value_states.shape), value_states.to(self.dtype))
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

@@ -49,6 +49,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.block_sparse.bench",
     "hf_sparse_verify.kernels.block_summary.bench",
     "hf_sparse_verify.kernels.rms_norm.bench",
+    "hf_sparse_verify.kernels.cache_write.bench",
 )
 
 

@@ -119,10 +119,11 @@ def test_custom_op_registered():
 
 
 def test_default_splits_from_shapes():
-    assert default_splits(1, 8, 1024) == 4
+    assert default_splits(1, 8, 1024) == 16
     assert default_splits(1, 8, 65536) == 33
     assert default_splits(32, 8, 16384) == 2
-    assert default_splits(1, 8, 100) == 1
+    assert default_splits(1, 8, 100) == 2
+    assert default_splits(1, 8, 60) == 1
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ MAX_ROWS = 128
 
 #: programs to aim for per launch (about twice the H100/H200 SM count) and the fewest slots worth a split
 TARGET_PROGRAMS = 264
-MIN_SPLIT_SLOTS = 256
+MIN_SPLIT_SLOTS = 64
 MAX_SPLITS = 64
 
 
