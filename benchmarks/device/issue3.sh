@@ -17,6 +17,7 @@ for stage in "$@"; do
     kernels) python benchmarks/bench_kernels.py ${KERNEL_OPS:+--ops $KERNEL_OPS} --json "$OUT/h200_kernels.json" 2>&1 | grep -v "it/s" | cut -c1-220 ;;
     e2e8b) python benchmarks/bench_generate.py --suite 8b --contexts-8b 1024 32768 --json "$OUT/h200_e2e_8b.json" 2>&1 | tail -12 ;;
     e2efix) python benchmarks/bench_generate.py --suite fixtures --shared .carry/shared --check-fp32 --json "$OUT/h200_e2e_fixtures.json" 2>&1 | tail -16 ;;
+    vegas) python benchmarks/bench_vegas.py --suite speed --shared .carry/shared --speed-prompts 1 --big-contexts 32768 --json "$OUT/h200_vegas_speed_graphs.json" 2>&1 | grep -v "it/s" | tail -14 ;;
     profile) python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json "$OUT/h200_profile_1k.json" ;;
     profile64) python benchmarks/diag_step_profile.py --context 65536 --new-tokens 16 --json "$OUT/h200_profile_64k_16.json" ;;
     *) echo "unknown stage $stage" ;;
