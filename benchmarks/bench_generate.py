@@ -40,12 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def machine_info(device: str) -> dict:
     import transformers
 
-    commit = os.environ.get("GIT_COMMIT", "")
+    commit = os.environ.get("GIT_COMMIT", "")  # preferred: the device tree may carry a stale .git
     try:
         proc = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
         )
-        if proc.returncode == 0 and len(proc.stdout.strip()) == 40:
+        if not commit and proc.returncode == 0 and len(proc.stdout.strip()) == 40:
             commit = proc.stdout.strip()
     except OSError:
         pass

@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def commit() -> str:
-    """The git commit of the source tree; ``GIT_COMMIT`` where the tree has no ``.git``."""
+    """``GIT_COMMIT`` when set (copies of the tree, like the device machine's, may carry a stale ``.git``), else
+    the git commit of the source tree."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         proc = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -23,7 +26,7 @@ def commit() -> str:
             return proc.stdout.strip()
     except OSError:
         pass
-    return os.environ.get("GIT_COMMIT") or "unknown (set GIT_COMMIT where the tree has no .git)"
+    return "unknown (set GIT_COMMIT where the tree has no .git)"
 
 
 def machine_info(device: torch.device) -> dict:
