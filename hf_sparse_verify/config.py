@@ -46,10 +46,11 @@ class SpeculationConfig:
             PyTorch, exact, masks the whole cache), ``"token_sparse"`` (as reference, but draft steps gather only
             the selected slots) or ``"triton"`` (decode/verify steps of up to 16 tokens per row run the split-KV
             decode-attention kernel, with Vegas score collection fused; other steps as ``token_sparse``).
-        cuda_graphs: the fast path: on CUDA with the ``triton`` backend, capture the target's decode and verify
-            steps (one CUDA graph per query length 1 .. K_max + 1, one shared memory pool) and the draft model's
-            steps, and replay them; changing K never recaptures. Where capture fails (an unsupported module) the
-            loop warns once and runs eagerly. Default True; ignored on CPU.
+        cuda_graphs: the fast path: capture the target's decode and verify steps (one CUDA graph per query length
+            1 .. K_max + 1, one shared memory pool) and the drafters' steps, and replay them; changing K never
+            recaptures. None (default): on wherever it can run (CUDA with the ``triton`` backend), silently off
+            elsewhere. True: asked for; where it cannot run (CPU, another backend) or capture fails (an unsupported
+            module) the loop warns once and runs eagerly. False: always eager.
         fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms on a fused Triton
             kernel during the call (module replacement, undone on exit; the same float32 statistics, summed in a
             different order). Default True.
@@ -74,7 +75,7 @@ class SpeculationConfig:
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
-    cuda_graphs: bool = True
+    cuda_graphs: bool | None = None
     fused_modules: bool = True
     max_cache_len: int | None = None
     ratio: float = 0.07
@@ -146,9 +147,10 @@ class SpeculationConfig:
         _check_int("quest_page_size", self.quest_page_size)
         if self.quest_page_size < 1:
             raise ValueError(f"quest_page_size must be >= 1, got {self.quest_page_size}")
-        for name in ("cuda_graphs", "fused_modules"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be None (auto), True or False, got {self.cuda_graphs!r}")
+        if not isinstance(self.fused_modules, bool):
+            raise ValueError(f"fused_modules must be True or False, got {self.fused_modules!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}: use one of {ATTENTION_BACKENDS}"

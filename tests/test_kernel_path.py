@@ -5,6 +5,7 @@ scores equal the reference backend's. CUDA-graph capture itself needs a GPU (tes
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -119,15 +120,24 @@ def test_fused_scores_equal_reference_scores(monkeypatch):
 
 
 def test_cuda_graphs_switch_is_validated():
-    with pytest.raises(ValueError, match="cuda_graphs must be True or False"):
+    with pytest.raises(ValueError, match="cuda_graphs must be None"):
         hsv.SpeculationConfig(cuda_graphs="yes")
 
 
-def test_graphs_are_not_attempted_on_cpu():
+def test_graphs_on_cpu_silent_by_default_warn_once_when_asked(monkeypatch):
+    from hf_sparse_verify.generation import graphs
+
+    monkeypatch.setattr(graphs, "_warned", set())
     model = make_model("llama")
     ids, mask = ragged_batch(1)
-    out = _run(model, ids, mask, strategy="prompt_lookup", num_draft_tokens=2, cuda_graphs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default (None) means "where possible": no warning on CPU
+        out = _run(model, ids, mask, strategy="prompt_lookup", num_draft_tokens=2)
     assert out.speculation.graph_capture_s == 0.0
+    with pytest.warns(RuntimeWarning, match="cuda_graphs=True, but CUDA graphs need a CUDA model") as record:
+        for _ in range(2):
+            _run(model, ids, mask, strategy="prompt_lookup", num_draft_tokens=2, cuda_graphs=True)
+    assert sum("cuda_graphs=True" in str(w.message) for w in record) == 1
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -13,6 +13,7 @@ import torch
 
 from ..moe.experts import experts_for_decoding
 from .drafters.base import Draft, Drafter, VerifyFeedback
+from .graphs import warn_once
 from .k_policy import KPolicy, StepOutcome
 from .processing import StopChecker, process_window
 from .runner import ModelRunner
@@ -32,7 +33,7 @@ class LoopSettings:
     pad_token_id: int
     backend: str = "reference"
     cache_len: int | None = None  # KV slots per row; default max_length + max_draft_tokens
-    cuda_graphs: bool = False  # capture decode/verify/draft steps (CUDA + "triton" backend only)
+    cuda_graphs: bool | None = False  # None: where possible; True: asked for (warn once where impossible)
 
 
 def left_padding(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:
@@ -146,7 +147,13 @@ def speculative_decode(
     emitter = _Emitter(streamer, state, settings.pad_token_id)
     cache_len = settings.cache_len or settings.max_length + max_k
     target = ModelRunner(model, batch, cache_len, pads, device, settings.backend)
-    target.use_graphs = settings.cuda_graphs and target.can_capture()
+    target.use_graphs = settings.cuda_graphs is not False and target.can_capture()
+    if settings.cuda_graphs is True and not target.use_graphs:
+        warn_once(
+            "cuda_graphs_unavailable",
+            f"hf_sparse_verify: cuda_graphs=True, but CUDA graphs need a CUDA model and the 'triton' attention "
+            f"backend (here: {target.device.type}, {target.backend!r}); running eager steps.",
+        )
     drafter.attach(target)
 
     def emit(accepted: torch.Tensor, new_tokens: torch.Tensor) -> tuple[list[int | None], list[int]]:
