@@ -198,9 +198,9 @@ def test_capture_failure_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(graphs, "_warned", set())
     model = make_model("llama")
     ids, mask = ragged_batch(3)
-    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     with pytest.warns(RuntimeWarning, match="CUDA-graph capture of LlamaForCausalLM failed") as record:
-        out = _run(model, ids, mask, strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3)
-        _run(model, ids, mask, strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3)
+        out = _run(model, ids, mask, max_new=8, strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3)
+        _run(model, ids, mask, max_new=2, strategy="prompt_lookup", num_draft_tokens=1)
     assert sum("CUDA-graph capture" in str(w.message) for w in record) == 1
     assert torch.equal(out.sequences, expected)
