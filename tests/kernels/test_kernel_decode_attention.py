@@ -68,7 +68,13 @@ def test_odd_head_dim_and_window():
 @pytest.mark.parametrize("collect", ["two_rows", "all_rows"])
 @pytest.mark.parametrize("q_len", [1, 5])
 def test_score_collection(collect, q_len):
+    # q_len 1: the logits tile's rows are reduced; 5 (20 rows): the extra 16-row dot with the summed queries
     _check(3, 8, 2, q_len, 16, 83, torch.float32, collect=collect, splits=3, seed=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_score_collection_16_bit_many_rows(dtype):
+    _check(2, 8, 2, 16, 32, 70, dtype, collect="two_rows", splits=2, seed=6)
 
 
 def test_reference_matches_brute_force():

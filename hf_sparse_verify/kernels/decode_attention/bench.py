@@ -37,6 +37,16 @@ def _with_tiles(block_n: int, stages: int, *args):
         kernel.TILES.update(saved)
 
 
+def _scores_by_row_reduction(*args):
+    from . import kernel
+
+    kernel.SCORE_DOT_ROWS = False
+    try:
+        return decode_attention(*args, collect="two_rows")
+    finally:
+        kernel.SCORE_DOT_ROWS = True
+
+
 @register_benchmark("decode_attention")
 def cases(device: torch.device, dtype: torch.dtype, quick: bool):
     heads, kv_heads, dim = (4, 2, 64) if quick else (HEADS, KV_HEADS, HEAD_DIM)
@@ -61,6 +71,11 @@ def cases(device: torch.device, dtype: torch.dtype, quick: bool):
                 "decode_attention", "triton+scores", params, bytes_moved + 4 * context,
                 functools.partial(decode_attention, *args, collect="two_rows"),
             )  # fmt: skip
+            if q_len >= 8:
+                yield KernelCase(
+                    "decode_attention", "triton+scores_rowsum", params, bytes_moved + 4 * context,
+                    functools.partial(_scores_by_row_reduction, *args),
+                )  # fmt: skip
             for block_n, stages in ((32, 3), (128, 2), (64, 4)):
                 yield KernelCase(
                     "decode_attention", f"triton_n{block_n}_s{stages}", params, bytes_moved,

@@ -32,7 +32,7 @@ def _split_kernel(
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    COLLECT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    COLLECT: tl.constexpr, SCORE_DOT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -66,6 +66,12 @@ def _split_kernel(
         scored = row_ok & ((i == 0) | (i == q_len - 1))
     else:
         scored = row_ok
+    if SCORE_DOT:
+        # many query rows: one extra 16-row dot whose first row is the sum of the scored queries (so the per-tile
+        # reduction runs over 16 rows, not BLOCK_M)
+        b_qsum = tl.sum(tl.where(scored[:, None], b_q.to(tl.float32), 0.0), axis=0)  # [BLOCK_D]
+        r16 = tl.arange(0, 16)
+        b_qs = tl.where(r16[:, None] == 0, b_qsum[None, :], 0.0).to(b_q.dtype)  # [16, BLOCK_D]
 
     b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
@@ -83,7 +89,13 @@ def _split_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         else:
             b_s = tl.dot(b_q, tl.trans(b_k)) * scale
-        if COLLECT > 0:
+        if SCORE_DOT:
+            if IEEE:
+                b_col = tl.sum(tl.dot(b_qs, tl.trans(b_k), input_precision="ieee"), axis=0) * scale
+            else:
+                b_col = tl.sum(tl.dot(b_qs, tl.trans(b_k)), axis=0) * scale  # [BLOCK_N]
+            tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
+        elif COLLECT > 0:
             b_col = tl.sum(tl.where(scored[:, None], b_s, 0.0), axis=0)  # [BLOCK_N]
             tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
         allowed = (offs_n[None, :] <= own[:, None]) & (offs_n[None, :] >= pad)
@@ -142,6 +154,8 @@ def _merge_kernel(
 
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
 TILES = {"block_n": 64, "num_stages": 3}
+#: score collection for more than 16 query rows through a 16-row dot (False: reduce the logits tile's rows)
+SCORE_DOT_ROWS = True
 
 
 def launch(
@@ -175,7 +189,8 @@ def launch(
         scale, window, q_len, group, num_splits, capacity,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
+        COLLECT=collect, SCORE_DOT=bool(collect) and block_m > 16 and SCORE_DOT_ROWS,
+        IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip
     _merge_kernel[(group * q_len, kv_heads, batch)](
