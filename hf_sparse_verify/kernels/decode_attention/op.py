@@ -42,11 +42,13 @@ def _decode_attention_op(
     if triton_runs_on(query.device) and query.dtype != torch.float64:
         from .kernel import launch
 
-        out, partial = launch(query, key, value, start, pad, scale, window, collect, num_splits)
+        rows = len(score_rows(q_len, "two_rows" if collect == 1 else "all_rows")) if collect else 1
+        out, partial = launch(
+            query, key, value, start, pad, scale, window, collect, num_splits, 1.0 / (heads * rows)
+        )
         if partial is None:
             return out, query.new_empty(batch, 0, dtype=torch.float32)
-        rows = len(score_rows(q_len, "two_rows" if collect == 1 else "all_rows"))
-        return out, partial.sum(dim=1) / (heads * rows)
+        return out, partial.sum(dim=1)  # the kernel already divided by heads x rows
     mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
     out, scores = decode_attention_naive(query, key, value, start, pad, scale, window, mode)
     if scores is None:
