@@ -8,8 +8,8 @@ launch can be captured in a CUDA graph. A second kernel merges the splits' parti
 Optionally (``COLLECT``) the split kernel also writes, per KV head, the raw logits ``q . k * scale`` summed over the
 group's heads and the chosen query rows: the Vegas "Collect-2-Query" signal, at the cost of one float32 store per
 slot and KV head (0.4% of the K/V bytes at head_dim 128). Measured on an H200 (8B shape,
-64K): +4% of a verify step of 2-4 tokens, +8% at 8-16 tokens; a mat-vec of the K tile with the summed queries
-instead of the row reduction measured slower (+12-20%).
+64K): +3.8-5.0% of a verify step of 1-8 tokens, +8.4% at 16; an elementwise mat-vec of the K tile with the summed
+queries measured slower (+12-20%).
 """
 
 from __future__ import annotations
