@@ -41,28 +41,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Qwen
 import hf_sparse_verify as hsv
 from benchmarks.bench_generate import _sync, machine_info
 from hf_sparse_verify.attention import use_sparse_verify_attention
+from hf_sparse_verify.bench.shapes import SHAPES
 from hf_sparse_verify.generation.runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
-QWEN3_30B_A3B = dict(
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    moe_intermediate_size=768,
-    num_hidden_layers=48,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_experts=128,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    max_position_embeddings=40960,
-    rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
-    tie_word_embeddings=False,
-    bos_token_id=151643,
-    eos_token_id=151645,
-)
+QWEN3_30B_A3B = {
+    **SHAPES["qwen3-30b-a3b"][1],
+    "max_position_embeddings": 40960,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
 TINY_MOE = {
     **QWEN3_30B_A3B,
     "vocab_size": 2048,

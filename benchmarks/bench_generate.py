@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,35 +30,15 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.bench.machine import machine_info as package_machine_info
+from hf_sparse_verify.bench.shapes import SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine_info(device: str) -> dict:
-    import transformers
-
-    commit = os.environ.get("GIT_COMMIT", "")  # preferred: the device tree may carry a stale .git
-    try:
-        proc = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-        )
-        if not commit and proc.returncode == 0 and len(proc.stdout.strip()) == 40:
-            commit = proc.stdout.strip()
-    except OSError:
-        pass
-    info = {
-        "device": device,
-        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "hf_sparse_verify": hsv.__version__,
-        "commit": commit or "unknown (set GIT_COMMIT where the tree has no .git)",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-    return info
+    """The package's machine facts (`hf_sparse_verify.bench.machine`) plus the CPU thread count."""
+    return {**package_machine_info(torch.device(device)), "cpu_threads": torch.get_num_threads()}
 
 
 def _sync(device: str) -> None:
@@ -189,20 +166,12 @@ def fp32_equality(target, draft, tok, selected, device, new_tokens) -> list[dict
 
 
 # ------------------------------------------------------------------------------------------------------- 8B
-LLAMA_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=131072,
-    rope_parameters={"rope_theta": 500000.0, "rope_type": "default"},
-    tie_word_embeddings=False,
-    bos_token_id=128000,
-    eos_token_id=128001,
-    pad_token_id=128001,
-)
+LLAMA_8B = {
+    **SHAPES["llama-3.1-8b"][1],
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "pad_token_id": 128001,
+}
 
 
 def random_model(config_kwargs: dict, device: str, dtype) -> torch.nn.Module:

@@ -34,6 +34,7 @@ class ModelRunner:
         self.out_device = out_device
         self.backend = backend
         self.graphs: StepGraphs | None = None
+        self.use_graphs = False  # set by the loop: steps are captured after the prefill
 
     def can_capture(self) -> bool:
         """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device)."""
