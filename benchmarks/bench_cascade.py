@@ -4,7 +4,7 @@ on a mixed workload.
 Suites:
 - ``steps``: one verify forward of K + 1 new tokens (K = 0..8) at batch 1 over a 1K-token context, through
   hf_sparse_verify's engine exactly as the loop runs it (the loop's `ModelRunner`: ``sparse_verify`` attention,
-  a prefilled `SpecCache`, a ``verify`` `StepInfo`, float32 logits; the same slots are overwritten each repeat)
+  a prefilled `SpecCache`, a ``verify`` `StepContext`, float32 logits; the same slots are overwritten each repeat)
   and through plain transformers (prefilled ``DynamicCache``, ``crop`` back to the context after each repeat,
   outside the timed region), for the ``code-moe`` fixture (held-out tokens) and a Qwen3-30B-A3B-shaped MoE with
   random bf16 weights (random tokens, default experts backend). Median of 10 repeats after 3 warm-ups, CUDA
@@ -42,7 +42,8 @@ import hf_sparse_verify as hsv
 from benchmarks.bench_generate import _sync, machine_info
 from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import SHAPES
-from hf_sparse_verify.generation.runner import ModelRunner
+from hf_sparse_verify.generation.engine.runner import ModelRunner
+from hf_sparse_verify.step import Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,15 +192,18 @@ def step_sweep(
     prompt = ids[:, :context]
     dyn_cache = DynamicCache(config=model.config)
     model(input_ids=prompt, past_key_values=dyn_cache, use_cache=True, logits_to_keep=1)
-    runner = ModelRunner(model, 1, context + max_k + 1, [0], ids.device)  # the loop's SpecCache + StepInfo
+    runner = ModelRunner(model, 1, context + max_k + 1, ids.device)  # the loop's SpecCache + StepContext
+    zero, at = torch.zeros(1, dtype=torch.long, device=ids.device), torch.tensor([context], device=ids.device)
     with use_sparse_verify_attention(model):
-        runner.forward(prompt, [0], "prefill", logits_to_keep=1)
+        runner.forward(prompt, zero, Phase.PREFILL, kv_len=context, logits_to_keep=1)
     records = []
     for k in sizes.step_ks:
         new = ids[:, context : context + k + 1]  # [1, K + 1]: pending token + K drafts
 
         def ours(new=new):
-            runner.forward(new, [context], "verify")  # float32 logits [1, K + 1, V], as the loop gets them
+            runner.forward(
+                new, at, Phase.VERIFY, kv_len=context + new.shape[1]
+            )  # float32 logits [1, K + 1, V], as the loop gets them
 
         def theirs(new=new):
             model(input_ids=new, past_key_values=dyn_cache, use_cache=True).logits.float()

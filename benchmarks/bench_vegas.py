@@ -42,7 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_sparse_verify as hsv
 from benchmarks.bench_generate import LLAMA_8B, ROOT, machine_info, random_model
-from hf_sparse_verify.attention.selection import budget
+from hf_sparse_verify.generation.drafters.self_spec.selection import budget
 
 #: name -> SpeculationConfig fields of the strategies compared
 STRATEGIES: dict[str, dict] = {

@@ -14,7 +14,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import random_model
-from hf_sparse_verify.generation.runner import ModelRunner
+from hf_sparse_verify.generation.engine.runner import ModelRunner
+from hf_sparse_verify.step import Phase
 from hf_sparse_verify.modules import use_fused_modules
 
 
@@ -31,19 +32,21 @@ def main() -> None:
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
     with use_sparse_verify_attention(model), use_fused_modules(model):
-        runner = ModelRunner(model, 1, args.context + 16, [0], device, "triton")
-        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), [0], "prefill")
+        runner = ModelRunner(model, 1, args.context + 16, device, "triton")
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        at = torch.tensor([args.context], device=device)
+        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
         for layer in runner.cache.layers:
             layer.keys.normal_()
             layer.values.normal_()
         assert runner.capture([width])
         ids = torch.randint(0, 1000, (1, width), device=device)
         for _ in range(3):
-            runner.forward(ids, [args.context], "verify")
+            runner.forward(ids, at, Phase.VERIFY, kv_len=args.context + width)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                runner.forward(ids, [args.context], "verify")
+                runner.forward(ids, at, Phase.VERIFY, kv_len=args.context + width)
             torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
     for event in prof.events():

@@ -49,7 +49,12 @@ def plot_kernels(path: Path) -> Path:
     for variant, style in (("triton", "o-"), ("triton+scores", "s--"), ("sdpa", "^:")):
         for context in sorted({r["context"] for r in rows}):
             sel = [r for r in rows if r["variant"] == variant and r["context"] == context]
-            ax.plot([r["q_len"] for r in sel], [r["share_of_copy"] for r in sel], style, label=f"{variant} {context}")
+            ax.plot(
+                [r["q_len"] for r in sel],
+                [r["share_of_copy"] for r in sel],
+                style,
+                label=f"{variant} {context}",
+            )
     ax.axhline(0.7, color="k", lw=0.8, ls=":", label="target 70%")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("query tokens per row")

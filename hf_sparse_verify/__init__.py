@@ -11,7 +11,14 @@ import os
 
 from ._compat import check_transformers_version
 from .config import SpeculationConfig
-from .generation import SpeculationStats, SpeculativeDecoderOnlyOutput, generate, generate_from_arguments
+from .generation import (
+    SpeculationStats,
+    SpeculativeDecoderOnlyOutput,
+    clear_graph_cache,
+    generate,
+    generate_from_arguments,
+    set_graph_cache_size,
+)
 
 check_transformers_version()
 
@@ -35,8 +42,10 @@ __all__ = [
     "SpeculationStats",
     "SpeculativeDecoderOnlyOutput",
     "__version__",
+    "clear_graph_cache",
     "custom_generate_path",
     "default_model_path",
     "generate",
     "generate_from_arguments",
+    "set_graph_cache_size",
 ]

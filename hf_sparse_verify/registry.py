@@ -11,16 +11,16 @@ import importlib
 DRAFTERS: dict[str, str] = {
     "prompt_lookup": "hf_sparse_verify.generation.drafters.prompt_lookup:PromptLookupDrafter",
     "draft_model": "hf_sparse_verify.generation.drafters.draft_model:DraftModelDrafter",
-    "vegas": "hf_sparse_verify.generation.drafters.self_spec:VegasDrafter",
-    "streaming": "hf_sparse_verify.generation.drafters.self_spec:StreamingDrafter",
-    "quest": "hf_sparse_verify.generation.drafters.self_spec:QuestDrafter",
+    "vegas": "hf_sparse_verify.generation.drafters.self_spec.drafter:VegasDrafter",
+    "streaming": "hf_sparse_verify.generation.drafters.self_spec.drafter:StreamingDrafter",
+    "quest": "hf_sparse_verify.generation.drafters.self_spec.drafter:QuestDrafter",
 }
 
 K_POLICIES: dict[str, str] = {
-    "constant": "hf_sparse_verify.generation.k_policy:ConstantKPolicy",
-    "heuristic": "hf_sparse_verify.generation.k_policy:HeuristicKPolicy",
-    "plain": "hf_sparse_verify.generation.k_policy:PlainKPolicy",
-    "utility": "hf_sparse_verify.generation.utility_policy:UtilityKPolicy",
+    "constant": "hf_sparse_verify.generation.policies.k_policy:ConstantKPolicy",
+    "heuristic": "hf_sparse_verify.generation.policies.k_policy:HeuristicKPolicy",
+    "plain": "hf_sparse_verify.generation.policies.k_policy:PlainKPolicy",
+    "utility": "hf_sparse_verify.generation.policies.utility_policy:UtilityKPolicy",
 }
 
 

@@ -33,6 +33,7 @@ CUSTOM = dict(
     ratio=0.1,
     min_tokens=64,
     selection="all",
+    vegas_scores="logits",
     streaming_sinks=8,
     quest_page_size=32,
     utility_trial_steps=3,

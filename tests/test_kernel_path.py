@@ -89,17 +89,17 @@ def test_self_speculation_equals_plain_generate(kernel_calls, strategy):
 
 def test_fused_scores_equal_reference_scores(monkeypatch):
     """Vegas selections made from the kernel's fused scores equal those from the reference backend's."""
-    from hf_sparse_verify.generation.drafters import self_spec
+    from hf_sparse_verify.generation.drafters.self_spec import drafter as self_spec
 
     picks = {"triton": [], "reference": []}
-    original = self_spec.select_topk
+    original = self_spec.topk_index
 
-    def spy(scores, pad, recent, budgets, capacity):
-        selected = original(scores, pad, recent, budgets, capacity)
-        spy.sink.append(selected.clone())
+    def spy(scores, pad, recent, count, k_slots):
+        selected = original(scores, pad, recent, count, k_slots)
+        spy.sink.append((selected.clone(), count.clone()))
         return selected
 
-    monkeypatch.setattr(self_spec, "select_topk", spy)
+    monkeypatch.setattr(self_spec, "topk_index", spy)
     model = make_model("llama")
     ids, mask = ragged_batch(3)
     for backend in ("triton", "reference"):
@@ -115,7 +115,8 @@ def test_fused_scores_equal_reference_scores(monkeypatch):
             ),
         )
     assert len(picks["triton"]) == len(picks["reference"]) > 2
-    for a, b in zip(picks["triton"], picks["reference"]):
+    for (a, count_a), (b, count_b) in zip(picks["triton"], picks["reference"]):
+        assert torch.equal(count_a, count_b)
         assert torch.equal(a, b)
 
 
@@ -125,7 +126,7 @@ def test_cuda_graphs_switch_is_validated():
 
 
 def test_graphs_on_cpu_silent_by_default_warn_once_when_asked(monkeypatch):
-    from hf_sparse_verify.generation import graphs
+    from hf_sparse_verify.generation.engine import graphs
 
     monkeypatch.setattr(graphs, "_warned", set())
     model = make_model("llama")
@@ -191,8 +192,8 @@ def test_capture_failure_falls_back_with_one_warning(monkeypatch):
     """Where capture fails (here: no CUDA) the loop warns once and decodes eagerly, with the self-speculative
     drafter's selections already moved into the fixed index buffers a captured draft step would read; the
     output is still the plain greedy output."""
-    from hf_sparse_verify.generation import graphs
-    from hf_sparse_verify.generation.runner import ModelRunner
+    from hf_sparse_verify.generation.engine import graphs
+    from hf_sparse_verify.generation.engine.runner import ModelRunner
 
     monkeypatch.setattr(ModelRunner, "can_capture", lambda self: True)
     monkeypatch.setattr(graphs, "_warned", set())

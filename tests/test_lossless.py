@@ -10,7 +10,7 @@ from conftest import ARCHITECTURES, char_tokenizer, make_model, noisy_copy, ragg
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.generation.k_policy import KPolicy
+from hf_sparse_verify.generation.policies.k_policy import KPolicy
 from hf_sparse_verify.registry import K_POLICIES
 
 MAX_NEW = 23  # not a multiple of K + 1 for any K tested

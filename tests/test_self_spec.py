@@ -18,22 +18,25 @@ from scipy.stats import chisquare
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention import interface
-from hf_sparse_verify.attention.reference import _attention_with_logits, _reduce_rows, reference_attention
-from hf_sparse_verify.attention.selection import (
-    PREFILL_SEED_ROWS,
-    SparseLayerState,
+from hf_sparse_verify.attention.reference import _attention_with_logits, reference_attention
+from hf_sparse_verify.attention.scores import reduce_scores
+from hf_sparse_verify.config import SpeculationConfig
+from hf_sparse_verify.generation.drafters.self_spec import SelfSpecDrafter
+from hf_sparse_verify.generation.drafters.self_spec.selection import (
+    IndexSelection,
+    QuestSelection,
     budget,
-    head_mean_logits,
+    kept_counts,
     page_summaries,
     select_quest,
-    select_streaming,
-    select_topk,
+    streaming_index,
+    topk_index,
 )
-from hf_sparse_verify.attention.step import StepInfo
-from hf_sparse_verify.config import SpeculationConfig
-from hf_sparse_verify.generation import loop
-from hf_sparse_verify.generation.drafters.self_spec import SelfSpecDrafter
+from hf_sparse_verify.generation.engine import loop
 from hf_sparse_verify.registry import DRAFTERS, resolve
+from hf_sparse_verify.step import Phase, ScoreCollection, StepContext
+
+PREFILL_SEED_ROWS = ScoreCollection.PREFILL_SEED_ROWS
 
 PROMPT_LEN, MAX_NEW = 40, 24
 SPARSE = dict(ratio=0.2, min_tokens=4)  # budget 8 of a ~40-token prefix
@@ -76,59 +79,66 @@ def _speculate(model, ids, mask, k: int, max_new: int = MAX_NEW, do_sample: bool
 
 
 def _spy_selections(monkeypatch) -> list[dict]:
-    """Record every `SelfSpecDrafter._select` call: the scores it read (before) and the selection it made."""
+    """Record every `SelfSpecDrafter._update` call (the device-side selection over all layers): the scores it
+    read and the selection it made, as slot sets per layer and row."""
     calls: list[dict] = []
-    original = SelfSpecDrafter._select
+    original = SelfSpecDrafter._update
 
-    def spy(self, prefix_end, accepted):
-        scores = [None if s.scores is None else s.scores.clone() for s in self.states]
-        original(self, prefix_end, accepted)
-        pads = self.target.pad
+    def spy(self):
+        layers = len(self.target.cache.layers)
+        capacity = self.target.cache.capacity
+        scores = None
+        if self.buffers.collection is not None:
+            scores = [self._layer_scores([layer], capacity)[0].clone() for layer in range(layers)]
+        original(self)
+        pads = self.target.pad_t.tolist()
+        prefix_end = self.buffers.recent_src.tolist()
         prefix = [max(0, e - p) for e, p in zip(prefix_end, pads)]
+        selection = self.buffers.selection
+        selected = pages = None
+        if isinstance(selection, IndexSelection):
+            selected = []
+            for layer in range(layers):
+                index, count = selection.gather_index(layer)
+                selected.append([set(index[row, : int(count[row])].tolist()) for row in range(len(pads))])
+                assert selection.recent_start(layer).tolist() == prefix_end
+        else:
+            pages = [selection.pages.layer(layer).tolist() for layer in range(layers)]
         calls.append(
             dict(
-                seed=accepted is None,
-                accepted=accepted,
-                pad=list(pads),
-                prefix_end=list(prefix_end),
+                seed=len(calls) == 0,
+                accepted=self.buffers.accepted_src.tolist(),
+                pad=pads,
+                prefix_end=prefix_end,
                 prefix=prefix,
                 budgets=[_expected_budget(n, self.ratio, self.min_tokens) for n in prefix],
                 scores=scores,
-                selected=[None if s.selected is None else s.selected.clone() for s in self.states],
-                quest_pages=[
-                    None if s.quest_budget is None else s.quest_budget.tolist() for s in self.states
-                ],
+                selected=selected,
+                quest_pages=pages,
                 page_size=self.page_size,
             )
         )
 
-    monkeypatch.setattr(SelfSpecDrafter, "_select", spy)
+    monkeypatch.setattr(SelfSpecDrafter, "_update", spy)
     return calls
 
 
 def _assert_sparse(calls: list[dict], strategy: str) -> None:
-    """Every selection keeps ``min(budget, prefix)`` prefix slots per row, and at least one row of one call keeps
-    fewer than its prefix (the draft attention really was sparse)."""
+    """Every selection keeps ``min(budget, prefix)`` prefix slots per row (pages enough for them, for Quest),
+    and at least one row of one call keeps fewer than its prefix (the draft attention really was sparse)."""
     assert calls and calls[0]["seed"], "the prefill must seed the first selection"
     sparse_rows = 0
     for call in calls:
-        dense = all(n <= b for n, b in zip(call["prefix"], call["budgets"]))
-        for layer, selected in enumerate(call["selected"]):
-            pages = call["quest_pages"][layer]
-            if dense:
-                assert selected is None and pages is None
-                continue
-            if strategy == "quest":
-                assert pages == [math.ceil(b / call["page_size"]) for b in call["budgets"]]
-                continue
-            assert selected is not None
-            for row, (pad, end, n, b) in enumerate(
-                zip(call["pad"], call["prefix_end"], call["prefix"], call["budgets"])
-            ):
-                assert not selected[row, :pad].any() and not selected[row, end:].any()
-                assert int(selected[row].sum()) == min(n, b), (layer, row, n, b)
-        if not dense:
-            sparse_rows += sum(n > b for n, b in zip(call["prefix"], call["budgets"]))
+        kept = [min(n, b) for n, b in zip(call["prefix"], call["budgets"])]
+        if strategy == "quest":
+            for pages in call["quest_pages"]:
+                assert pages == [math.ceil(k / call["page_size"]) for k in kept]
+        else:
+            for layer, rows in enumerate(call["selected"]):
+                for row, (pad, end) in enumerate(zip(call["pad"], call["prefix_end"])):
+                    assert all(pad <= slot < end for slot in rows[row]), (layer, row)
+                    assert len(rows[row]) == kept[row], (layer, row)
+        sparse_rows += sum(n > b for n, b in zip(call["prefix"], call["budgets"]))
     assert sparse_rows > 0, "no selection was sparse: lengthen the prompt or lower the ratio"
 
 
@@ -220,7 +230,10 @@ def test_ratio_one_drafts_with_dense_attention(monkeypatch, arch, name):
     calls = _spy_selections(monkeypatch)
     out = _speculate(model, ids, mask, 4, **STRATEGIES[name], ratio=1.0, min_tokens=1)
     assert torch.equal(out.sequences, _plain(arch, 3))
-    assert all(s is None for call in calls for s in call["selected"] + call["quest_pages"])
+    for call in calls:  # every selection is the whole prefix
+        if call["selected"] is not None:
+            for rows in call["selected"]:
+                assert [len(r) for r in rows] == call["prefix"]
     stats = out.speculation
     for k, row in zip(stats.draft_tokens, stats.accepted_tokens):
         assert all(a == k for a in row if a is not None), (k, row)  # k shrinks only where the length ran out
@@ -245,16 +258,31 @@ def _draft_case(ragged: bool, seed: int = 0):
     return query, key, value, pad, start, recent, capacity
 
 
-def _run_reference(query, key, value, pad, start, phase, state):
-    step = StepInfo(
+class _MaskSelection(IndexSelection):
+    """A selection given as a ``[B, C]`` mask, in index form."""
+
+    def __init__(self, selected: torch.Tensor, recent: list[int]):
+        batch, capacity = selected.shape
+        super().__init__([torch.device("cpu")], batch, capacity)
+        count = selected.sum(dim=1)
+        order = torch.where(selected, torch.arange(capacity), capacity).sort(dim=1).values
+        self.index.layer(0).copy_(torch.where(order < capacity, order, 0))
+        self.count.layer(0).copy_(count)
+        self.recent.layer(0).copy_(torch.tensor(recent))
+        self.recent_min = min(recent)
+
+
+def _run_reference(query, key, value, pad, start, phase, selection=None, scores=None):
+    step = StepContext(
         phase,
         torch.tensor(start),
         torch.tensor(pad),
         q_len=query.shape[2],
         kv_len=max(start) + query.shape[2],
-        layer_states=None if state is None else [state],
         no_padding=max(pad) == 0,
         uniform_start=len(set(start)) == 1,
+        kv_selection=selection,
+        scores=scores,
     )
     module = types.SimpleNamespace(layer_idx=0)
     return reference_attention(module, query, key, value, step.on(query.device), scaling=0.35)
@@ -263,48 +291,78 @@ def _run_reference(query, key, value, pad, start, phase, state):
 @pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "unpadded"])
 @pytest.mark.parametrize("policy", ["topk", "quest"])
 def test_draft_attention_with_full_selection_equals_dense(ragged, policy):
-    """A selection covering every prefix slot (top-k mask, or Quest with pages for the whole prefix) gives
-    bit-identical draft attention to no selection at all."""
+    """A selection covering every prefix slot (in index form, or Quest with pages for the whole prefix) gives
+    bit-identical draft attention to no selection at all; one missing slot changes that row only."""
     query, key, value, pad, start, recent, capacity = _draft_case(ragged)
-    dense = _run_reference(query, key, value, pad, start, "draft", None)
-
-    def state(selected: torch.Tensor) -> SparseLayerState:
-        s = SparseLayerState(recent_start=torch.tensor(recent), prefix_end=max(recent), page_size=4)
-        if policy == "topk":
-            s.selected = selected
-        else:  # pages enough for the whole prefix
-            s.quest_budget = torch.tensor([capacity // 4] * 3)
-            s.quest_budget_max = capacity // 4
-        return s
-
+    dense = _run_reference(query, key, value, pad, start, "draft")
     slots = torch.arange(capacity)[None, :]
     full = (slots >= torch.tensor(pad)[:, None]) & (slots < torch.tensor(recent)[:, None])
-    assert torch.equal(_run_reference(query, key, value, pad, start, "draft", state(full)), dense)
-    if policy == "topk":  # the same comparison catches one missing slot
+    if policy == "topk":
+        got = _run_reference(query, key, value, pad, start, "draft", _MaskSelection(full, recent))
+        assert torch.equal(got, dense)
         holed = full.clone()
         holed[1, 10] = False
-        out = _run_reference(query, key, value, pad, start, "draft", state(holed))
+        out = _run_reference(query, key, value, pad, start, "draft", _MaskSelection(holed, recent))
         assert not torch.allclose(out[1], dense[1]) and torch.equal(out[[0, 2]], dense[[0, 2]])
+    else:
+        quest = QuestSelection([torch.device("cpu")], 3, page_size=4, pages_max=capacity // 4)
+        quest.recent.layer(0).copy_(torch.tensor(recent))
+        quest.pages.layer(0).fill_(capacity // 4)
+        quest.prefix_end = max(recent)
+        assert torch.equal(_run_reference(query, key, value, pad, start, "draft", quest), dense)
 
 
-@pytest.mark.parametrize("collect", ["two_rows", "all_rows", "per_row"])
-def test_verify_collects_raw_logits_without_changing_output(collect):
-    """Collecting scores in a verify pass leaves its output unchanged (to float rounding) and stores the
-    head-averaged raw logits of the rows ``collect`` names, over every slot below ``kv_len``."""
+def _brute_scores(query, key, pad, start, scaling, rows, weights, per_kv_head=False):
+    """``[B, (H_kv,) L]`` (float64): head and row mean of raw logits or of softmax weights, brute force."""
+    logits = _brute_logits(query, key, scaling)  # [B, H, q, L]
+    length = key.shape[2]
+    own = torch.tensor(start)[:, None] + torch.arange(query.shape[2])  # [B, q]
+    slots = torch.arange(length)
+    mask = ((slots <= own[..., None]) & (slots >= torch.tensor(pad)[:, None, None])) | (
+        slots == own[..., None]
+    )
+    values = torch.softmax(logits.masked_fill(~mask[:, None], float("-inf")), -1) if weights else logits
+    values = values[:, :, rows].mean(dim=2)  # [B, H, L]
+    if per_kv_head:
+        return values.view(values.shape[0], key.shape[1], -1, length).mean(dim=2)
+    return values.mean(dim=1)
+
+
+@pytest.mark.parametrize("rows", ["two_rows", "all_rows", "per_row"])
+@pytest.mark.parametrize("weights", [True, False], ids=["weights", "logits"])
+def test_verify_collects_scores_without_changing_output(rows, weights):
+    """Collecting scores in a verify pass leaves its output unchanged (to float rounding) and stores the head
+    mean of the softmax weights (or raw logits) of the rows the collection names, over every slot below
+    ``kv_len``."""
     gen = torch.Generator().manual_seed(3)
     query = torch.randn(3, 4, 5, 8, generator=gen)  # 5 verify rows
     key = torch.randn(3, 2, 32, 8, generator=gen)
     value = torch.randn(3, 2, 32, 8, generator=gen)
     pad, start = [0, 3, 6], [20, 19, 17]
-    dense = _run_reference(query, key, value, pad, start, "verify", None)
-    state = SparseLayerState(collect=collect)
-    out = _run_reference(query, key, value, pad, start, "verify", state)
+    dense = _run_reference(query, key, value, pad, start, "verify")
+    collection = ScoreCollection(rows, weights=weights)
+    out = _run_reference(query, key, value, pad, start, "verify", scores=collection)
     torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
-    per_row = _brute_logits(query, key[:, :, : max(start) + 5], 0.35).mean(dim=1)  # [B, q, L]
-    expected = {"two_rows": per_row[:, [0, 4]].mean(1), "all_rows": per_row.mean(1), "per_row": per_row}[
-        collect
-    ]
-    torch.testing.assert_close(state.scores.double(), expected, atol=1e-5, rtol=1e-5)
+    keys = key[:, :, : max(start) + 5]
+    if rows == "per_row":
+        want = torch.stack([_brute_scores(query, keys, pad, start, 0.35, [i], weights) for i in range(5)], 1)
+    else:
+        want = _brute_scores(
+            query, keys, pad, start, 0.35, [0, 4] if rows == "two_rows" else list(range(5)), weights
+        )
+    torch.testing.assert_close(collection.layer(0).double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_weight_scores_per_kv_head():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 6, 3, 10, generator=gen)
+    mask = torch.rand(2, 1, 3, 10, generator=gen) > 0.3
+    mask[..., 0] = True
+    weights = torch.softmax(logits.masked_fill(~mask, float("-inf")), -1).mean(dim=2)  # [B, H, L]
+    got = reduce_scores(logits, mask, ScoreCollection("all_rows", weights=True, per_kv_head=True), kv_heads=2)
+    torch.testing.assert_close(got, weights.view(2, 2, 3, 10).mean(dim=2))
+    shared = reduce_scores(logits, mask, ScoreCollection("all_rows", weights=True), kv_heads=2)
+    torch.testing.assert_close(shared, weights.mean(dim=1))
 
 
 # ----------------------------------------------------------------------------------- selection vs brute force
@@ -327,60 +385,53 @@ def test_budget_formula(n, ratio, min_tokens):
     assert budget(n, ratio, min_tokens) == _expected_budget(n, ratio, min_tokens)
 
 
-def test_select_topk_matches_brute_force():
+def test_kept_counts_match_the_budget_formula():
+    prefix = torch.tensor([0, 3, 7, 100, 1000, 1200, 4097, 8192])
+    for ratio, min_tokens in ((0.07, 1), (0.07, 4), (0.5, 1), (0.2, 300)):
+        got = kept_counts(prefix, ratio, min_tokens).tolist()
+        assert got == [min(n, _expected_budget(n, ratio, min_tokens)) for n in prefix.tolist()]
+
+
+def test_topk_index_matches_brute_force():
     gen = torch.Generator().manual_seed(0)
-    scores = torch.randn(4, 30, generator=gen)
+    scores = torch.randn(3, 4, 30, generator=gen)  # 3 layers, 4 rows
     pad, recent = [0, 3, 7, 20], [25, 30, 28, 26]
-    budgets = [5, 8, 3, 10]  # row 3: a prefix of 6 slots, shorter than its budget -> all of it
-    selected = select_topk(scores, torch.tensor(pad), torch.tensor(recent), budgets, capacity=40)
-    assert selected.shape == (4, 40) and selected.dtype == torch.bool
-    for row in range(4):
-        assert _slots(selected[row]) == _brute_topk(scores[row], pad[row], recent[row], budgets[row])
-    assert _slots(selected[3]) == set(range(20, 26))
-
-
-def test_head_mean_logits_matches_brute_force_with_gqa():
-    gen = torch.Generator().manual_seed(1)
-    query = torch.randn(2, 6, 3, 8, generator=gen)
-    key = torch.randn(2, 2, 11, 8, generator=gen)
-    got = head_mean_logits(query, key, 0.3)
-    assert got.shape == (2, 3, 11)
-    torch.testing.assert_close(got.double(), _brute_logits(query, key, 0.3).mean(dim=1), atol=1e-5, rtol=1e-5)
+    count = [5, 8, 3, 6]  # row 3: its whole prefix of 6 slots
+    index = topk_index(scores, torch.tensor(pad), torch.tensor(recent), torch.tensor(count), k_slots=10)
+    assert index.shape == (3, 4, 10)
+    for layer in range(3):
+        for row in range(4):
+            got = index[layer, row, : count[row]].tolist()
+            assert got == sorted(got)  # ascending
+            assert set(got) == _brute_topk(scores[layer, row], pad[row], recent[row], count[row])
+            assert index[layer, row, count[row] :].eq(0).all()
+    assert set(index[0, 3, :6].tolist()) == set(range(20, 26))
 
 
 @pytest.mark.parametrize("q_len", [1, 5])
-def test_reduce_rows_and_attention_logits(q_len):
+def test_attention_logits_match_brute_force(q_len):
     gen = torch.Generator().manual_seed(2)
     query = torch.randn(2, 4, q_len, 8, generator=gen)
     key, value = torch.randn(2, 2, 9, 8, generator=gen), torch.randn(2, 2, 9, 8, generator=gen)
     mask = torch.ones(2, 1, q_len, 9, dtype=torch.bool)
     out, logits = _attention_with_logits(query, key, value, mask, 0.25)
-    brute = _brute_logits(query, key, 0.25)
-    torch.testing.assert_close(logits.double(), brute, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.double(), _brute_logits(query, key, 0.25), atol=1e-5, rtol=1e-5)
     sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.25, enable_gqa=True)
     torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
-
-    per_row = brute.mean(dim=1)  # [B, q, L]
-    expected = {
-        "two_rows": per_row[:, [0, q_len - 1]].mean(1),
-        "all_rows": per_row.mean(1),
-        "per_row": per_row,
-    }
-    for collect, want in expected.items():
-        torch.testing.assert_close(_reduce_rows(logits, collect).double(), want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="unknown score collection 'first_row'"):
-        _reduce_rows(logits, "first_row")
+    with pytest.raises(ValueError, match="rows must be"):
+        ScoreCollection("first_row")
 
 
-def test_select_streaming_matches_brute_force():
+def test_streaming_index_matches_brute_force():
     pad, recent, budgets, sinks = [0, 4, 2, 10], [30, 30, 12, 20], [10, 8, 12, 6], 4
-    selected = select_streaming(torch.tensor(pad), torch.tensor(recent), budgets, sinks, capacity=36)
-    assert selected.shape == (4, 36)
+    count = [min(b, r - p) for b, r, p in zip(budgets, recent, pad)]
+    index = streaming_index(torch.tensor(pad), torch.tensor(recent), torch.tensor(count), sinks, k_slots=14)
+    assert index.shape == (4, 14)
     for row in range(4):
         prefix = list(range(pad[row], recent[row]))
         want = set(prefix[:sinks]) | set(prefix[len(prefix) - (budgets[row] - sinks) :])
-        assert _slots(selected[row]) == want, row
-    assert _slots(selected[2]) == set(range(2, 12))  # prefix of 10 <= budget 12: all of it
+        assert set(index[row, : count[row]].tolist()) == want, row
+    assert set(index[2, :10].tolist()) == set(range(2, 12))  # prefix of 10 <= budget 12: all of it
 
 
 def _brute_pages(key: torch.Tensor, page_size: int):
@@ -443,7 +494,7 @@ def test_select_quest_matches_brute_force():
 # ----------------------------------------------------------------------------- scores from the verify pass
 def _spy_attention(monkeypatch) -> dict:
     """Wrap the attention backend: after every prefill/verify call that collected scores, compare them with
-    the brute-force head-averaged logits of the rows the collection names; note which draft calls were sparse."""
+    brute-force head-mean softmax weights of the rows the collection names; note which draft calls were sparse."""
     seen = dict(prefill={}, verify=0, sparse_drafts=0, dense_drafts=0)
     real_get = interface.get_backend
 
@@ -453,24 +504,31 @@ def _spy_attention(monkeypatch) -> dict:
         def wrapped(module, query, key, value, view, *, scaling, sliding_window=None):
             out = backend(module, query, key, value, view, scaling=scaling, sliding_window=sliding_window)
             step, layer = view.step, module.layer_idx
-            state = step.layer_state(layer)
+            collection = step.score_collection()
             keys = key[:, :, : step.kv_len]
-            if step.phase == "prefill" and state is not None and state.collect == "last_rows":
-                want = _brute_logits(query[:, :, -PREFILL_SEED_ROWS:], keys, scaling).mean(dim=(1, 2))
-                torch.testing.assert_close(state.scores.double(), want, atol=1e-4, rtol=1e-4)
+            pad, start = view.pad.tolist(), view.start.tolist()
+            if step.phase is Phase.PREFILL and collection is not None:
+                rows = list(range(step.q_len - PREFILL_SEED_ROWS, step.q_len))
+                want = _brute_scores(query, keys, pad, start, scaling, rows, weights=True)
+                torch.testing.assert_close(collection.layer(layer).double(), want, atol=1e-4, rtol=1e-4)
                 seen["prefill"][layer] = want
-            elif step.phase == "verify" and state is not None:
-                per_row = _brute_logits(query, keys, scaling).mean(dim=1)  # [B, q, L]
-                want = {
-                    "two_rows": per_row[:, [0, -1]].mean(1),
-                    "all_rows": per_row.mean(1),
-                    "per_row": per_row,
-                }[state.collect]
-                torch.testing.assert_close(state.scores.double(), want, atol=1e-4, rtol=1e-4)
+            elif step.phase is Phase.VERIFY and collection is not None:
+                got = collection.layer(layer)[..., : step.kv_len].double()
+                if collection.rows == "per_row":
+                    want = torch.stack(
+                        [
+                            _brute_scores(query, keys, pad, start, scaling, [i], True)
+                            for i in range(step.q_len)
+                        ],
+                        1,
+                    )
+                else:
+                    rows = [0, step.q_len - 1] if collection.rows == "two_rows" else list(range(step.q_len))
+                    want = _brute_scores(query, keys, pad, start, scaling, rows, weights=True)
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
                 seen["verify"] += 1
-            elif step.phase == "draft" and state is not None:
-                sparse = state.selected is not None or state.quest_budget is not None
-                seen["sparse_drafts" if sparse else "dense_drafts"] += 1
+            elif step.phase is Phase.DRAFT:
+                seen["sparse_drafts" if step.kv_selection is not None else "dense_drafts"] += 1
             return out
 
         return wrapped
@@ -482,8 +540,8 @@ def _spy_attention(monkeypatch) -> dict:
 @pytest.mark.parametrize("selection", ["two_rows", "all", "last_token"])
 def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selection):
     """In a real generate call: the prefill's last rows seed the first selection, every verify pass fills every
-    layer's scores (checked against brute force from the attention's own q and k), each selection is the top-k of
-    those scores, and every draft step attends through a selection."""
+    layer's scores (softmax weights, checked against brute force from the attention's own q and k), each
+    selection is the top-k of those scores, and every draft step attends through a selection."""
     model = _model("llama")
     layers = model.config.num_hidden_layers
     ids, mask = ragged_batch(3, PROMPT_LEN)
@@ -498,28 +556,23 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
     assert seed["seed"] and sorted(seen["prefill"]) == list(range(layers))
     assert seed["prefix_end"] == [PROMPT_LEN] * 3
     for layer in range(layers):
-        assert seed["scores"][layer].shape == (3, PROMPT_LEN)
         for row in range(3):
             want = _brute_topk(
                 seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row]
             )
-            assert _slots(seed["selected"][layer][row]) == want, (layer, row)
+            assert seed["selected"][layer][row] == want, (layer, row)
 
-    # every verify pass filled every layer's scores, with the shape its collection gives
+    # every verify pass filled every layer's scores; each selection is the top-k of them
     verify_calls = calls[1:]
     assert len(verify_calls) == stats.steps and seen["verify"] == stats.steps * layers
-    for call, k in zip(verify_calls, stats.draft_tokens):
-        length = max(call["prefix_end"]) + k + 1
-        shape = (3, k + 1, length) if selection == "last_token" else (3, length)
-        assert [tuple(s.shape) for s in call["scores"]] == [shape] * layers
-        for layer in range(layers):  # the selection is the top-k of those scores
-            scores = call["scores"][layer]
+    for call in verify_calls:
+        for layer in range(layers):
+            scores = call["scores"][layer]  # [B, capacity] (the accepted row's, for last_token)
             for row in range(3):
-                row_scores = scores[row, call["accepted"][row] or 0] if scores.dim() == 3 else scores[row]
                 want = _brute_topk(
-                    row_scores, call["pad"][row], call["prefix_end"][row], call["budgets"][row]
+                    scores[row], call["pad"][row], call["prefix_end"][row], call["budgets"][row]
                 )
-                assert _slots(call["selected"][layer][row]) == want
+                assert call["selected"][layer][row] == want
     assert seen["sparse_drafts"] == sum(stats.draft_tokens) * layers and seen["dense_drafts"] == 0
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import pytest
 
 from hf_sparse_verify.config import SpeculationConfig
-from hf_sparse_verify.generation import utility_policy
-from hf_sparse_verify.generation.k_policy import StepOutcome, make_k_policy
-from hf_sparse_verify.generation.utility_policy import UtilityKPolicy, plan_next_trial
+from hf_sparse_verify.generation.policies import utility_policy
+from hf_sparse_verify.generation.policies.k_policy import StepOutcome, make_k_policy
+from hf_sparse_verify.generation.policies.utility_policy import UtilityKPolicy, plan_next_trial
 
 StepTime = Callable[[int, int], float]  # (K, step index) -> seconds
 Accepted = Callable[[int, int], "int | list[int]"]  # (K, step index) -> accepted drafts (one int per row)

@@ -10,7 +10,7 @@ from conftest import make_model, noisy_copy
 from scipy.stats import chisquare
 
 import hf_sparse_verify
-from hf_sparse_verify.generation.verify import (
+from hf_sparse_verify.generation.verification.verify import (
     verify_greedy,
     verify_sampling_without_probs,
     verify_speculative_sampling,

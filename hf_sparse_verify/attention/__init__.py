@@ -1,18 +1,9 @@
-"""Attention for speculative decoding: the preallocated cache, the per-step info, the ``"sparse_verify"``
-attention registered with transformers, and its backends (plain-PyTorch reference now, kernels later)."""
+"""Attention for speculative decoding: the preallocated cache, the ``"sparse_verify"`` attention registered with
+transformers, and its backends (plain-PyTorch reference, gather-based token-sparse, Triton kernels). The step each
+forward runs is described by `hf_sparse_verify.step.StepContext`."""
 
 from .cache import SpecCache
 from .dispatch import BACKENDS, register_backend
-from .interface import NAME, STEP_KWARG, register, use_sparse_verify_attention
-from .step import StepInfo
+from .interface import NAME, register, use_sparse_verify_attention
 
-__all__ = [
-    "BACKENDS",
-    "NAME",
-    "STEP_KWARG",
-    "SpecCache",
-    "StepInfo",
-    "register",
-    "register_backend",
-    "use_sparse_verify_attention",
-]
+__all__ = ["BACKENDS", "NAME", "SpecCache", "register", "register_backend", "use_sparse_verify_attention"]

@@ -3,7 +3,7 @@
 A subclass of transformers' `Cache`, so unmodified attention modules call its ``update``. Each layer owns
 ``[B, H_kv, capacity, D]`` key and value buffers, allocated on the device of the first keys it receives (so
 each layer's buffers live on that layer's GPU under an accelerate device map). The decoding loop says where the
-next tokens go with :meth:`SpecCache.begin_step` (a `StepInfo` with a per-row ``start`` slot); ``update``
+next tokens go through the running `StepContext` (its per-row ``start`` slots, see `hf_sparse_verify.step`); ``update``
 scatters the new keys and values there and returns the whole buffers. Which slots are valid is the loop's
 business: rolling back rejected drafts is moving a row's length back, with no copy and no ``torch.cat``.
 ``update`` never synchronises with the host, so steps can later be captured in CUDA graphs.
@@ -18,7 +18,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..kernels.cache_write import cache_write
-from .step import StepInfo
+from ..step import current_step
 
 
 class SpecLayer(CacheLayerMixin):
@@ -49,9 +49,7 @@ class SpecLayer(CacheLayerMixin):
         full ``[B, H_kv, capacity, D]`` buffers."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        step = self.owner.step
-        if step is None:
-            raise RuntimeError("SpecCache.update called outside a step: call begin_step() before the forward")
+        step = current_step()
         if key_states.shape[-2] != step.q_len:
             raise ValueError(
                 f"step announced {step.q_len} new tokens, the layer wrote {key_states.shape[-2]}"
@@ -66,10 +64,11 @@ class SpecLayer(CacheLayerMixin):
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.step.kv_len if self.owner.step is not None else self.owner.capacity, 0
+        step = current_step(required=False)
+        return step.kv_len if step is not None else self.owner.capacity, 0
 
     def get_seq_length(self) -> int:
-        step = self.owner.step
+        step = current_step(required=False)
         return 0 if step is None else step.kv_len - step.q_len
 
     def get_max_length(self) -> int:
@@ -95,25 +94,23 @@ class SpecCache(Cache):
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
         self.batch_size_ = batch_size
         self.capacity = capacity
-        self.step: StepInfo | None = None
         super().__init__(layers=[SpecLayer(self, i) for i in range(num_layers)])
 
     @property
     def batch_size(self) -> int:
         return self.batch_size_
 
-    def begin_step(self, step: StepInfo) -> None:
-        """Announce the next forward: where each row's new tokens go and how far attention reads."""
-        if step.kv_len > self.capacity:
+    def check_fits(self, kv_len: int) -> None:
+        if kv_len > self.capacity:
             raise ValueError(
-                f"step reads {step.kv_len} cache slots but the cache holds {self.capacity}: "
+                f"step reads {kv_len} cache slots but the cache holds {self.capacity}: "
                 "size the cache from prompt + max_new_tokens + max_draft_tokens"
             )
-        self.step = step
-
-    def end_step(self) -> None:
-        self.step = None
 
     def layer_device(self, layer_idx: int) -> torch.device | None:
         layer = self.layers[layer_idx]
         return layer.device if layer.is_initialized else None
+
+    def layer_devices(self, default: torch.device) -> list[torch.device]:
+        """The device of every layer's buffers (``default`` for layers not yet written)."""
+        return [self.layer_device(i) or default for i in range(len(self.layers))]

@@ -2,7 +2,7 @@
 
 A backend is ``fn(module, query, key, value, step_view, *, scaling, sliding_window) -> [B, q, H, D]`` with
 ``query`` ``[B, H, q, D]`` and ``key``/``value`` the full cache buffers ``[B, H_kv, capacity, D]``. The loop
-names the backend in `StepInfo.backend`; kernels and sparse modes of later issues register their own names here
+names the backend in `StepContext.backend`; kernels and sparse modes of later issues register their own names here
 without touching the loop.
 """
 

@@ -1,8 +1,8 @@
 """The ``"sparse_verify"`` attention implementation, registered with transformers' `AttentionInterface` and
 `AttentionMaskInterface`, and the context manager that switches a model to it for one call.
 
-The attention reads the step (phase, per-row slots, per-layer state) from the ``speculation_step`` keyword that
-the loop passes to ``model(...)``; masking comes from the step, so the registered mask function returns None.
+The attention reads the running step from :func:`hf_sparse_verify.step.current_step`; masking comes from the step,
+so the registered mask function returns None.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..step import current_step
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
 from . import triton_backend as _triton_backend  # noqa: F401 - registers the "triton" backend
 from .dispatch import get_backend
-from .step import StepInfo
 
 NAME = "sparse_verify"
-STEP_KWARG = "speculation_step"
 
 
 def sparse_verify_attention(
@@ -38,12 +37,7 @@ def sparse_verify_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` the cache buffers."""
-    step: StepInfo | None = kwargs.get(STEP_KWARG)
-    if step is None:
-        raise RuntimeError(
-            f"the {NAME!r} attention runs only inside hf_sparse_verify's decoding loop (no {STEP_KWARG!r} "
-            "keyword reached it); set the model back to 'sdpa' or 'eager' for other calls"
-        )
+    step = current_step()
     if softcap is not None or kwargs.get("s_aux") is not None:
         raise NotImplementedError(
             f"{type(module).__name__} uses attention logit soft-capping or attention sinks, which the "

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..step import DeviceView, Phase, ScoreCollection
 from .dispatch import register_backend
-from .selection import PREFILL_SEED_ROWS, SparseLayerState, head_mean_logits, page_summaries, select_quest
-from .step import DeviceView
+from .scores import collected_rows, reduce_scores
 
 
 def _attention_with_logits(
@@ -29,43 +29,37 @@ def _attention_with_logits(
     return out.view(batch, heads, q_len, dim).to(query.dtype), logits
 
 
-def _reduce_rows(logits: torch.Tensor, collect: str) -> torch.Tensor:
-    """Head-averaged scores from ``[B, H, q, L]`` logits for the rows ``collect`` names."""
-    per_row = logits.mean(dim=1)  # [B, q, L]
-    if collect == "two_rows":
-        rows = [0, per_row.shape[1] - 1] if per_row.shape[1] > 1 else [0]
-        return per_row[:, rows].mean(dim=1)
-    if collect == "all_rows":
-        return per_row.mean(dim=1)
-    if collect == "per_row":
-        return per_row
-    raise ValueError(f"unknown score collection {collect!r}")
+def _row_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Raw logits ``[B, H, q, L]`` (float32) of ``query`` ``[B, H, q, D]`` over ``key`` ``[B, H_kv, L, D]``."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    q = query.float().reshape(batch, kv_heads, (heads // kv_heads) * q_len, dim)
+    return (torch.matmul(q, key.float().transpose(-1, -2)) * scaling).view(batch, heads, q_len, length)
 
 
-def _draft_mask(
-    view: DeviceView, state: SparseLayerState, query: torch.Tensor, key: torch.Tensor, window: int | None
-) -> torch.Tensor:
-    """The dense mask restricted to the layer's selection (plus the slots appended since it was made)."""
-    length = view.step.kv_len
-    if state.quest_budget is not None:
-        if state.page_min is None:
-            state.page_min, state.page_max = page_summaries(key[:, :, : state.prefix_end], state.page_size)
-        selected = select_quest(
-            query,
-            state.page_min,
-            state.page_max,
-            view.pad,
-            state.recent_start,
-            state.quest_budget,
-            state.quest_budget_max,
-            state.page_size,
-            length,
-        )
-    else:
-        selected = state.selected[:, :length]
-    slots = torch.arange(length, device=query.device)
-    allowed = selected | (slots[None, :] >= state.recent_start[:, None])  # [B, L]
-    return view.mask(window) & allowed[:, None, None, :]
+def _collect_verify(
+    collection: ScoreCollection, layer: int, logits: torch.Tensor, mask: torch.Tensor, kv_heads: int
+) -> None:
+    rows = collected_rows(logits.shape[2], "all_rows" if collection.rows == "per_row" else collection.rows)
+    scores = reduce_scores(
+        logits[:, :, rows], mask[:, :, rows], collection, kv_heads, per_row=collection.rows == "per_row"
+    )
+    collection.write(layer, scores)
+
+
+def _collect_prefill(
+    collection: ScoreCollection,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float,
+) -> None:
+    """The first selection's scores: the prompt's last `ScoreCollection.PREFILL_SEED_ROWS` query rows."""
+    rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
+    logits = _row_logits(query[:, :, -rows:], key, scaling)  # [B, H, rows, L]
+    kind = ScoreCollection(rows="all_rows", weights=collection.weights, per_kv_head=collection.per_kv_head)
+    collection.write(layer, reduce_scores(logits, mask[:, :, -rows:], kind, key.shape[1]))
 
 
 @register_backend("reference")
@@ -84,7 +78,7 @@ def reference_attention(
     Args:
         query: ``[B, H, q, D]``.
         key, value: ``[B, H_kv, capacity, D]`` cache buffers, ``H % H_kv == 0``.
-        view: the step's tensors on this device (slots, masks, per-layer state).
+        view: the step's tensors on this device (slots, masks; the step's slots).
         scaling: softmax scale.
         sliding_window: window of a sliding-attention layer, or None.
 
@@ -92,21 +86,26 @@ def reference_attention(
         ``[B, q, H, D]``, the layout transformers' attention functions return.
     """
     step = view.step
+    layer = module.layer_idx
     key = key[:, :, : step.kv_len]  # [B, H_kv, L, D]
     value = value[:, :, : step.kv_len]
-    gqa = query.shape[1] != key.shape[1]
-    state: SparseLayerState | None = step.layer_state(module.layer_idx)
+    kv_heads = key.shape[1]
+    gqa = query.shape[1] != kv_heads
+    collection = step.score_collection()
 
-    if state is not None and step.phase == "verify" and state.collect:
-        out, logits = _attention_with_logits(query, key, value, view.mask(sliding_window), scaling)
-        state.scores = _reduce_rows(logits, state.collect)
+    if collection is not None and step.phase is Phase.VERIFY:
+        mask = view.mask(sliding_window)
+        out, logits = _attention_with_logits(query, key, value, mask, scaling)
+        _collect_verify(collection, layer, logits, mask, kv_heads)
         return out.transpose(1, 2).contiguous()
-    if (
-        state is not None
-        and step.phase == "draft"
-        and (state.selected is not None or state.quest_budget is not None)
-    ):
-        mask = _draft_mask(view, state, query, key, sliding_window)
+    selection = step.draft_selection()
+    if selection is not None:
+        allowed = selection.allowed(layer, query, key, view.pad, step.kv_len)  # [B, L] or [B, H_kv, L]
+        if allowed.dim() == 3:  # one selection per KV head: expand to its query heads
+            allowed = allowed.repeat_interleave(query.shape[1] // kv_heads, dim=1)[:, :, None, :]
+        else:
+            allowed = allowed[:, None, None, :]
+        mask = view.mask(sliding_window) & allowed
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous()
 
@@ -117,7 +116,14 @@ def reference_attention(
     else:
         mask = view.mask(sliding_window)  # [B, 1, q, L]
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-    if state is not None and step.phase == "prefill" and state.collect == "last_rows":
-        rows = min(PREFILL_SEED_ROWS, query.shape[2])
-        state.scores = head_mean_logits(query[:, :, -rows:], key, scaling).mean(dim=1)  # [B, L]
+    if collection is not None and step.phase is Phase.PREFILL:
+        rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
+        if view.is_plain_causal(sliding_window):  # the mask of the last rows, without building the whole one
+            slots = torch.arange(step.kv_len, device=query.device)
+            own = torch.arange(step.q_len - rows, step.q_len, device=query.device)
+            mask = (slots[None, :] <= own[:, None])[None, None]
+            mask = mask.expand(query.shape[0], 1, rows, step.kv_len)
+        else:
+            mask = view.mask(sliding_window)
+        _collect_prefill(collection, layer, query, key, mask, scaling)
     return out.transpose(1, 2).contiguous()

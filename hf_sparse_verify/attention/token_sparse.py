@@ -2,8 +2,8 @@
 
 A draft step reads only the selected prefix slots (gathered by index) and the slots appended since the selection,
 instead of masking the whole cache: the bytes moved scale with the selection, not the context. Every other case
-(verify, prefill, sliding-window layers, per-step Quest selection, no selection) goes to the reference backend.
-Tested against the reference backend; a Triton kernel can later replace the gather + SDPA pair.
+(verify, prefill, sliding-window layers, mask-only selections such as Quest's) goes to the reference backend.
+Tested against the reference backend; the Triton backend runs the ``token_sparse`` kernel instead.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..step import DeviceView
 from .dispatch import register_backend
 from .reference import reference_attention
-from .selection import SparseLayerState
-from .step import DeviceView
 
 
 @register_backend("token_sparse")
@@ -33,23 +32,28 @@ def token_sparse_attention(
     Shapes: ``query`` ``[B, H, q, D]``, ``key``/``value`` ``[B, H_kv, capacity, D]``; returns ``[B, q, H, D]``.
     """
     step = view.step
-    state: SparseLayerState | None = step.layer_state(module.layer_idx)
-    if step.phase != "draft" or state is None or state.index is None or sliding_window:
+    selection = step.draft_selection()
+    gathered = (
+        selection.gather_index(module.layer_idx) if selection is not None and not sliding_window else None
+    )
+    if gathered is None or gathered[0].dim() != 2:
         return reference_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
         )
+    index, count = gathered  # [B, k_max], [B]
+    recent_start = selection.recent_start(module.layer_idx)  # [B]
     batch, kv_heads, _, dim = key.shape
-    k_max = state.index.shape[1]
-    gather_index = state.index[:, None, :, None].expand(batch, kv_heads, k_max, dim)
-    recent_lo = state.recent_min
+    k_max = index.shape[1]
+    gather_index = index[:, None, :, None].expand(batch, kv_heads, k_max, dim)
+    recent_lo = min(selection.recent_min, step.kv_len)  # host-side lower bound of every row's recent_start
     keys = torch.cat([key.gather(2, gather_index), key[:, :, recent_lo : step.kv_len]], dim=2)
     values = torch.cat([value.gather(2, gather_index), value[:, :, recent_lo : step.kv_len]], dim=2)
     recent_slots = torch.arange(recent_lo, step.kv_len, device=query.device)  # [R]
-    recent_ok = (recent_slots[None, None, :] >= state.recent_start[:, None, None]) & (
+    recent_ok = (recent_slots[None, None, :] >= recent_start[:, None, None]) & (
         recent_slots[None, None, :] <= view.query_slots[:, :, None]
     )  # [B, q, R]
-    chosen_ok = state.index_valid[:, None, :].expand(batch, step.q_len, k_max)
-    mask = torch.cat([chosen_ok, recent_ok], dim=-1)[:, None]  # [B, 1, q, k_max + R]
+    chosen_ok = (torch.arange(k_max, device=query.device)[None, :] < count[:, None])[:, None, :]
+    mask = torch.cat([chosen_ok.expand(batch, step.q_len, k_max), recent_ok], dim=-1)[:, None]
     gqa = query.shape[1] != kv_heads
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous()

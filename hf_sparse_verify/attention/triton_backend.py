@@ -1,11 +1,12 @@
-"""The ``"triton"`` attention backend: decode and verify steps (up to 128 / group new tokens per row: 32 for Llama-3-8B) run the split-KV
-decode-attention kernel over the whole preallocated cache, reading each row's valid range from the device-side
-``start``/``pad``. It never looks at the host-side ``kv_len``, so a step is the same work whatever the lengths
-are, which is what lets the loop capture steps in CUDA graphs and replay them at any length.
+"""The ``"triton"`` attention backend: decode and verify steps (up to 128 / group new tokens per row: 32 for
+Llama-3-8B) run the split-KV decode-attention kernel over the whole preallocated cache, reading each row's valid
+range from the device-side ``start``/``pad``. It never looks at the host-side ``kv_len``, so a step is the same
+work whatever the lengths are, which is what lets the loop capture steps in CUDA graphs and replay them at any
+length.
 
-Vegas score collection (``collect`` of ``"two_rows"``/``"all_rows"``) is fused into the same kernel. Draft steps
-with a token selection, prefill chunks and longer steps go to the ``token_sparse`` backend (gather) or the
-``reference`` one.
+Vegas score collection (first and last rows, or all rows; softmax weights or raw logits) is fused into the same
+kernel. Draft steps with an index selection run the token-sparse kernel; prefill and other steps go to the
+``token_sparse``/``reference`` backends.
 """
 
 from __future__ import annotations
@@ -15,29 +16,9 @@ import torch
 from ..kernels.decode_attention import decode_attention
 from ..kernels.decode_attention.op import MAX_ROWS
 from ..kernels.token_sparse import token_sparse_attention as token_sparse_kernel
+from ..step import DeviceView, Phase
 from .dispatch import register_backend
-from .selection import SparseLayerState
-from .step import DeviceView
 from .token_sparse import token_sparse_attention
-
-_FUSED_COLLECT = (None, "two_rows", "all_rows")
-
-
-def uses_kernel(phase: str, q_len: int, group: int, state: SparseLayerState | None) -> bool:
-    """Whether a step of ``q_len`` new tokens in ``phase`` (``group`` query heads per KV head) with layer
-    ``state`` runs the decode kernel."""
-    if phase == "prefill" or q_len * group > MAX_ROWS:
-        return False
-    if state is None:
-        return True
-    if phase == "verify":
-        return state.collect in _FUSED_COLLECT
-    return state.selected is None and state.quest_budget is None  # a draft step without a selection: dense
-
-
-def uses_token_sparse_kernel(phase: str, state: SparseLayerState | None, sliding_window: int | None) -> bool:
-    """Draft steps with an index selection (Vegas, StreamingLLM) on full-attention layers."""
-    return phase == "draft" and state is not None and state.index_count is not None and not sliding_window
 
 
 @register_backend("triton")
@@ -53,19 +34,39 @@ def triton_attention(
 ) -> torch.Tensor:
     """As `reference_attention` (``query`` ``[B, H, q, D]``, cache ``[B, H_kv, C, D]``; returns ``[B, q, H, D]``)."""
     step = view.step
-    state: SparseLayerState | None = step.layer_state(module.layer_idx)
-    if uses_token_sparse_kernel(step.phase, state, sliding_window):
-        return token_sparse_kernel(
-            query, key, value, state.index, state.index_count, state.recent_start, view.start, scaling
-        )
-    if not uses_kernel(step.phase, step.q_len, query.shape[1] // key.shape[1], state):
+    layer = module.layer_idx
+    if step.phase is Phase.PREFILL or step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS:
         return token_sparse_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
         )
-    collect = state.collect if state is not None and step.phase == "verify" else None
+    selection = step.draft_selection()
+    if selection is not None:
+        gathered = selection.gather_index(layer) if not sliding_window else None
+        if gathered is None or gathered[0].dim() != 2:  # mask-only or per-KV-head selections: reference path
+            return token_sparse_attention(
+                module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
+            )
+        index, count = gathered
+        return token_sparse_kernel(
+            query, key, value, index, count, selection.recent_start(layer), view.start, scaling
+        )
+    collection = step.score_collection()
+    if collection is not None and collection.rows == "per_row":
+        return token_sparse_attention(
+            module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
+        )
     out, scores = decode_attention(
-        query, key, value, view.start, view.pad, scaling, window=int(sliding_window or 0), collect=collect
+        query,
+        key,
+        value,
+        view.start,
+        view.pad,
+        scaling,
+        window=int(sliding_window or 0),
+        collect=collection.rows if collection is not None else None,
+        weights=collection is not None and collection.weights,
+        per_kv_head=collection is not None and collection.per_kv_head,
     )
-    if collect is not None:
-        state.scores = scores
+    if collection is not None:
+        collection.write(layer, scores)
     return out

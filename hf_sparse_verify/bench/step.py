@@ -64,36 +64,41 @@ def _ours(
     """Median ms per step of each width on our runner (without and with Vegas score collection), and the mode
     (``graph`` or ``eager``)."""
     from ..attention import use_sparse_verify_attention
-    from ..attention.selection import SparseLayerState
-    from ..generation.runner import ModelRunner
+    from ..generation.engine.runner import ModelRunner
     from ..modules import use_fused_modules
     from ..moe.experts import experts_for_decoding
+    from ..step import Phase, ScoreCollection
 
     backend = "triton" if device.type == "cuda" else "reference"
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
     fused = use_fused_modules(model) if backend == "triton" else contextlib.nullcontext()
     with use_sparse_verify_attention(model), experts_for_decoding(model), fused:
-        runner = ModelRunner(model, batch, context + max(widths), [0] * batch, device, backend)
-        runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), [0] * batch, "prefill")
+        runner = ModelRunner(model, batch, context + max(widths), device, backend)
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)
         for layer in runner.cache.layers:  # random keys and values for the whole cache
             layer.keys.normal_()
             layer.values.normal_()
-        states = None
+        scores = None
         if args.vegas_scores:
-            states = [SparseLayerState(collect="two_rows") for _ in runner.cache.layers]
+            scores = ScoreCollection("two_rows", weights=True)
+            capacity = runner.cache.capacity
+            devices = runner.cache.layer_devices(device)
+            scores.fix_buffers({layer: ((batch, capacity), d) for layer, d in enumerate(devices)})
         mode = "eager"
         if args.cuda_graphs and runner.can_capture() and runner.capture(widths):
             mode = "graph"
-            if states is not None and not runner.capture(widths, "verify", states):
+            if scores is not None and not runner.capture(widths, Phase.VERIFY, scores=scores):
                 mode = "eager"
+        start = torch.full((batch,), context, dtype=torch.long, device=device)
         for width in widths:
             ids = torch.randint(0, vocab, (batch, width), device=device)
-            call = functools.partial(runner.forward, ids, [context] * batch, "verify")
+            call = functools.partial(runner.forward, ids, start, Phase.VERIFY, kv_len=context + width)
             times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
-            if states is not None:
+            if scores is not None:
                 call = functools.partial(
-                    runner.forward, ids, [context] * batch, "verify", layer_states=states
+                    runner.forward, ids, start, Phase.VERIFY, kv_len=context + width, scores=scores
                 )
                 collect_times[width] = 1000 * median(time_calls(call, device, args.warmups, args.repeats))
             bar.update(1)

@@ -1,8 +1,9 @@
 """The decoding loop, verification, drafters, K policies and the ``custom_generate`` entry points."""
 
+from .engine.sessions import clear_graph_cache, set_graph_cache_size
+from .engine.stats import SpeculationStats
 from .generate import SpeculativeDecoderOnlyOutput, generate, generate_from_arguments
-from .k_policy import ConstantKPolicy, HeuristicKPolicy, KPolicy, StepOutcome
-from .stats import SpeculationStats
+from .policies.k_policy import ConstantKPolicy, HeuristicKPolicy, KPolicy, StepOutcome
 
 __all__ = [
     "ConstantKPolicy",
@@ -11,6 +12,8 @@ __all__ = [
     "SpeculationStats",
     "SpeculativeDecoderOnlyOutput",
     "StepOutcome",
+    "clear_graph_cache",
     "generate",
     "generate_from_arguments",
+    "set_graph_cache_size",
 ]

@@ -23,9 +23,9 @@ from ..kernels._triton import HAVE_TRITON
 from ..modules import use_fused_modules
 from ..registry import DRAFTERS, resolve
 from .drafters.base import Drafter
-from .k_policy import make_k_policy
-from .loop import LoopSettings, speculative_decode
-from .stats import SpeculationStats
+from .engine.loop import LoopSettings, speculative_decode
+from .engine.stats import SpeculationStats
+from .policies.k_policy import make_k_policy
 
 #: K policies that learn (``utility``) start a request's first trial from the best K of the previous request on
 #: the same model and strategy: (id(model), strategy, k_policy) -> K. The K never changes the output.
@@ -129,6 +129,7 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
         pad_token_id=int(pad.flatten()[0]),
         backend=_backend(config, model),
         cache_len=config.max_cache_len or needed,
+        fixed_cache_len=config.max_cache_len is not None,
         cuda_graphs=config.cuda_graphs,
     )
 
@@ -152,12 +153,11 @@ def _run(
     drafter = build_drafter(config, strategy, model, draft_model)
     policy = make_k_policy(config)
     memory_key = (id(model), strategy, config.k_policy)
-    if hasattr(policy, "warm_start"):
-        policy.warm_start(_POLICY_MEMORY.get(memory_key))
+    policy.warm_start(_POLICY_MEMORY.get(memory_key))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
-    models = (model, *getattr(drafter, "models", []))
+    models = (model, *drafter.models)
     fuse = config.fused_modules and settings.backend == "triton"
     with use_sparse_verify_attention(*models), use_fused_modules(*(models if fuse else ())):
         sequences, stats = speculative_decode(
@@ -173,8 +173,7 @@ def _run(
             streamer=streamer,
             stats=stats,
         )
-    if hasattr(policy, "recent_best_k"):
-        _POLICY_MEMORY[memory_key] = policy.recent_best_k()
+    _POLICY_MEMORY[memory_key] = policy.recent_best_k()
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculation=stats)
     return sequences

@@ -28,14 +28,27 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _check(batch, heads, kv_heads, q_len, dim, capacity, dtype, window=0, collect=None, splits=None, seed=0):
+def _check(
+    batch,
+    heads,
+    kv_heads,
+    q_len,
+    dim,
+    capacity,
+    dtype,
+    window=0,
+    collect=None,
+    splits=None,
+    seed=0,
+    **score_kind,
+):
     query, key, value, start, pad = _inputs(batch, heads, kv_heads, q_len, dim, capacity, dtype, seed=seed)
     scale = dim**-0.5
     out, scores = decode_attention(
-        query, key, value, start, pad, scale, window=window, collect=collect, num_splits=splits
+        query, key, value, start, pad, scale, window=window, collect=collect, num_splits=splits, **score_kind
     )
     ref, ref_scores = decode_attention_naive(
-        query.double(), key.double(), value.double(), start, pad, scale, window, collect
+        query.double(), key.double(), value.double(), start, pad, scale, window, collect, **score_kind
     )
     assert not out.isnan().any()
     assert out.dtype == dtype and out.shape == (batch, q_len, heads, dim)
@@ -70,6 +83,26 @@ def test_odd_head_dim_and_window():
 def test_score_collection(collect, q_len):
     # q_len 1: the logits tile's rows are reduced; 5 (20 rows): the extra 16-row dot with the summed queries
     _check(3, 8, 2, q_len, 16, 83, torch.float32, collect=collect, splits=3, seed=5)
+
+
+@pytest.mark.parametrize("collect", ["two_rows", "all_rows"])
+@pytest.mark.parametrize("q_len", [1, 6])
+@pytest.mark.parametrize("per_kv_head", [False, True])
+def test_weight_scores(collect, q_len, per_kv_head):
+    """Softmax-weight scores (log-sum-exp from the merge, logits of the scored rows normalised after it)."""
+    _check(3, 8, 2, q_len, 16, 83, torch.float32, collect=collect, splits=3, seed=7, weights=True,
+           per_kv_head=per_kv_head)  # fmt: skip
+
+
+def test_weight_scores_window_and_bf16():
+    _check(2, 6, 3, 4, 24, 90, torch.bfloat16, window=9, collect="two_rows", splits=2, seed=8, weights=True)
+
+
+def test_weight_scores_sum_to_rows_mass():
+    """Per row the weights over the attended slots sum to 1, so the head and row mean sums to 1 too."""
+    query, key, value, start, pad = _inputs(2, 4, 2, 3, 16, 64, torch.float32, seed=9)
+    _, scores = decode_attention(query, key, value, start, pad, 0.25, collect="two_rows", weights=True)
+    torch.testing.assert_close(scores.sum(dim=1), torch.ones(2), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -1,14 +1,22 @@
-"""The drafter interface: transformers' `CandidateGenerator` plus a hook for what verification computed."""
+"""The drafter interface: transformers' `CandidateGenerator` plus the hooks of the decoding loop.
+
+Per call the loop calls :meth:`Drafter.attach` (the target runner and the state; persistent parts come from the
+session), runs the target's prefill with :meth:`Drafter.step_slots` ``("prefill")``, then :meth:`Drafter.prefill`,
+:meth:`Drafter.capture` (CUDA graphs only) and per step :meth:`Drafter.get_candidates`, the verify forward with
+:meth:`Drafter.step_slots` ``("verify")``, :meth:`Drafter.after_verify` (device work, before the step's readback)
+and :meth:`Drafter.on_verify` (host bookkeeping, after it).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..state import DecodeState
+from ...step import Phase
+from ..engine.state import DecodeState
 
 
 class Draft(NamedTuple):
@@ -16,74 +24,82 @@ class Draft(NamedTuple):
 
     Attributes:
         tokens: ``[B, K]`` int64 on the state's device (positions past a row's count are padding).
-        counts: host list, drafts proposed per row (``<= K``; 0 for rows with nothing to propose).
+        counts: ``[B]`` int64 on the device, drafts proposed per row (``<= K``; 0 for rows with nothing to
+            propose or inactive rows).
         probs: ``[B, K, V]`` the drafter's sampling distributions when it sampled them, else None.
+        host_counts: the same counts as a host list when the drafter knows them without a synchronisation
+            (the loop then trims K to the longest draft); None otherwise.
     """
 
     tokens: torch.Tensor
-    counts: list[int]
+    counts: torch.Tensor
     probs: torch.Tensor | None = None
+    host_counts: list[int] | None = None
 
 
 @dataclass
 class VerifyFeedback:
-    """What a verify step computed, handed to the drafter.
+    """What a verify step computed, handed to the drafter after the readback.
 
     Attributes:
         committed_before: history length per row before the step.
         accepted: drafts per row that entered the history (after stop truncation); None for inactive rows.
         committed_after: history length per row after the step.
-        layer_stats: per-layer statistics the verify pass produced (empty until sparse strategies fill it).
     """
 
     committed_before: list[int]
     accepted: list[int | None]
     committed_after: list[int]
-    layer_stats: dict = field(default_factory=dict)
 
 
 class Drafter(CandidateGenerator):
-    """Base class of every strategy's drafter.
+    """Base class of every strategy's drafter."""
 
-    The loop calls :meth:`prefill` once after the target's prefill, then per step :meth:`get_candidates` with the
-    batch's `DecodeState` and K (never 0), then :meth:`on_verify` with the outcome. ``update_candidate_strategy``
-    (transformers' hook) forwards to :meth:`on_verify` when called with a `VerifyFeedback`.
-    """
+    #: the drafter's own models (moved to the decoding experts setting, switched to our attention)
+    models: tuple = ()
 
-    #: the verify forward needs this drafter's per-layer states (score collection) ...
-    needs_verify_states: bool = False
-    #: ... and those verify steps can still be captured in CUDA graphs (the collection is fused in the kernel)
-    verify_graphable: bool = False
+    def session_key(self) -> tuple:
+        """What decides the graphs and buffers this drafter keeps in a session (with the target's key)."""
+        return (type(self).__name__,)
 
-    @property
-    def runners(self) -> list:
-        """The drafter's own `ModelRunner` objects (a draft model's), for statistics."""
-        return []
+    def attach(self, target, state: DecodeState, session) -> None:  # noqa: B027 - optional hook
+        """Before the prefill: the target's `ModelRunner`, the call's state, and the `Session` (None without
+        CUDA graphs) where persistent parts live in ``session.drafter_state``."""
 
-    def capture_graphs(self) -> None:  # noqa: B027 - optional hook
-        """Called once after the prefill when the loop runs on CUDA graphs (inside the decoding experts setting):
-        capture the drafter's own steps."""
-
-    def attach(self, target) -> None:  # noqa: B027 - optional hook
-        """Called before the prefill with the target's `ModelRunner` (self-speculative drafters draft with it)."""
-
-    def layer_states(self, phase: str) -> list | None:
-        """Per-layer state objects to hand the target's ``phase`` forward (``"prefill"`` or ``"verify"``), for
-        example buffers its attention fills with scores; None when the drafter needs nothing."""
-        return None
+    def step_slots(self, phase: Phase) -> dict:
+        """Step slots (`StepContext` fields) the target's ``phase`` forward gets from this drafter (prefill or
+        verify), for example a `ScoreCollection`."""
+        return {}
 
     def prefill(self, state: DecodeState) -> None:  # noqa: B027 - optional hook
-        """Called once after the target's prefill."""
+        """Called once after the target's prefill and the first token."""
+
+    def capture(self, widths) -> None:  # noqa: B027 - optional hook
+        """Called once per call when the loop runs on CUDA graphs (inside the decoding experts setting), after
+        the target's verify widths are captured: capture the drafter's own steps (kept captures are reused)."""
+
+    def capture_seconds(self) -> float:
+        """Seconds this call spent capturing the drafter's graphs."""
+        return 0.0
 
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         raise NotImplementedError
 
+    def after_verify(self, start: torch.Tensor, accepted: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """Device work after the verify forward, before the step's readback: ``start`` ``[B]`` the verify step's
+        first slot per row, ``accepted`` ``[B]`` accepted drafts (before stopping). No host values."""
+
     def on_verify(self, feedback: VerifyFeedback) -> None:  # noqa: B027 - optional hook
-        """Called after every verify step (also after plain decode steps, with accepted counts of 0)."""
+        """Host bookkeeping after every step's readback (also after plain decode steps)."""
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:  # type: ignore[override]
         if isinstance(num_matches, VerifyFeedback):
             self.on_verify(num_matches)
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release per-call resources (caches)."""
+        """Release per-call references."""
+
+
+def empty_draft(batch: int, device: torch.device) -> Draft:
+    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+    return Draft(torch.zeros(batch, 0, dtype=torch.long, device=device), zeros, None, [0] * batch)

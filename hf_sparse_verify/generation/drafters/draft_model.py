@@ -13,8 +13,9 @@ import functools
 
 import torch
 
-from ..runner import ModelRunner
-from ..state import DecodeState
+from ...step import Phase
+from ..engine.runner import ModelRunner
+from ..engine.state import DecodeState, to_device
 from .base import Draft, Drafter, VerifyFeedback
 from .sampling import pick_tokens
 
@@ -42,6 +43,8 @@ class DraftModelDrafter(Drafter):
         self.runner: ModelRunner | None = None
         self.cached: list[int] = []
         self.target: ModelRunner | None = None
+        self.session = None
+        self.capture_s = 0.0
 
     @classmethod
     def from_config(cls, config, target, draft_model=None) -> DraftModelDrafter:
@@ -56,28 +59,40 @@ class DraftModelDrafter(Drafter):
         return cls(draft_model, target_vocab, config.max_draft_tokens)
 
     @property
-    def models(self) -> list:
-        return [self.model]
+    def models(self) -> tuple:  # type: ignore[override]
+        return (self.model,)
 
-    @property
-    def runners(self) -> list:
-        return [self.runner] if self.runner is not None else []
+    def session_key(self) -> tuple:
+        return ("draft_model", id(self.model), self.max_k)
 
-    def attach(self, target) -> None:
+    def attach(self, target, state: DecodeState, session) -> None:
         self.target = target
+        self.session = session
+        self.capture_s = 0.0
 
     def prefill(self, state: DecodeState) -> None:
         batch, prompt_len = state.batch_size, state.prompt_len
-        capacity = state.tokens.shape[1] + self.max_k + 2
-        backend = self.target.backend if self.target is not None else "reference"
-        self.runner = ModelRunner(self.model, batch, capacity, state.pad, state.tokens.device, backend)
+        kept = self.session.drafter_state if self.session is not None else None
+        if kept is None or kept.model is not self.model:
+            capacity = max(self.target.cache.capacity, state.tokens.shape[1]) + self.max_k + 2
+            kept = ModelRunner(self.model, batch, capacity, state.device, self.target.backend)
+            if self.session is not None:
+                self.session.drafter_state = kept
+        self.runner = kept
+        self.runner.set_padding(state.pad)
         # the prompt; _catch_up feeds the rest (the first generated token onwards)
-        self.runner.forward(state.tokens[:, :prompt_len], [0] * batch, "draft")
+        zeros = torch.zeros(batch, dtype=torch.long, device=state.device)
+        self.runner.forward(state.tokens[:, :prompt_len], zeros, Phase.PREFILL, kv_len=prompt_len)
         self.cached = [prompt_len] * batch
 
-    def capture_graphs(self) -> None:
-        # draft steps (width 1) and catch-up chunks (up to max_k + 1)
+    def capture(self, widths) -> None:
+        # draft steps (width 1) and catch-up chunks (up to max_k + 1); kept captures are reused
+        before = self.runner.graphs.capture_s if self.runner.graphs else 0.0
         self.runner.capture(range(1, self.max_k + 2))
+        self.capture_s = (self.runner.graphs.capture_s if self.runner.graphs else 0.0) - before
+
+    def capture_seconds(self) -> float:
+        return self.capture_s
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Feed every row's unseen history; return ``[B, V]`` logits for the token after each row's history."""
@@ -89,11 +104,12 @@ class DraftModelDrafter(Drafter):
         while not all(done):
             start = [committed[b] - 1 if done[b] else self.cached[b] for b in range(state.batch_size)]
             width = min(chunk, max(committed[b] - start[b] for b in range(state.batch_size)))
-            slots = torch.tensor(start, device=state.tokens.device)[:, None] + torch.arange(
-                width, device=state.tokens.device
-            )
+            start_t = to_device(start, state.device)
+            slots = start_t[:, None] + torch.arange(width, device=state.device)
             input_ids = state.tokens.gather(1, slots.clamp_max(capacity - 1))
-            logits = self.runner.forward(input_ids, start, "draft")  # [B, W, V]
+            logits = self.runner.forward(
+                input_ids, start_t, Phase.DRAFT, kv_len=max(start) + width, uniform_start=len(set(start)) == 1
+            )  # [B, W, V]
             finishing = []
             for b in range(state.batch_size):
                 if done[b]:
@@ -102,8 +118,8 @@ class DraftModelDrafter(Drafter):
                 if self.cached[b] == committed[b]:
                     done[b] = True
                     finishing.append((b, committed[b] - 1 - start[b]))
-            rows = torch.tensor([b for b, _ in finishing], dtype=torch.long, device=logits.device)
-            cols = torch.tensor([i for _, i in finishing], dtype=torch.long, device=logits.device)
+            rows = to_device([b for b, _ in finishing], logits.device)
+            cols = to_device([i for _, i in finishing], logits.device)
             if last_logits is None:
                 last_logits = logits.new_zeros(logits.shape[0], logits.shape[-1])
             last_logits[rows] = logits[rows, cols]
@@ -113,16 +129,19 @@ class DraftModelDrafter(Drafter):
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         token, prob = pick_tokens(self._catch_up(state), state)
         tokens, probs = [token], [prob]
+        start = state.committed_t - 1
+        top, uniform = state.max_pending(), state.uniform()
         for i in range(1, num_tokens):
-            start = [c + i - 1 for c in state.committed]
-            logits = self.runner.forward(token[:, None], start, "draft")[:, 0]
+            logits = self.runner.forward(
+                token[:, None], start + i, Phase.DRAFT, kv_len=top + i + 1, uniform_start=uniform
+            )[:, 0]
             token, prob = pick_tokens(logits, state)
             tokens.append(token)
             probs.append(prob)
         self.cached = [c + num_tokens - 1 for c in state.committed]
-        counts = [num_tokens if a else 0 for a in state.active]
+        host_counts = [num_tokens if a else 0 for a in state.active]
         draft_probs = torch.stack(probs, dim=1) if state.do_sample else None
-        return Draft(torch.stack(tokens, dim=1), counts, draft_probs)
+        return Draft(torch.stack(tokens, dim=1), state.active_t.long() * num_tokens, draft_probs, host_counts)
 
     def on_verify(self, feedback: VerifyFeedback) -> None:
         for b, accepted in enumerate(feedback.accepted):
@@ -134,3 +153,4 @@ class DraftModelDrafter(Drafter):
     def close(self) -> None:
         self.runner = None
         self.target = None
+        self.session = None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..processing import history_free_part
-from ..state import DecodeState
+from ..engine.state import DecodeState
+from ..verification.processing import history_free_part
 
 
 def pick_tokens(logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -10,6 +10,12 @@ group's heads and the chosen query rows: the Vegas "Collect-2-Query" signal, at 
 slot and KV head (0.4% of the K/V bytes at head_dim 128). Measured on an H200 (8B shape,
 64K): +3.8-5.0% of a verify step of 1-8 tokens, +8.4% at 16; an elementwise mat-vec of the K tile with the summed
 queries measured slower (+12-20%).
+
+With ``WEIGHTS`` the signal is the softmax weight ``exp(logit - lse)`` instead (heads become comparable). The
+row's log-sum-exp is known only after the merge, so the split kernel stores the scored rows' raw logits
+(``group x 2`` float32 per slot and KV head for first-and-last rows: 8 at the 8B shape, 6% of the K/V bytes),
+the merge kernel stores each row's log-sum-exp, and `_weights_kernel` reads the logits once more to sum the
+weights. No second pass over the keys.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ NEG_INF = tl.constexpr(float("-inf"))
 def _split_kernel(
     Q, K, V, START, PAD,
     O_PART, M_PART, L_PART, S_PART,
-    scale, score_scale, window, q_len, group, num_splits, capacity,
+    scale, score_scale, window, q_len, group, num_splits, capacity, rows_per_group,
     s_qb, s_qh, s_qt, s_qd,
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    COLLECT: tl.constexpr, SCORE_DOT: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -64,8 +71,10 @@ def _split_kernel(
         b_q = b_q.to(tl.float32)
     if COLLECT == 1:
         scored = row_ok & ((i == 0) | (i == q_len - 1))
+        r_idx = g * rows_per_group + (i != 0).to(tl.int32)  # WEIGHTS: the row's place among the scored rows
     else:
         scored = row_ok
+        r_idx = offs_m
     if SCORE_DOT:
         # many query rows: one extra 16-row dot whose first row is the sum of the scored queries (so the per-tile
         # reduction runs over 16 rows, not BLOCK_M)
@@ -89,7 +98,12 @@ def _split_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         else:
             b_s = tl.dot(b_q, tl.trans(b_k)) * scale
-        if SCORE_DOT:
+        if WEIGHTS:
+            # the scored rows' raw logits; the merge gives their log-sum-exp and `_weights_kernel` normalises
+            n_rows = group * rows_per_group
+            p_s = S_PART + ((b * kv_heads + kvh) * n_rows + r_idx[:, None]) * capacity + offs_n[None, :]
+            tl.store(p_s, b_s, mask=scored[:, None] & n_ok[None, :])
+        elif SCORE_DOT:
             if IEEE:
                 b_col = tl.sum(tl.dot(b_qs, tl.trans(b_k), input_precision="ieee"), axis=0) * scale
             else:
@@ -126,10 +140,11 @@ def _split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    O_PART, M_PART, L_PART, OUT,
+    O_PART, M_PART, L_PART, OUT, LSE,
     q_len, group, num_splits,
     s_ob, s_ot, s_oh, s_od,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):  # fmt: skip
     # one program per (query row, KV head, batch row): all splits of that row at once
     m = tl.program_id(0)
@@ -151,6 +166,43 @@ def _merge_kernel(
     b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_l > 0, b_l, 1.0)  # [BLOCK_D]
     p_o = OUT + b * s_ob + i * s_ot + (kvh * group + g) * s_oh + offs_d * s_od
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if STORE_LSE:
+        tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + m, m_max + tl.log(b_l))
+
+
+@triton.jit
+def _weights_kernel(
+    S_ROWS, LSE, START, PAD, OUT,
+    score_scale, window, q_len, group, rows_per_group, capacity,
+    COLLECT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # one program per (slot tile, KV head, batch row): softmax weights of the scored rows, summed over them
+    nb = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kv_heads = tl.num_programs(1)
+    start = tl.load(START + b)
+    pad = tl.load(PAD + b)
+    n_rows = group * rows_per_group
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < n_rows
+    g = offs_r // rows_per_group
+    if COLLECT == 1:
+        i = (offs_r % rows_per_group) * (q_len - 1)  # first row, then the last
+    else:
+        i = offs_r % rows_per_group
+    lse = tl.load(LSE + (b * kv_heads + kvh) * (group * q_len) + g * q_len + i, mask=r_ok, other=0.0)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < capacity
+    p_s = S_ROWS + ((b * kv_heads + kvh) * n_rows + offs_r[:, None]) * capacity + offs_n[None, :]
+    b_s = tl.load(p_s, mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
+    own = start + i
+    valid = (offs_n[None, :] >= pad) & (offs_n[None, :] <= own[:, None])
+    if window > 0:
+        valid = valid & (offs_n[None, :] > own[:, None] - window)
+    valid = (valid | (offs_n[None, :] == own[:, None])) & r_ok[:, None] & n_ok[None, :]
+    b_w = tl.exp(tl.where(valid, b_s - lse[:, None], NEG_INF))  # slots no split wrote are never valid
+    tl.store(OUT + (b * kv_heads + kvh) * capacity + offs_n, tl.sum(b_w, 0) * score_scale, mask=n_ok)
 
 
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
@@ -170,10 +222,11 @@ def launch(
     window: int,
     collect: int,
     num_splits: int,
-    score_scale: float = 1.0,
+    weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run both kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
-    per-KV-head score sums ``[B, H_kv, C]`` float32 times ``score_scale``, or None)."""
+    """Run the kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
+    per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
+    the raw logits, or of the softmax weights with ``weights``; or None)."""
     batch, heads, q_len, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -184,23 +237,47 @@ def launch(
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
     m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
     l_part = torch.empty_like(m_part)
-    s_part = torch.zeros(batch, kv_heads, capacity, device=device, dtype=torch.float32) if collect else m_part
+    rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
+    score_scale = 1.0 / (group * rows_per_group)
+    weights = bool(collect) and weights
+    if weights:  # raw logits of every scored row, normalised after the merge
+        s_part = torch.empty(
+            batch, kv_heads, group * rows_per_group, capacity, device=device, dtype=torch.float32
+        )
+        lse = torch.empty(batch, kv_heads, group * q_len, device=device, dtype=torch.float32)
+    elif collect:
+        s_part = torch.zeros(batch, kv_heads, capacity, device=device, dtype=torch.float32)
+        lse = m_part
+    else:
+        s_part = lse = m_part
     out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
         o_part, m_part, l_part, s_part,
-        scale, score_scale, window, q_len, group, num_splits, capacity,
+        scale, score_scale, window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, SCORE_DOT=bool(collect) and block_m == 32 and SCORE_DOT_ROWS,
+        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=bool(collect) and block_m == 32 and SCORE_DOT_ROWS,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip
     _merge_kernel[(group * q_len, kv_heads, batch)](
-        o_part, m_part, l_part, out,
+        o_part, m_part, l_part, out, lse,
         q_len, group, num_splits,
         *out.stride(),
         BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-        num_warps=4,
+        STORE_LSE=weights, num_warps=4,
     )  # fmt: skip
-    return out, (s_part if collect else None)
+    if not collect:
+        return out, None
+    if not weights:
+        return out, s_part
+    scores = torch.empty(batch, kv_heads, capacity, device=device, dtype=torch.float32)
+    block_r = max(2, next_power_of_2(group * rows_per_group))
+    block_n_w = max(16, min(256, 4096 // block_r))
+    _weights_kernel[(triton.cdiv(capacity, block_n_w), kv_heads, batch)](
+        s_part, lse, start, pad, scores,
+        score_scale, window, q_len, group, rows_per_group, capacity,
+        COLLECT=collect, BLOCK_R=block_r, BLOCK_N=block_n_w, num_warps=4,
+    )  # fmt: skip
+    return out, scores

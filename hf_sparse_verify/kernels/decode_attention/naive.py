@@ -49,6 +49,8 @@ def decode_attention_naive(
     scale: float,
     window: int = 0,
     collect: str | None = None,
+    weights: bool = False,
+    per_kv_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference attention of ``q`` new tokens per row over the cache, in float32 (float64 inputs stay float64).
 
@@ -61,6 +63,9 @@ def decode_attention_naive(
         collect: None, ``"two_rows"`` or ``"all_rows"``: also return scores ``[B, C]``, the raw logits
             ``q . k * scale`` averaged over all query heads and the chosen rows, on the slots ``[lo, hi)`` of
             `scored_range` (0 elsewhere).
+        weights: score by the softmax weights ``exp(logit - lse)`` of the chosen rows instead (0 where a row
+            may not attend).
+        per_kv_head: return ``[B, H_kv, C]``, the mean over each KV head's query heads, instead of all heads.
 
     Returns:
         ``([B, q, H, D]`` in ``query.dtype``, scores or None).
@@ -78,8 +83,13 @@ def decode_attention_naive(
     if collect is None:
         return out, None
     rows = score_rows(q_len, collect)
-    scores = logits[:, :, rows].mean(dim=(1, 2))  # [B, C]
+    chosen = (probs if weights else logits)[:, :, rows].mean(dim=2)  # [B, H, C]
+    scores = chosen.view(batch, kv_heads, group, capacity).mean(dim=2)  # [B, H_kv, C]
+    if not per_kv_head:
+        scores = scores.mean(dim=1)  # [B, C]
     lo, hi = scored_range(start, pad, q_len, window)
     slots = torch.arange(capacity, device=query.device)
-    inside = (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None])
+    inside = (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None])  # [B, C]
+    if per_kv_head:
+        inside = inside[:, None, :]
     return out, torch.where(inside, scores, torch.zeros_like(scores)).float()

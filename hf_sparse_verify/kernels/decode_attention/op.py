@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import decode_attention_naive, score_rows
+from .naive import decode_attention_naive
 
 COLLECT_MODES = {None: 0, "two_rows": 1, "all_rows": 2}
 #: query rows one program holds: (query heads per KV head) x (new tokens per row)
@@ -37,31 +37,34 @@ def _decode_attention_op(
     window: int,
     collect: int,
     num_splits: int,
+    weights: bool,
+    per_kv_head: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, heads, q_len, _ = query.shape
+    batch = query.shape[0]
     if triton_runs_on(query.device) and query.dtype != torch.float64:
         from .kernel import launch
 
-        rows = len(score_rows(q_len, "two_rows" if collect == 1 else "all_rows")) if collect else 1
-        out, partial = launch(
-            query, key, value, start, pad, scale, window, collect, num_splits, 1.0 / (heads * rows)
-        )
-        if partial is None:
+        out, per_head = launch(query, key, value, start, pad, scale, window, collect, num_splits, weights)
+        if per_head is None:
             return out, query.new_empty(batch, 0, dtype=torch.float32)
-        return out, partial.sum(dim=1)  # the kernel already divided by heads x rows
+        return out, (per_head if per_kv_head else per_head.mean(dim=1))
     mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
-    out, scores = decode_attention_naive(query, key, value, start, pad, scale, window, mode)
+    out, scores = decode_attention_naive(
+        query, key, value, start, pad, scale, window, mode, weights=weights, per_kv_head=per_kv_head
+    )
     if scores is None:
         scores = query.new_empty(batch, 0, dtype=torch.float32)
     return out.contiguous(), scores
 
 
 @_decode_attention_op.register_fake
-def _(query, key, value, start, pad, scale, window, collect, num_splits):
+def _(query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head):
     batch, heads, q_len, dim = query.shape
     out = query.new_empty(batch, q_len, heads, dim)
-    scores = query.new_empty(batch, key.shape[2] if collect else 0, dtype=torch.float32)
-    return out, scores
+    if not collect:
+        return out, query.new_empty(batch, 0, dtype=torch.float32)
+    shape = (batch, key.shape[1], key.shape[2]) if per_kv_head else (batch, key.shape[2])
+    return out, query.new_empty(*shape, dtype=torch.float32)
 
 
 def _validate(query, key, value, start, pad, window, collect) -> None:
@@ -111,6 +114,8 @@ def decode_attention(
     *,
     window: int = 0,
     collect: str | None = None,
+    weights: bool = False,
+    per_kv_head: bool = False,
     num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``q`` new tokens per row (``q * H / H_kv <= 128``) over a preallocated KV cache.
@@ -127,6 +132,8 @@ def decode_attention(
         collect: None, ``"two_rows"`` (first and last query row, Vegas' Collect-2-Query) or ``"all_rows"``: also
             return the raw logits ``q . k * scale`` averaged over every query head and those rows, ``[B, C]``
             float32 (0 outside the slots each row reads).
+        weights: score by softmax weights ``exp(logit - lse)`` instead of raw logits (Vegas' released code).
+        per_kv_head: scores ``[B, H_kv, C]``, averaged over each KV head's query heads only.
         num_splits: splits of the KV range per (row, KV head); default from shapes (`default_splits`).
 
     Returns:
@@ -142,6 +149,16 @@ def decode_attention(
     if num_splits is None:
         num_splits = default_splits(query.shape[0], key.shape[1], key.shape[2])
     out, scores = torch.ops.hsv.decode_attention(
-        query, key, value, start, pad, float(scale), int(window), COLLECT_MODES[collect], int(num_splits)
+        query,
+        key,
+        value,
+        start,
+        pad,
+        float(scale),
+        int(window),
+        COLLECT_MODES[collect],
+        int(num_splits),
+        bool(weights),
+        bool(per_kv_head),
     )
     return out, (scores if collect else None)

@@ -36,7 +36,7 @@ is the paper's per-request decision). The decisions (:func:`plan_next_trial`, :f
 ``(K, utility)`` pairs, so a per-row policy can reuse them.
 
 Example (drafts are right up to 2 tokens, each draft token costs 20% of a plain step; K = 2 is best):
-    >>> from hf_sparse_verify.generation.k_policy import StepOutcome
+    >>> from hf_sparse_verify.generation.policies.k_policy import StepOutcome
     >>> policy = UtilityKPolicy(max_k=8)  # k_start=3, t=4, M=4, S=16, B=4
     >>> ks = []
     >>> for i in range(36):

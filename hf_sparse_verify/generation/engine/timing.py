@@ -28,6 +28,6 @@ class StepTimer:
         """Seconds from mark ``first`` to mark ``last``; call only after a readback that followed ``last``."""
         a, b = self.marks[first], self.marks[last]
         if self.cuda:
-            b.synchronize()  # already complete after the readback: returns at once
+            b.synchronize()  # recorded after the step's readback: nothing queued before it, returns at once
             return a.elapsed_time(b) / 1000.0
         return b - a

@@ -20,7 +20,9 @@ class SpeculationStats:
         wall_time_s / prefill_time_s / draft_time_s / verify_time_s / update_time_s: seconds; draft, verify and
             update are summed over steps (CUDA events on GPU, host timers on CPU). ``update`` is the work after
             verification: the step's readback, stopping checks and the drafter's update (Vegas' KV selection).
-        graph_capture_s: seconds spent capturing CUDA graphs after the prefill (0 when steps run eagerly).
+        graph_capture_s: seconds this call spent capturing CUDA graphs (0 when steps run eagerly, and when the
+            graphs came from a session kept by an earlier call).
+        proposed_tokens: per step, per row, drafts the drafter proposed (``<= K``; None for finished rows).
     """
 
     strategy: str = ""
@@ -37,6 +39,27 @@ class SpeculationStats:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     update_time_s: float = 0.0
+    proposed_tokens: list[list[int | None]] = field(default_factory=list)
+
+    def record_step(
+        self,
+        k: int,
+        accepted: list[int | None],
+        active_before: list[bool],
+        proposed: list[int],
+        draft_s: float,
+        verify_s: float,
+        update_s: float,
+    ) -> None:
+        """Add one step (``accepted``/``proposed`` per row; rows inactive before the step are recorded as None)."""
+        self.steps += 1
+        self.draft_tokens.append(k)
+        self.accepted_tokens.append([a if act else None for a, act in zip(accepted, active_before)])
+        self.proposed_tokens.append([int(p) if act else None for p, act in zip(proposed, active_before)])
+        self.step_times_s.append(draft_s + verify_s + update_s)
+        self.draft_time_s += draft_s
+        self.verify_time_s += verify_s
+        self.update_time_s += update_s
 
     def _drafts(self):
         """(K, accepted) for every row of every drafting step."""

@@ -1,13 +1,18 @@
 """`ModelRunner`: one model plus its `SpecCache`, run one step at a time (used for the target and draft models),
-eagerly or by replaying captured CUDA graphs (`generation.graphs`)."""
+eagerly or by replaying captured CUDA graphs (`graphs.StepGraphs`).
+
+Positions come as device tensors (``start``: the cache slot of each row's first new token), so a step needs no
+host value except the host-side bound ``kv_len`` that eager backends slice with; captured steps ignore it.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from ..attention import SpecCache, StepInfo
-from ..attention.interface import STEP_KWARG
+from ...attention import SpecCache
+from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySparsity, step_scope
 from .graphs import StepGraphs, warn_once
+from .state import to_device
 
 
 class ModelRunner:
@@ -18,42 +23,43 @@ class ModelRunner:
         model: a causal LM already switched to the ``"sparse_verify"`` attention.
         batch: rows.
         capacity: KV slots per row.
-        pad: host list, left padding per row.
         out_device: where float32 logits are returned.
         backend: attention backend name.
     """
 
-    def __init__(
-        self, model, batch: int, capacity: int, pad: list[int], out_device, backend: str = "reference"
-    ):
+    def __init__(self, model, batch: int, capacity: int, out_device, backend: str = "reference"):
         self.model = model
         self.cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, capacity)
-        self.pad = pad
         self.device = model.get_input_embeddings().weight.device
-        self.pad_t = torch.tensor(pad, device=self.device)
         self.out_device = out_device
         self.backend = backend
+        self.pad_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # fixed: graphs read it
+        self.no_padding = True
         self.graphs: StepGraphs | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
+
+    def set_padding(self, pad: list[int]) -> None:
+        """Left padding of this call's rows (copied into the fixed buffer that captured steps read)."""
+        self.pad_t.copy_(to_device(pad, self.device))
+        self.no_padding = max(pad) == 0
 
     def can_capture(self) -> bool:
         """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device)."""
         return self.device.type == "cuda" and self.backend == "triton"
 
-    def capture(self, widths, phase: str = "verify", layer_states: list | None = None) -> bool:
-        """Capture one CUDA graph per width in ``widths`` (after the prefill); with ``layer_states``, for steps of
-        ``phase`` that pass exactly that list. On failure warn once, drop every graph (eager steps) and return
-        False."""
+    def capture(self, widths, phase: Phase = Phase.VERIFY, **slots) -> bool:
+        """Capture one CUDA graph per width in ``widths`` (after the prefill) for ``phase`` steps with the given
+        step slots; steps already captured are kept. On failure warn once, drop every graph (eager steps) and
+        return False."""
         if not self.can_capture():
             return False
         try:
             if self.graphs is None:
                 self.graphs = StepGraphs(self)
-            self.graphs.add(widths, phase, layer_states)
+            self.graphs.add(widths, Phase(phase), slots)
         except Exception as err:  # capture can fail inside any module: fall back, say why once
             self.graphs = None
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self.device)
             warn_once(
                 type(self.model).__name__,
                 f"hf_sparse_verify: CUDA-graph capture of {type(self.model).__name__} failed "
@@ -63,48 +69,53 @@ class ModelRunner:
             return False
         return True
 
-    def run_model(self, ids: torch.Tensor, step: StepInfo, logits_to_keep: int = 0) -> torch.Tensor:
-        """One forward with ``step`` announced to the cache; the model's logits as they come."""
+    def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int = 0) -> torch.Tensor:
+        """One forward of ``step``; the model's logits as they come."""
         positions = (step.start - step.pad)[:, None] + torch.arange(step.q_len, device=self.device)
-        self.cache.begin_step(step)
-        try:
+        with step_scope(step):
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.clamp_min(0),
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
-                **{STEP_KWARG: step},
             )
-        finally:
-            self.cache.end_step()
         return out.logits
 
     def forward(
         self,
         ids: torch.Tensor,
-        start: list[int],
-        phase: str,
+        start: torch.Tensor,
+        phase: Phase,
         *,
-        layer_states: list | None = None,
+        kv_len: int,
+        uniform_start: bool = False,
         logits_to_keep: int = 0,
+        kv_selection: KVSelection | None = None,
+        scores: ScoreCollection | None = None,
+        verify_sparsity: VerifySparsity | None = None,
     ) -> torch.Tensor:
-        """Write ``ids`` ``[B, W]`` at slots ``start[b] ..`` of each row; float32 logits ``[B, W or keep, V]``."""
+        """Write ``ids`` ``[B, W]`` at slots ``start[b] ..`` (``[B]`` on the device) of each row; float32 logits
+        ``[B, W or keep, V]``. ``kv_len`` is the host-side bound ``max(start) + W``; ``uniform_start`` says every
+        row starts at the same slot (both only matter to eager steps)."""
         width = ids.shape[1]
-        entry = self.graphs.find(phase, width, layer_states) if self.graphs and not logits_to_keep else None
+        slots = {"kv_selection": kv_selection, "scores": scores, "verify_sparsity": verify_sparsity}
+        phase = Phase(phase)
+        entry = self.graphs.find(phase, width, slots) if self.graphs and not logits_to_keep else None
         if entry is not None:
             logits = self.graphs.replay(entry, ids.to(self.device), start)
             return logits.to(self.out_device, torch.float32, copy=True)
-        step = StepInfo(
+        self.cache.check_fits(kv_len)
+        step = StepContext(
             phase,
-            torch.tensor(start, device=self.device),
+            start.to(self.device),
             self.pad_t,
             q_len=width,
-            kv_len=max(start) + width,
-            layer_states=layer_states,
+            kv_len=kv_len,
             backend=self.backend,
-            no_padding=max(self.pad) == 0,
-            uniform_start=len(set(start)) == 1,
+            no_padding=self.no_padding,
+            uniform_start=uniform_start,
+            **slots,
         )
         logits = self.run_model(ids.to(self.device), step, logits_to_keep)
         return logits.to(self.out_device, torch.float32)

@@ -72,6 +72,13 @@ class KPolicy(ABC):
         """Numbers worth recording in `SpeculationStats` for this step (phase, utilities, ...)."""
         return {}
 
+    def warm_start(self, k: int | None) -> None:  # noqa: B027 - optional hook
+        """Start from the K that served the previous request best (learning policies); default: ignore it."""
+
+    def recent_best_k(self) -> int | None:
+        """The K to remember for the next request (learning policies); default: nothing."""
+        return None
+
 
 class ConstantKPolicy(KPolicy):
     """Always K = ``start_k`` (>= 1)."""
@@ -126,7 +133,7 @@ class HeuristicKPolicy(KPolicy):
 
 def make_k_policy(config) -> KPolicy:
     """Build the policy named by ``config.k_policy`` from a `SpeculationConfig`."""
-    from ..registry import K_POLICIES, resolve
+    from ...registry import K_POLICIES, resolve
 
     cls = resolve(K_POLICIES, config.k_policy)
     if hasattr(cls, "from_config"):

@@ -1,0 +1,271 @@
+"""Self-speculative drafting: the target drafts for itself, each attention layer attending only to a selected set
+of cached tokens (per row and layer, shared by the layer's heads) plus every token appended since the selection.
+
+One drafter, pluggable selection policies (the Vegas paper's comparison set):
+
+- ``vegas`` (verification-guided): after every verify step, the top-k prefix tokens by the verify pass's own
+  attention, averaged over query heads and over the first and last query rows of the step (``selection=
+  "two_rows"``, Collect-2-Query), all rows (``"all"``, the paper's Eq. 2) or the row of the last accepted token
+  (``"last_token"``, the SpecExtend-like baseline). Scores are softmax weights by default (as the released Vegas
+  code; ``vegas_scores="logits"`` gives the paper text's raw logits). The first selection comes from the
+  prefill's last query rows.
+- ``streaming`` (MagicDec-Stream): attention sinks plus the most recent tokens.
+- ``quest`` (MagicDec-Quest): query-aware page selection recomputed at every draft step from per-page key
+  summaries.
+
+All use the budget ``k = max(min_tokens, ceil(ratio * prefix length))``; a prefix no longer than the budget is
+drafted with all of it. The selection update after a verify step is device work over all layers at once (one
+top-k per device), captured in a CUDA graph with the draft step where graphs run. Drafting writes the draft
+tokens' keys into the target's cache; the verify pass rewrites those slots with exact values, so the output stays
+the target's own (lossless).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ....step import Phase, ScoreCollection
+from ...engine.graphs import CapturedCall
+from ...engine.state import DecodeState
+from ..base import Draft, Drafter, VerifyFeedback
+from ..sampling import pick_tokens
+from .selection import IndexSelection, QuestSelection, budget, kept_counts, streaming_index, topk_index
+
+_ROWS = {"two_rows": "two_rows", "all": "all_rows", "last_token": "per_row"}
+
+
+@dataclass
+class _Buffers:
+    """What a session keeps for this drafter: the selection, the score buffers and the captured update."""
+
+    selection: IndexSelection | QuestSelection
+    collection: ScoreCollection | None
+    recent_src: torch.Tensor  # [B] prefix end of the next selection (fixed: the captured update reads it)
+    accepted_src: torch.Tensor  # [B] accepted drafts of the last verify step ("last_token" scores)
+    update: CapturedCall | None = None
+    draft_captured: bool = False
+
+
+class SelfSpecDrafter(Drafter):
+    """The target drafts for itself with sparse attention; ``policy`` picks the KV selection."""
+
+    policy = "vegas"
+
+    def __init__(
+        self,
+        ratio: float = 0.07,
+        min_tokens: int = 256,
+        selection: str = "two_rows",
+        sinks: int = 4,
+        page_size: int = 16,
+        weights: bool = True,
+    ):
+        if selection not in _ROWS:
+            raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
+        self.ratio = ratio
+        self.min_tokens = min_tokens
+        self.selection = selection
+        self.sinks = sinks
+        self.page_size = page_size
+        self.weights = weights
+        self.target = None
+        self.session = None
+        self.buffers: _Buffers | None = None
+        self.capture_s = 0.0
+
+    @classmethod
+    def from_config(cls, config, target=None, draft_model=None) -> SelfSpecDrafter:
+        if draft_model is not None:
+            raise ValueError(f"strategy {cls.policy!r} drafts with the target itself: pass no draft_model")
+        return cls(
+            ratio=config.ratio,
+            min_tokens=config.min_tokens,
+            selection=config.selection,
+            sinks=config.streaming_sinks,
+            page_size=config.quest_page_size,
+            weights=config.vegas_scores == "weights",
+        )
+
+    def session_key(self) -> tuple:
+        return (
+            self.policy,
+            self.ratio,
+            self.min_tokens,
+            self.selection,
+            self.sinks,
+            self.page_size,
+            self.weights,
+        )
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def attach(self, target, state: DecodeState, session) -> None:
+        self.target = target
+        self.session = session
+        self.capture_s = 0.0
+        self.buffers = session.drafter_state if session is not None else None
+        if self.buffers is None and self.policy == "vegas":  # the prefill writes the first scores
+            self._collection = ScoreCollection(_ROWS[self.selection], weights=self.weights)
+        elif self.buffers is not None:
+            self._collection = self.buffers.collection
+
+    def step_slots(self, phase: Phase) -> dict:
+        if self.policy != "vegas" or phase is Phase.DRAFT:
+            return {}
+        return {"scores": self._collection}
+
+    def prefill(self, state: DecodeState) -> None:
+        if self.buffers is None:
+            self.buffers = self._make_buffers(state)
+            if self.session is not None:
+                self.session.drafter_state = self.buffers
+        collection = self.buffers.collection
+        if collection is not None:
+            for layer in range(len(self.target.cache.layers)):  # the prefill's scores into the fixed buffers
+                collection.write(layer, collection.layer(layer))
+        self.buffers.recent_src.copy_(state.pending_slots())  # the whole prompt is the prefix
+        self.buffers.accepted_src.zero_()
+        self._update()
+        self._set_host_bounds([c - 1 for c in state.committed])
+
+    def capture(self, widths) -> None:
+        """Capture the selection update and, for index selections on models without sliding-window layers, the
+        draft step (one token per row). Quest selects pages inside every draft step: it stays eager."""
+        buffers = self.buffers
+        device = self.target.device
+        if buffers.update is None and self.selection != "last_token":
+            buffers.update = CapturedCall(self._update, device, capture=True, pool=self.target.graphs.pool)
+            self.capture_s += buffers.update.capture_s
+        if isinstance(buffers.selection, IndexSelection) and not self._has_sliding_layers():
+            before = self.target.graphs.capture_s
+            self.target.capture([1], Phase.DRAFT, kv_selection=buffers.selection)
+            self.capture_s += self.target.graphs.capture_s - before if self.target.graphs else 0.0
+
+    def capture_seconds(self) -> float:
+        return self.capture_s
+
+    def after_verify(self, start: torch.Tensor, accepted: torch.Tensor) -> None:
+        self.buffers.recent_src.copy_(start)  # the verify step's first slot: the new prefix end
+        self.buffers.accepted_src.copy_(accepted)
+        if self.buffers.update is not None:
+            self.buffers.update()
+        else:
+            self._update()
+
+    def on_verify(self, feedback: VerifyFeedback) -> None:
+        self._set_host_bounds([c - 1 for c in feedback.committed_before])
+
+    # ------------------------------------------------------------------------------------------------ selection
+    def _make_buffers(self, state: DecodeState) -> _Buffers:
+        target = self.target
+        capacity = target.cache.capacity
+        devices = target.cache.layer_devices(target.device)
+        batch = state.batch_size
+        k_slots = min(capacity, budget(capacity, self.ratio, self.min_tokens))
+        if self.policy == "quest":
+            selection = QuestSelection(devices, batch, self.page_size, math.ceil(k_slots / self.page_size))
+        else:
+            selection = IndexSelection(devices, batch, k_slots)
+        collection = self._collection if self.policy == "vegas" else None
+        if collection is not None and self.selection != "last_token":
+            # fixed score buffers over the whole cache (captured verify steps write into them)
+            collection.fix_buffers({layer: ((batch, capacity), d) for layer, d in enumerate(devices)})
+        zeros = torch.zeros(batch, dtype=torch.long, device=target.device)
+        return _Buffers(selection, collection, zeros, zeros.clone())
+
+    def _layer_scores(self, layers: list[int], capacity: int) -> torch.Tensor:
+        """``[N, B, capacity]`` scores of ``layers`` (padded with -inf past what the step wrote)."""
+        collection = self.buffers.collection
+        rows = []
+        for layer in layers:
+            scores = collection.layer(layer)
+            if scores.dim() == 3:  # per-row scores: the row of the last accepted token
+                pick = self.buffers.accepted_src.to(scores.device).clamp_max(scores.shape[1] - 1)
+                scores = scores[torch.arange(scores.shape[0], device=scores.device), pick]
+            rows.append(scores)
+        stacked = torch.stack(rows)  # eager steps: [N, B, kv_len]; captured: views of the fixed buffers
+        if stacked.shape[-1] < capacity:
+            stacked = torch.nn.functional.pad(stacked, (0, capacity - stacked.shape[-1]), value=float("-inf"))
+        return stacked
+
+    def _update(self) -> None:
+        """The selection for the prefix ``[pad, recent_src)`` of every row, in every layer (device work only)."""
+        buffers = self.buffers
+        selection = buffers.selection
+        capacity = self.target.cache.capacity
+        quest = isinstance(selection, QuestSelection)
+        # the stacks were built from one device list: their groups (one per device) line up
+        others = zip(selection.pages.groups) if quest else zip(selection.index.groups, selection.count.groups)
+        for (layers, recent_stack), group in zip(selection.recent.groups, others):
+            device = recent_stack.device
+            recent = buffers.recent_src.to(device)
+            pad = self.target.pad_t.to(device)
+            count = kept_counts((recent - pad).clamp_min(0), self.ratio, self.min_tokens)
+            recent_stack.copy_(recent.expand_as(recent_stack))
+            if quest:
+                pages = group[0][1]
+                pages.copy_(((count + self.page_size - 1) // self.page_size).expand_as(pages))
+                continue
+            (_, index), (_, counts) = group
+            counts.copy_(count.expand_as(counts))
+            if self.policy == "vegas":
+                scores = self._layer_scores(layers, capacity)
+                index.copy_(topk_index(scores, pad, recent, count, selection.k_slots))
+            else:
+                index.copy_(
+                    streaming_index(pad, recent, count, self.sinks, selection.k_slots).expand_as(index)
+                )
+
+    def _set_host_bounds(self, ends: list[int]) -> None:
+        """Host-side bounds of the selection just made over prefixes ``[pad, ends)`` (eager backends slice with
+        them)."""
+        selection = self.buffers.selection
+        selection.recent_min = min(ends)
+        if isinstance(selection, QuestSelection):
+            selection.prefix_end = max(ends)
+            selection.summaries = {}
+
+    def _has_sliding_layers(self) -> bool:
+        config = self.target.model.config.get_text_config()
+        layer_types = getattr(config, "layer_types", None) or []
+        return "sliding_attention" in layer_types or bool(
+            getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        )
+
+    # ------------------------------------------------------------------------------------------------ drafting
+    def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
+        start = state.pending_slots()
+        token = state.pending_tokens()[:, 0]
+        top = state.max_pending()
+        uniform = state.uniform()
+        tokens, probs = [], []
+        for i in range(num_tokens):
+            logits = self.target.forward(
+                token[:, None], start + i, Phase.DRAFT, kv_len=top + i + 1, uniform_start=uniform,
+                kv_selection=self.buffers.selection,
+            )[:, 0]  # fmt: skip
+            token, prob = pick_tokens(logits, state)
+            tokens.append(token)
+            probs.append(prob)
+        counts = state.active_t.long() * num_tokens
+        host_counts = [num_tokens if a else 0 for a in state.active]
+        draft_probs = torch.stack(probs, dim=1) if state.do_sample else None
+        return Draft(torch.stack(tokens, dim=1), counts, draft_probs, host_counts)
+
+    def close(self) -> None:
+        self.target = None
+        self.session = None
+
+
+class VegasDrafter(SelfSpecDrafter):
+    policy = "vegas"
+
+
+class StreamingDrafter(SelfSpecDrafter):
+    policy = "streaming"
+
+
+class QuestDrafter(SelfSpecDrafter):
+    policy = "quest"

@@ -1,0 +1,188 @@
+"""KV selection for self-speculative drafting: which cached prefix tokens each layer's draft steps attend to.
+
+Every selection is per row and per layer (shared by the layer's heads) and covers the *prefix* slots
+``[pad, recent_start)``; slots ``>= recent_start`` (tokens appended since the selection was made) are always
+attended. Selections are kept in index form, ``index [B, k_slots]`` (ascending slots) and ``count [B]``, in fixed
+buffers, so a captured draft step reads the current one. Everything here is device work without host values:
+one top-k over all layers of a device, not a Python loop over layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ....step import KVSelection, LayerStack
+
+
+def budget(prefix_len: int, ratio: float, min_tokens: int) -> int:
+    """Tokens kept for a prefix of ``prefix_len`` tokens: ``max(min_tokens, ceil(ratio * prefix_len))``."""
+    # round first: 0.07 * 100 is 7.000000000000001 in floating point
+    return max(min_tokens, math.ceil(round(ratio * prefix_len, 9)))
+
+
+def kept_counts(prefix_len: torch.Tensor, ratio: float, min_tokens: int) -> torch.Tensor:
+    """Device version of `budget`, capped at the prefix: ``min(prefix_len, budget(prefix_len))`` per row."""
+    scaled = torch.round(prefix_len.double() * ratio * 1e9) / 1e9
+    wanted = torch.ceil(scaled).long().clamp_min(min_tokens)
+    return torch.minimum(wanted, prefix_len)
+
+
+def prefix_valid(pad: torch.Tensor, recent_start: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, length]`` bool: slot in ``[pad, recent_start)``."""
+    slots = torch.arange(length, device=pad.device)
+    return (slots[None, :] >= pad[:, None]) & (slots[None, :] < recent_start[:, None])
+
+
+def topk_index(
+    scores: torch.Tensor, pad: torch.Tensor, recent_start: torch.Tensor, count: torch.Tensor, k_slots: int
+) -> torch.Tensor:
+    """Per layer and row, the ``count[b]`` prefix slots with the highest score, ascending, in ``k_slots`` columns
+    (unused columns hold 0).
+
+    Args:
+        scores: ``[N, B, L]`` float (N layers), ``L >= max(recent_start)``.
+        pad, recent_start, count: ``[B]`` int64 (``count <= recent_start - pad``).
+        k_slots: columns (``>= max(count)``, ``<= L``).
+
+    Returns:
+        ``[N, B, k_slots]`` int64.
+
+    Example:
+        >>> s = torch.tensor([[[0.1, 0.9, 0.3, 0.8, 0.5]]])
+        >>> topk_index(s, torch.tensor([0]), torch.tensor([4]), torch.tensor([2]), 3).tolist()
+        [[[1, 3, 0]]]
+    """
+    length = scores.shape[-1]
+    valid = prefix_valid(pad, recent_start, length)  # [B, L]
+    top = scores.float().masked_fill(~valid, float("-inf")).topk(k_slots, dim=-1).indices  # [N, B, k]
+    keep = torch.arange(k_slots, device=scores.device)[None, :] < count[:, None]  # [B, k]
+    ordered = torch.where(keep, top, length).sort(dim=-1).values  # selected slots first, ascending
+    return torch.where(ordered < length, ordered, 0)
+
+
+def streaming_index(
+    pad: torch.Tensor, recent_start: torch.Tensor, count: torch.Tensor, sinks: int, k_slots: int
+) -> torch.Tensor:
+    """StreamingLLM: per row the first ``min(sinks, count)`` prefix slots and the ``count - sinks`` most recent
+    ones, ascending, in ``k_slots`` columns (unused columns hold 0). ``[B, k_slots]``.
+
+    Example:
+        >>> streaming_index(torch.tensor([2]), torch.tensor([12]), torch.tensor([5]), 2, 6).tolist()
+        [[2, 3, 9, 10, 11, 0]]
+    """
+    j = torch.arange(k_slots, device=pad.device)[None, :]  # [1, k]
+    n_sink = count.clamp_max(sinks)[:, None]
+    n_recent = count[:, None] - n_sink
+    slot = torch.where(j < n_sink, pad[:, None] + j, recent_start[:, None] - n_recent + (j - n_sink))
+    return torch.where(j < count[:, None], slot, 0)
+
+
+def page_summaries(key: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest key summaries: per page of ``page_size`` slots, the elementwise min and max key ``[B, H_kv, P, D]``."""
+    batch, kv_heads, length, dim = key.shape
+    pages = math.ceil(length / page_size)
+    extra = pages * page_size - length  # a partial last page: its padding must not enter the min / max
+
+    def reduce(fill: float, op) -> torch.Tensor:
+        padded = torch.nn.functional.pad(key.float(), (0, 0, 0, extra), value=fill)
+        return op(padded.view(batch, kv_heads, pages, page_size, dim), dim=3)
+
+    return reduce(float("inf"), torch.amin), reduce(float("-inf"), torch.amax)
+
+
+def select_quest(
+    query: torch.Tensor,
+    page_min: torch.Tensor,
+    page_max: torch.Tensor,
+    pad: torch.Tensor,
+    recent_start: torch.Tensor,
+    pages_budget: torch.Tensor,
+    pages_budget_max: int,
+    page_size: int,
+    capacity: int,
+) -> torch.Tensor:
+    """Quest (Tang et al., 2024) page selection for one draft query, shared by the heads of the layer.
+
+    Page score: ``sum_d max(q_d * min_d, q_d * max_d)`` (an upper bound of ``q . k`` on the page), summed over
+    query heads. Pages wholly outside the prefix score ``-inf``.
+
+    Args:
+        query: ``[B, H, 1, D]``; page_min/page_max: ``[B, H_kv, P, D]``; pages_budget: ``[B]`` pages to keep
+        (host-side bound ``pages_budget_max``).
+
+    Returns:
+        ``[B, capacity]`` bool over slots.
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads, pages = page_min.shape[1], page_min.shape[2]
+    q = query.float().view(batch, kv_heads, heads // kv_heads, dim)  # one query row
+    upper = torch.maximum(
+        q[:, :, :, None, :] * page_min[:, :, None], q[:, :, :, None, :] * page_max[:, :, None]
+    )
+    page_scores = upper.sum(dim=-1).sum(dim=(1, 2))  # [B, P]
+    first = torch.arange(pages, device=query.device) * page_size
+    inside = (first[None, :] + page_size > pad[:, None]) & (first[None, :] < recent_start[:, None])
+    page_scores = page_scores.masked_fill(~inside, float("-inf"))
+    k = min(pages, pages_budget_max)
+    top = page_scores.topk(k, dim=1).indices  # [B, k]
+    keep = torch.arange(k, device=query.device)[None, :] < pages_budget[:, None]
+    chosen = torch.zeros(batch, pages, dtype=torch.bool, device=query.device).scatter_(1, top, keep)
+    slots = chosen.repeat_interleave(page_size, dim=1)[:, :capacity]
+    if slots.shape[1] < capacity:
+        slots = torch.nn.functional.pad(slots, (0, capacity - slots.shape[1]))
+    return slots & prefix_valid(pad, recent_start, capacity)
+
+
+class IndexSelection(KVSelection):
+    """Selections in index form, one per layer, in fixed buffers (Vegas, StreamingLLM)."""
+
+    def __init__(self, devices: list[torch.device], batch: int, k_slots: int):
+        self.k_slots = k_slots
+        self.index = LayerStack(devices, (batch, k_slots), torch.int64)
+        self.count = LayerStack(devices, (batch,), torch.int64)
+        self.recent = LayerStack(devices, (batch,), torch.int64)
+
+    def recent_start(self, layer: int) -> torch.Tensor:
+        return self.recent.layer(layer)
+
+    def gather_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.index.layer(layer), self.count.layer(layer)
+
+
+class QuestSelection(KVSelection):
+    """Quest: pages chosen inside every draft step from per-page key summaries (built once per selection, on
+    first use, and reused by the following draft steps). Mask form only: draft steps run the reference path."""
+
+    def __init__(self, devices: list[torch.device], batch: int, page_size: int, pages_max: int):
+        self.page_size = page_size
+        self.pages_max = pages_max
+        self.recent = LayerStack(devices, (batch,), torch.int64)
+        self.pages = LayerStack(devices, (batch,), torch.int64)
+        self.prefix_end = 0  # host-side max(recent_start): the summaries cover slots [0, prefix_end)
+        self.summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def recent_start(self, layer: int) -> torch.Tensor:
+        return self.recent.layer(layer)
+
+    def allowed(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, pad: torch.Tensor, length: int
+    ) -> torch.Tensor:
+        if layer not in self.summaries:
+            self.summaries[layer] = page_summaries(key[:, :, : self.prefix_end], self.page_size)
+        page_min, page_max = self.summaries[layer]
+        recent = self.recent.layer(layer)
+        chosen = select_quest(
+            query,
+            page_min,
+            page_max,
+            pad,
+            recent,
+            self.pages.layer(layer),
+            self.pages_max,
+            self.page_size,
+            length,
+        )
+        slots = torch.arange(length, device=query.device)
+        return chosen | (slots[None, :] >= recent[:, None])

@@ -1,0 +1,151 @@
+"""CUDA graphs for decode, verify and draft steps (one graph per phase, width and step slots, one shared memory
+pool, static input buffers), and for device-side updates between steps (`CapturedCall`).
+
+A captured step is the runner's ordinary forward with the ``"triton"`` attention backend, whose kernels read each
+row's valid cache range from the runner's fixed ``start``/``pad`` buffers and (for sparse drafting) the selection
+from the `KVSelection`'s fixed buffers; so a graph captured once replays correctly at every later length, and
+changing K between steps only picks another graph. Replay copies the step's token ids and start slots into the
+static buffers (device to device: no synchronisation), replays, and returns the static logits buffer (valid until
+the next replay of the same graph). Graphs live as long as their runner, which the session cache
+(`sessions.SessionCache`) keeps across ``generate`` calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...step import Phase, StepContext
+
+#: forwards run on a side stream before capturing a graph (Triton compilation, cuBLAS workspaces)
+WARMUP_FORWARDS = 2
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """A warning shown once per process for ``key``."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Warm ``fn`` up on a side stream, then capture it; returns the graph and what the captured call returned."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_FORWARDS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # no garbage collection inside the capture: a collected object's CUDA destructor (an event, say) is an
+    # illegal call during capture whose error is swallowed, and the capture then fails at the next launch
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            result = fn()
+    finally:
+        gc.enable()
+    return graph, result
+
+
+class CapturedCall:
+    """``fn`` (device work on fixed tensors, no host values) captured once and replayed by calling the object.
+    Where graphs are off, calling runs ``fn`` eagerly."""
+
+    def __init__(self, fn: Callable[[], None], device: torch.device, capture: bool, pool=None):
+        self.fn = fn
+        self.graph = None
+        self.capture_s = 0.0
+        if capture:
+            begin = time.perf_counter()
+            self.graph, _ = _capture(fn, device, pool if pool is not None else torch.cuda.graph_pool_handle())
+            torch.cuda.synchronize(device)
+            self.capture_s = time.perf_counter() - begin
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.fn()
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # [B, W] static input
+    logits: torch.Tensor  # [B, W, V] static output
+
+
+class StepGraphs:
+    """Captured steps of one `ModelRunner` (its cache must be allocated: capture after the prefill)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.start = torch.zeros(runner.cache.batch_size, dtype=torch.long, device=runner.device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, _Graph] = {}
+        self.capture_s = 0.0  # total, over the runner's life
+        self.captures = 0
+
+    @staticmethod
+    def _key(phase: Phase, width: int, slots: dict) -> tuple:
+        present = tuple(id(v) for v in slots.values() if v is not None)
+        if not present:
+            return (None, width, ())  # a step without slots serves every phase
+        return (phase, width, present)
+
+    def add(self, widths, phase: Phase, slots: dict) -> None:
+        """Capture ``phase`` steps of each width in ``widths`` not captured yet (largest first: the pool is sized
+        by the largest step and the smaller ones reuse it)."""
+        begin = time.perf_counter()
+        todo = [w for w in sorted(set(widths), reverse=True) if self._key(phase, w, slots) not in self.graphs]
+        for width in todo:
+            self._capture_one(width, phase, slots)
+        if todo:
+            torch.cuda.synchronize(self.runner.device)
+            self.capture_s += time.perf_counter() - begin
+            self.captures += len(todo)
+
+    def _capture_one(self, width: int, phase: Phase, slots: dict) -> None:
+        runner = self.runner
+        try:
+            ids = torch.zeros(runner.cache.batch_size, width, dtype=torch.long, device=runner.device)
+            # warm-up writes land in the last cache slots, which every real step rewrites before reading
+            self.start.fill_(runner.cache.capacity - width)
+            graph, logits = _capture(lambda: self._step(ids, phase, slots), runner.device, self.pool)
+        except Exception as err:
+            raise RuntimeError(
+                f"capturing a {phase.value} step of width {width}: {type(err).__name__}: {err}"
+            ) from err
+        self.graphs[self._key(phase, width, slots)] = _Graph(graph, ids, logits)
+
+    def _step(self, ids: torch.Tensor, phase: Phase, slots: dict) -> torch.Tensor:
+        """The forward that gets captured: everything derived from ``start`` is computed inside the graph."""
+        runner = self.runner
+        step = StepContext(
+            phase,
+            self.start,
+            runner.pad_t,
+            q_len=ids.shape[1],
+            kv_len=runner.cache.capacity,
+            backend=runner.backend,
+            **slots,
+        )
+        return runner.run_model(ids, step)
+
+    def find(self, phase: Phase, width: int, slots: dict) -> _Graph | None:
+        return self.graphs.get(self._key(phase, width, slots))
+
+    def replay(self, entry: _Graph, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Run a captured step; returns its static ``[B, W, V]`` logits buffer."""
+        entry.ids.copy_(ids)
+        self.start.copy_(start)
+        entry.graph.replay()
+        return entry.logits

@@ -1,0 +1,139 @@
+"""The typed slots of a `StepContext`, one per feature, each with one owner.
+
+- `KVSelection` (owner: the self-speculative drafter): which cached tokens a draft step attends to.
+- `ScoreCollection` (owner: the Vegas drafter): attention scores a verify or prefill step writes per layer.
+- `VerifySparsity` (owner: sparse verification): what a verify step may skip (attention blocks, FFN channels,
+  experts). Sparse verification is lossy and opt-in; the slot stays None on every lossless path.
+
+Per-layer buffers live on their layer's device (accelerate device maps put layers on several GPUs); `LayerStack`
+keeps them as views of one stacked tensor per device, so batched work (one top-k over all layers) runs once per
+device instead of once per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerStack:
+    """Per-layer tensors of one shape, stored as one ``[layers_on_device, *shape]`` tensor per device.
+
+    Args:
+        devices: the device of each layer.
+        shape / dtype: of one layer's tensor.
+        fill: initial value.
+
+    Example:
+        >>> s = LayerStack([torch.device("cpu")] * 3, (2,), torch.int64)
+        >>> _ = s.layer(1).fill_(7)
+        >>> s.groups[0][1].tolist()
+        [[0, 0], [7, 7], [0, 0]]
+    """
+
+    def __init__(self, devices: list[torch.device], shape: tuple, dtype: torch.dtype, fill: float = 0):
+        self.devices = devices
+        self.groups: list[tuple[list[int], torch.Tensor]] = []  # (layer indices, [n, *shape]) per device
+        self._where: list[tuple[int, int]] = [(0, 0)] * len(devices)
+        for device in dict.fromkeys(devices):
+            layers = [i for i, d in enumerate(devices) if d == device]
+            for position, layer in enumerate(layers):
+                self._where[layer] = (len(self.groups), position)
+            self.groups.append((layers, torch.full((len(layers), *shape), fill, dtype=dtype, device=device)))
+
+    def layer(self, layer: int) -> torch.Tensor:
+        group, position = self._where[layer]
+        return self.groups[group][1][position]
+
+
+class KVSelection:
+    """Draft-time KV selection of one self-speculative strategy (base class).
+
+    A draft step of layer ``l`` attends to the selected prefix slots of the row plus every slot
+    ``>= recent_start(l)`` (tokens appended since the selection was made). Subclasses give the selection in
+    index form (`gather_index`, read by the token-sparse kernel and gather backends) and/or as a mask
+    (`allowed`, read by the reference backend).
+
+    Attributes:
+        recent_min: host-side lower bound of ``recent_start`` over rows and layers (eager gather backends slice
+            the recent slots ``[recent_min, kv_len)``; kernels read the device-side ``recent_start``).
+    """
+
+    recent_min: int = 0
+
+    def recent_start(self, layer: int) -> torch.Tensor:
+        """``[B]`` int64: slots ``>= recent_start`` are always attended."""
+        raise NotImplementedError
+
+    def gather_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(index [B, k_max] int64, count [B] int64)``: the first ``count[b]`` entries of ``index[b]`` are the
+        selected prefix slots of row ``b``; None when the selection exists only as a mask."""
+        return None
+
+    def allowed(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, pad: torch.Tensor, length: int
+    ) -> torch.Tensor:
+        """``[B, length]`` bool over slots ``[0, length)``: selected prefix slots or slots ``>= recent_start``.
+
+        Default: built from `gather_index`. ``query`` ``[B, H, q, D]`` and ``key`` ``[B, H_kv, L, D]`` are there
+        for query-aware selections (Quest)."""
+        index, count = self.gather_index(layer)
+        batch, k_max = index.shape
+        valid = torch.arange(k_max, device=index.device)[None, :] < count[:, None]
+        # unused entries go to a spare column, so they never clear a selected slot
+        target = torch.where(valid, index.clamp_max(length - 1), length)
+        mask = torch.zeros(batch, length + 1, dtype=torch.bool, device=index.device)
+        mask.scatter_(1, target, True)
+        slots = torch.arange(length, device=index.device)
+        return mask[:, :length] | (slots[None, :] >= self.recent_start(layer)[:, None])
+
+
+class ScoreCollection:
+    """Per-layer attention scores that verify (and prefill) steps write, for verification-guided selection.
+
+    Attributes:
+        rows: which query rows are reduced: ``"two_rows"`` (first and last row of the step, Collect-2-Query),
+            ``"all_rows"``, ``"per_row"`` (no reduction: ``[B, q, L]``); prefill steps always reduce their last
+            `PREFILL_SEED_ROWS` rows.
+        weights: score by softmax weights ``exp(logit - lse)`` (heads comparable) instead of raw logits.
+        per_kv_head: keep one score per KV head (``[B, H_kv, L]``) instead of the mean over all heads.
+    """
+
+    PREFILL_SEED_ROWS = 8
+
+    def __init__(self, rows: str = "two_rows", weights: bool = True, per_kv_head: bool = False):
+        if rows not in ("two_rows", "all_rows", "per_row"):
+            raise ValueError(f"rows must be 'two_rows', 'all_rows' or 'per_row', got {rows!r}")
+        self.rows = rows
+        self.weights = weights
+        self.per_kv_head = per_kv_head
+        self.scores: dict[int, torch.Tensor] = {}
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def write(self, layer: int, scores: torch.Tensor) -> None:
+        """Store layer ``layer``'s scores ``[B, (H_kv,) L]`` (``[B, q, L]`` for ``"per_row"``). Layers with a fixed
+        buffer (`fix_buffers`, for captured steps) copy into it; slots past ``L`` are left as they are."""
+        buffer = self.buffers.get(layer)
+        if buffer is None:
+            self.scores[layer] = scores
+            return
+        length = scores.shape[-1]
+        buffer[..., :length].copy_(scores)
+        self.scores[layer] = buffer
+
+    def fix_buffers(self, shapes: dict[int, tuple[tuple, torch.device]]) -> None:
+        """Give layers fixed float32 buffers (``layer -> (shape, device)``) that later writes copy into."""
+        for layer, (shape, device) in shapes.items():
+            if layer not in self.buffers:
+                self.buffers[layer] = torch.zeros(shape, dtype=torch.float32, device=device)
+
+    def layer(self, layer: int) -> torch.Tensor:
+        if layer not in self.scores:
+            raise RuntimeError(f"the verify pass collected no attention scores for layer {layer}")
+        return self.scores[layer]
+
+
+class VerifySparsity:
+    """Verify-time sparsity (lossy, opt-in): the slot sparse verification fills. Attention, MLP and experts
+    modules replaced for sparse verification read it from the current step; lossless paths leave it None.
+    Subclasses define what each module may skip (selected KV blocks per layer, kept FFN channels, experts per
+    token)."""
