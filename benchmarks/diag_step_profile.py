@@ -15,8 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
-from hf_sparse_verify.step import Phase
 from hf_sparse_verify.modules import use_fused_modules
+from hf_sparse_verify.step import Phase
 
 
 @torch.no_grad()

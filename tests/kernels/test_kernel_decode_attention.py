@@ -146,13 +146,23 @@ def test_padding_query_attends_own_slot():
 
 def test_custom_op_registered():
     query, key, value, start, pad = _inputs(1, 4, 2, 2, 16, 30, torch.float32, seed=9)
-    out, scores = torch.ops.hsv.decode_attention(query, key, value, start, pad, 0.25, 0, 1, 2)
+    out, scores = torch.ops.hsv.decode_attention(query, key, value, start, pad, 0.25, 0, 1, 2, False, False)
     assert out.shape == (1, 2, 4, 16) and scores.shape == (1, 30)
     with torch._subclasses.fake_tensor.FakeTensorMode():
         fq = torch.empty(1, 4, 2, 16)
         fk = torch.empty(1, 2, 30, 16)
         fo, fs = torch.ops.hsv.decode_attention(
-            fq, fk, fk, torch.empty(1, dtype=torch.long), torch.empty(1, dtype=torch.long), 0.25, 0, 0, 2
+            fq,
+            fk,
+            fk,
+            torch.empty(1, dtype=torch.long),
+            torch.empty(1, dtype=torch.long),
+            0.25,
+            0,
+            0,
+            2,
+            False,
+            False,
         )
         assert fo.shape == (1, 2, 4, 16) and fs.shape == (1, 0)
 
@@ -192,6 +202,11 @@ def test_real_shapes_on_gpu(q_len, context):
     query, key, value, start, pad = _inputs(1, 32, 8, q_len, 128, context + 16, torch.bfloat16, "cuda")
     start = torch.tensor([context - q_len], device="cuda")
     pad = torch.zeros(1, dtype=torch.long, device="cuda")
-    out, scores = decode_attention(query, key, value, start, pad, 128**-0.5, collect="two_rows")
-    ref, ref_scores = decode_attention_naive(query, key, value, start, pad, 128**-0.5, 0, "two_rows")
-    assert _rel(out, ref) < 2e-2 and _rel(scores, ref_scores) < 2e-2
+    for weights in (False, True):
+        out, scores = decode_attention(
+            query, key, value, start, pad, 128**-0.5, collect="two_rows", weights=weights
+        )
+        ref, ref_scores = decode_attention_naive(
+            query, key, value, start, pad, 128**-0.5, 0, "two_rows", weights=weights
+        )
+        assert _rel(out, ref) < 2e-2 and _rel(scores, ref_scores) < 2e-2

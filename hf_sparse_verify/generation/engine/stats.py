@@ -23,6 +23,7 @@ class SpeculationStats:
         graph_capture_s: seconds this call spent capturing CUDA graphs (0 when steps run eagerly, and when the
             graphs came from a session kept by an earlier call).
         proposed_tokens: per step, per row, drafts the drafter proposed (``<= K``; None for finished rows).
+        step_parts_s: per step, (draft, verify, update) seconds.
     """
 
     strategy: str = ""
@@ -40,6 +41,7 @@ class SpeculationStats:
     verify_time_s: float = 0.0
     update_time_s: float = 0.0
     proposed_tokens: list[list[int | None]] = field(default_factory=list)
+    step_parts_s: list[tuple[float, float, float]] = field(default_factory=list)
 
     def record_step(
         self,
@@ -57,6 +59,7 @@ class SpeculationStats:
         self.accepted_tokens.append([a if act else None for a, act in zip(accepted, active_before)])
         self.proposed_tokens.append([int(p) if act else None for p, act in zip(proposed, active_before)])
         self.step_times_s.append(draft_s + verify_s + update_s)
+        self.step_parts_s.append((draft_s, verify_s, update_s))
         self.draft_time_s += draft_s
         self.verify_time_s += verify_s
         self.update_time_s += update_s

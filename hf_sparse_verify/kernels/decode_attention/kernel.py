@@ -194,14 +194,15 @@ def _weights_kernel(
     lse = tl.load(LSE + (b * kv_heads + kvh) * (group * q_len) + g * q_len + i, mask=r_ok, other=0.0)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < capacity
-    p_s = S_ROWS + ((b * kv_heads + kvh) * n_rows + offs_r[:, None]) * capacity + offs_n[None, :]
-    b_s = tl.load(p_s, mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_R, BLOCK_N]
     own = start + i
     valid = (offs_n[None, :] >= pad) & (offs_n[None, :] <= own[:, None])
     if window > 0:
         valid = valid & (offs_n[None, :] > own[:, None] - window)
     valid = (valid | (offs_n[None, :] == own[:, None])) & r_ok[:, None] & n_ok[None, :]
-    b_w = tl.exp(tl.where(valid, b_s - lse[:, None], NEG_INF))  # slots no split wrote are never valid
+    # only slots a split wrote are valid: the others are never loaded
+    p_s = S_ROWS + ((b * kv_heads + kvh) * n_rows + offs_r[:, None]) * capacity + offs_n[None, :]
+    b_s = tl.load(p_s, mask=valid, other=NEG_INF)  # [BLOCK_R, BLOCK_N]
+    b_w = tl.exp(b_s - tl.where(valid, lse[:, None], 0.0))
     tl.store(OUT + (b * kv_heads + kvh) * capacity + offs_n, tl.sum(b_w, 0) * score_scale, mask=n_ok)
 
 

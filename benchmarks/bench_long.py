@@ -1,0 +1,311 @@
+"""Self-speculation in the long-context, KV-bound regime: per-iteration cost (draft / verify / update) of vegas,
+streaming and quest against our own K = 0 step on the Llama-3.1-8B shape (random bf16 weights), acceptance on
+the 16K-trained fixtures, and the projection that combines them; plain transformers ``generate`` beside it.
+
+Three parts, each writing its own JSON (so they can run in separate device commands), and an ``assemble`` step
+that joins them into ``benchmarks/results/h200_long.json`` (one record per case) and draws it:
+
+    python benchmarks/bench_long.py acceptance --models models/ --out acc.json      # fixtures, GPU
+    python benchmarks/bench_long.py speed --cases 16x16384 4x65536 --out speed.json   # 8B shape, GPU
+    python benchmarks/bench_long.py transformers --cases 1x16384 --out hf.json        # plain generate, GPU
+    python benchmarks/bench_long.py assemble acc.json speed.json hf.json --out benchmarks/results/h200_long.json
+
+Timings come from ``out.speculation`` of real ``generate`` calls (CUDA events around each stage of each step),
+averaged over the steps that ran the case's K. ``capture_first_s`` is the graph capture of the first call of a
+strategy (its session: K policy bound 8), ``capture_second_s`` that of the next call (another K, same session).
+``syncs_per_step`` counts host synchronisations with ``torch.cuda.set_sync_debug_mode`` over two calls of
+different lengths on the same shape and batch at a 1K context (setup and prefill cancel out).
+``projected_speedup`` = acceptance length / iteration time over 1 / K = 0 step time: a projection from two
+measurements (random weights accept almost nothing, so the acceptance comes from the trained fixtures at the same
+K and context; at 32K / 64K, beyond the fixtures' 16K, the 16K acceptance is used and ``acceptance_context`` says
+so).
+
+Plain transformers: ``model.generate(do_sample=False)`` with SDPA and a DynamicCache. cuDNN builds an execution
+plan for every new input shape, and every decode step of plain ``generate`` has a new KV length; the warm-up call
+is therefore the timed call itself (same prompt, same number of new tokens), so the timed call finds every plan
+built, and the per-token decode time is (T(N) - T(1)) / (N - 1) from two timed calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.bench.shapes import random_model
+
+SHAPE = "llama-3.1-8b"
+CASES = ["1x16384", "4x32768", "16x16384", "4x65536", "32x8192"]
+STRATEGIES = ["vegas", "streaming", "quest"]
+KS = [4, 6, 8]
+MAX_K = 8
+RATIO, MIN_TOKENS = 0.07, 256
+
+
+def _parse_case(case: str) -> tuple[int, int]:
+    batch, context = case.lower().split("x")
+    return int(batch), int(context)
+
+
+def _speculation(strategy: str, k: int) -> dict:
+    if strategy == "k0":
+        return dict(strategy="prompt_lookup", k_policy="plain", max_draft_tokens=MAX_K)
+    return dict(
+        strategy=strategy, num_draft_tokens=k, max_draft_tokens=MAX_K, k_policy="constant", ratio=RATIO,
+        min_tokens=MIN_TOKENS,
+    )  # fmt: skip
+
+
+def _generate(model, ids, new_tokens: int, speculation: dict):
+    return model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        custom_generate=hsv.generate,
+        speculation=speculation,
+        return_dict_in_generate=True,
+    ).speculation
+
+
+def _stage_ms(stats, k: int) -> dict:
+    """Mean draft / verify / update ms over the steps that ran K = ``k`` (the last steps shorten K)."""
+    parts = [p for p, kk in zip(stats.step_parts_s, stats.draft_tokens) if kk == k] or stats.step_parts_s
+    mean = [1000 * sum(p[i] for p in parts) / len(parts) for i in range(3)]
+    return dict(draft_ms=mean[0], verify_ms=mean[1], update_ms=mean[2], iteration_ms=sum(mean), steps=len(parts))
+
+
+def _count_syncs(fn) -> tuple[object, int]:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return result, sum("synchroniz" in str(w.message) for w in record)
+
+
+def _syncs_per_step(model, batch: int, strategy: str, k: int, vocab: int) -> float:
+    ids = torch.randint(0, vocab, (batch, 1024), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    spec = _speculation(strategy, k)
+    _generate(model, ids, 8, spec)  # capture (kept in the session)
+    long, n_long = _count_syncs(lambda: _generate(model, ids, 40, spec))
+    short, n_short = _count_syncs(lambda: _generate(model, ids, 16, spec))
+    return (n_long - n_short) / max(1, long.steps - short.steps)
+
+
+def run_speed(args) -> dict:
+    device = torch.device("cuda")
+    model = random_model(SHAPE, device, torch.bfloat16)
+    vocab = model.config.vocab_size
+    hsv.set_graph_cache_size(1)
+    records = []
+    total = len(args.cases) * (1 + len(STRATEGIES) * len(args.ks))
+    bar = tqdm(total=total, desc="bench_long speed", file=sys.stdout)
+    for case in args.cases:
+        batch, context = _parse_case(case)
+        gen = torch.Generator("cuda").manual_seed(0)
+        ids = torch.randint(0, vocab, (batch, context), device=device, generator=gen)
+        for strategy in ["k0", *STRATEGIES]:
+            hsv.clear_graph_cache()
+            ks = [0] if strategy == "k0" else args.ks
+            captures = []
+            for k in ks:
+                begin = time.perf_counter()
+                stats = _generate(model, ids, args.new_tokens, _speculation(strategy, k))
+                wall = time.perf_counter() - begin
+                captures.append(stats.graph_capture_s)
+                record = dict(
+                    shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
+                    **_stage_ms(stats, k), capture_s=stats.graph_capture_s, call_s=wall,
+                    prefill_s=stats.prefill_time_s,
+                )  # fmt: skip
+                records.append(record)
+                bar.update(1)
+                print(json.dumps(record), flush=True)
+            first = next(r for r in records if r["batch"] == batch and r["context"] == context and r["strategy"] == strategy)
+            first["capture_first_s"] = captures[0]
+            first["capture_second_s"] = captures[1] if len(captures) > 1 else None
+            if args.syncs:
+                hsv.clear_graph_cache()
+                syncs = _syncs_per_step(model, batch, strategy, 6 if strategy != "k0" else 0, vocab)
+                for r in records:
+                    if r["batch"] == batch and r["context"] == context and r["strategy"] == strategy:
+                        r["syncs_per_step"] = syncs
+                print(f"{case} {strategy}: {syncs:.3f} syncs per step", flush=True)
+        hsv.clear_graph_cache()
+    bar.close()
+    return dict(machine=machine_info(device), part="speed", records=records)
+
+
+def run_transformers(args) -> dict:
+    device = torch.device("cuda")
+    model = random_model(SHAPE, device, torch.bfloat16)
+    vocab = model.config.vocab_size
+    records = []
+    for case in tqdm(args.cases, desc="plain generate", file=sys.stdout):
+        batch, context = _parse_case(case)
+        ids = torch.randint(0, vocab, (batch, context), device=device, generator=torch.Generator("cuda").manual_seed(0))
+        mask = torch.ones_like(ids)
+
+        def call(n):
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n)
+            torch.cuda.synchronize()
+            return time.perf_counter() - begin
+
+        call(args.new_tokens)  # warm-up: the very shapes of the timed call (cuDNN plans, allocator)
+        full, one = call(args.new_tokens), call(1)
+        step_ms = 1000 * (full - one) / (args.new_tokens - 1)
+        records.append(dict(shape=SHAPE, batch=batch, context=context, strategy="transformers", k=0,
+                            transformers_step_ms=step_ms, call_s=full, prefill_s=one))  # fmt: skip
+        print(json.dumps(records[-1]), flush=True)
+    return dict(machine=machine_info(device), part="transformers", records=records)
+
+
+def run_acceptance(args) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    folder = Path(args.models)
+    model = AutoModelForCausalLM.from_pretrained(folder / "code-target", dtype=torch.float32).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(folder / "code-target")
+    prompts = [json.loads(line) for line in open(folder / "prompts_long.jsonl", encoding="utf-8")]
+    variants = {
+        "vegas": {},
+        "vegas_logits": dict(vegas_scores="logits"),
+        "vegas_all": dict(selection="all"),
+        "streaming": {},
+        "quest": {},
+    }
+    records = []
+    jobs = [(c, v, k) for c in args.contexts for v in variants for k in args.ks]
+    for context, variant, k in tqdm(jobs, desc="acceptance", file=sys.stdout):
+        texts = [p["text"] for p in prompts if p["len"] >= context][: args.prompts]
+        rows = [tok(t, return_tensors="pt").input_ids[0, :context] for t in texts]
+        ids = torch.stack(rows).to(device)
+        strategy = variant.split("_")[0]
+        spec = dict(_speculation(strategy, k), **variants[variant])
+        stats = _generate(model, ids, args.new_tokens, spec)
+        records.append(dict(model="code-target", context=context, variant=variant, strategy=strategy, k=k,
+                            prompts=len(rows), new_tokens=args.new_tokens,
+                            acceptance_length=stats.mean_acceptance_length))  # fmt: skip
+        print(json.dumps(records[-1]), flush=True)
+        hsv.clear_graph_cache()
+    return dict(machine=machine_info(device), part="acceptance", records=records)
+
+
+def assemble(args) -> dict:
+    parts = {}
+    machine = None
+    for path in args.inputs:
+        data = json.loads(Path(path).read_text())
+        parts.setdefault(data["part"], []).extend(data["records"])
+        machine = machine or data["machine"]
+    acceptance = {(r["variant"], r["context"], r["k"]): r["acceptance_length"] for r in parts.get("acceptance", [])}
+    k0 = {(r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"}
+    plain = {(r["batch"], r["context"]): r["transformers_step_ms"] for r in parts.get("transformers", [])}
+    fixture_contexts = sorted({c for _, c, _ in acceptance})
+    records = []
+    for r in parts.get("speed", []):
+        key = (r["batch"], r["context"])
+        out = dict(r, k0_step_ms=k0.get(key), transformers_step_ms=plain.get(key))
+        if r["strategy"] != "k0" and fixture_contexts:
+            at = max((c for c in fixture_contexts if c <= r["context"]), default=fixture_contexts[0])
+            acc = acceptance.get((r["strategy"], at, r["k"]))
+            out.update(acceptance_length=acc, acceptance_context=at)
+            if acc is not None and out["k0_step_ms"]:
+                out["projected_speedup"] = acc * out["k0_step_ms"] / r["iteration_ms"]
+        records.append(out)
+    result = dict(
+        machine=machine,
+        note=(
+            "projected_speedup = acceptance_length (code-target fixture, same K, context <= the case's) / "
+            "iteration_ms over 1 / k0_step_ms: a projection from measured parts, not an end-to-end speedup"
+        ),
+        records=records,
+        acceptance=parts.get("acceptance", []),
+    )
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    _plot(result, Path(args.out).with_suffix(".png"))
+    return result
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [r for r in result["records"] if r.get("projected_speedup") is not None]
+    cases = sorted({(r["batch"], r["context"]) for r in records}, key=lambda c: (c[1], c[0]))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / (len(STRATEGIES) * len(KS))
+    for i, (strategy, k) in enumerate((s, k) for s in STRATEGIES for k in KS):
+        ys = [next((r["projected_speedup"] for r in records if (r["batch"], r["context"]) == c
+                    and r["strategy"] == strategy and r["k"] == k), 0) for c in cases]  # fmt: skip
+        axes[0].bar([x + i * width for x in range(len(cases))], ys, width, label=f"{strategy} K={k}")
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_xticks([x + 0.4 for x in range(len(cases))], [f"{b}x{c // 1024}K" for b, c in cases])
+    axes[0].set_ylabel("projected speedup over our K = 0")
+    axes[0].set_title("Llama-3.1-8B shape, H200 (projection)")
+    axes[0].legend(fontsize=6, ncol=3)
+    acc = result["acceptance"]
+    variants = sorted({a["variant"] for a in acc})
+    contexts = sorted({a["context"] for a in acc})
+    for j, variant in enumerate(variants):
+        ys = [next((a["acceptance_length"] for a in acc if a["variant"] == variant and a["context"] == c
+                    and a["k"] == 6), 0) for c in contexts]  # fmt: skip
+        axes[1].bar([x + j * 0.15 for x in range(len(contexts))], ys, 0.15, label=variant)
+    axes[1].set_xticks([x + 0.3 for x in range(len(contexts))], [f"{c // 1024}K" for c in contexts])
+    axes[1].set_ylabel("mean acceptance length (K = 6)")
+    axes[1].set_title("code-target fixture, prompts_long")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="part", required=True)
+    speed = sub.add_parser("speed")
+    speed.add_argument("--cases", nargs="+", default=CASES)
+    speed.add_argument("--ks", nargs="+", type=int, default=KS)
+    speed.add_argument("--new-tokens", type=int, default=24)
+    speed.add_argument("--no-syncs", dest="syncs", action="store_false")
+    speed.add_argument("--out", required=True)
+    hf = sub.add_parser("transformers")
+    hf.add_argument("--cases", nargs="+", default=CASES)
+    hf.add_argument("--new-tokens", type=int, default=16)
+    hf.add_argument("--out", required=True)
+    acc = sub.add_parser("acceptance")
+    acc.add_argument("--models", required=True)
+    acc.add_argument("--contexts", nargs="+", type=int, default=[8192, 16384])
+    acc.add_argument("--ks", nargs="+", type=int, default=KS)
+    acc.add_argument("--prompts", type=int, default=12)
+    acc.add_argument("--new-tokens", type=int, default=128)
+    acc.add_argument("--out", required=True)
+    asm = sub.add_parser("assemble")
+    asm.add_argument("inputs", nargs="+")
+    asm.add_argument("--out", required=True)
+    args = parser.parse_args()
+    runner = dict(speed=run_speed, transformers=run_transformers, acceptance=run_acceptance, assemble=assemble)
+    result = runner[args.part](args)
+    if args.part != "assemble":
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()

@@ -1,0 +1,113 @@
+"""The step spine on the GPU fast path (triton backend + CUDA graphs), float32: one host synchronisation per
+step for every strategy, graphs kept across calls (a second call captures nothing, and requests of other lengths
+in the same capacity bucket reuse them with identical output), memory bounded over many calls of varied shapes,
+and greedy output equal to plain ``generate`` for every strategy. Skipped without a CUDA GPU."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+from conftest import make_model, noisy_copy, ragged_batch
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.generation.engine.sessions import SESSIONS
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+STRATEGIES = {
+    "plain": dict(strategy="prompt_lookup", k_policy="plain"),
+    "prompt_lookup": dict(strategy="prompt_lookup", num_draft_tokens=3),
+    "prompt_lookup_utility": dict(strategy="prompt_lookup", k_policy="utility"),
+    "draft_model": dict(strategy="draft_model", num_draft_tokens=3),
+    "vegas": dict(strategy="vegas", num_draft_tokens=3, ratio=0.3, min_tokens=4),
+    "vegas_all": dict(strategy="vegas", selection="all", num_draft_tokens=3, ratio=0.3, min_tokens=4),
+    "streaming": dict(strategy="streaming", num_draft_tokens=3, ratio=0.3, min_tokens=4),
+    "quest": dict(strategy="quest", num_draft_tokens=3, ratio=0.3, min_tokens=4, quest_page_size=4),
+}
+
+
+@functools.cache
+def _pair():
+    model = make_model("llama").cuda()
+    return model, noisy_copy(model).cuda()
+
+
+def _run(name: str, ids, mask, max_new: int, batch_prompt=None):
+    model, draft = _pair()
+    return model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=max_new,
+        custom_generate=hsv.generate,
+        speculation=dict(max_draft_tokens=8, **STRATEGIES[name]),
+        draft_model=draft if STRATEGIES[name]["strategy"] == "draft_model" else None,
+        return_dict_in_generate=True,
+    )
+
+
+def _count_syncs(fn):
+    """(result, host synchronisations counted by torch.cuda.set_sync_debug_mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return result, sum("synchroniz" in str(w.message) for w in record)
+
+
+def syncs_per_step(name: str, batch: int = 3) -> tuple[float, int, int]:
+    """Synchronisations per decoding step: two warm calls of different lengths, so whatever a call does once
+    (setup, prefill, the final assembly) cancels out. Returns (per step, syncs of the longer call, its steps)."""
+    ids, mask = (t.cuda() for t in ragged_batch(batch, 40))
+    _run(name, ids, mask, 8)  # capture (kept in the session)
+    long, n_long = _count_syncs(lambda: _run(name, ids, mask, 40))
+    short, n_short = _count_syncs(lambda: _run(name, ids, mask, 12))
+    steps = long.speculation.steps - short.speculation.steps
+    return (n_long - n_short) / steps, n_long, long.speculation.steps
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_one_synchronisation_per_step(name):
+    per_step, total, steps = syncs_per_step(name)
+    assert per_step == pytest.approx(1.0, abs=1e-9), (per_step, total, steps)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_graphs_kept_across_calls_and_reused_at_other_lengths(name):
+    """The first call captures, the second captures nothing; a request of another prompt length and another
+    batch content in the same capacity bucket reuses the graphs; every output equals plain generate."""
+    model, _ = _pair()
+    hsv.clear_graph_cache()
+    outs = []
+    for length, seed in ((40, 0), (40, 1), (47, 2)):
+        ids, mask = (t.cuda() for t in ragged_batch(3, length, seed=seed))
+        out = _run(name, ids, mask, 24)
+        expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, expected), (name, length, seed)
+        outs.append(out.speculation.graph_capture_s)
+    assert outs[0] > 0 and outs[1] == 0 and outs[2] == 0, outs
+    assert len(SESSIONS) == 1
+
+
+def test_memory_bounded_over_fifty_varied_calls():
+    """50 calls over 3 batch sizes, 6 prompt lengths and 3 strategies: at most `max_sessions` sessions are kept
+    and the allocated memory stops growing once they are full."""
+    hsv.clear_graph_cache()
+    hsv.set_graph_cache_size(2)
+    allocated = []
+    names = ["prompt_lookup", "vegas", "draft_model"]
+    for i in range(50):
+        batch, length = 1 + i % 3, 20 + 37 * (i % 6)
+        ids, mask = (t.cuda() for t in ragged_batch(batch, length, seed=i))
+        _run(names[i % 3], ids, mask, 8 + i % 5)
+        allocated.append(torch.cuda.memory_allocated())
+        assert len(SESSIONS) <= 2
+    assert max(allocated[25:]) <= 1.05 * max(allocated[:25]), allocated
+    hsv.clear_graph_cache()
