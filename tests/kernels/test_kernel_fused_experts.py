@@ -190,3 +190,15 @@ def test_bad_input(change, message):
     args = dict(hidden=x, w_gate_up=w_gate_up, w_down=w_down, top_k_index=index, top_k_weights=weights)
     with pytest.raises(ValueError, match=message):
         fused_experts(**change(args))
+
+
+@needs_triton
+def test_benchmark_entry_runs():
+    from hf_sparse_verify.kernels.registry import load_all
+
+    cases = list(load_all()["fused_experts"](torch.device("cpu"), torch.float32, True))
+    assert {c.variant for c in cases} == {"triton", "batched_mm", "grouped_mm"}
+    first = cases[0]
+    assert first.variant == "triton" and first.bytes_moved > 0
+    expected = next(c for c in cases if c.variant == "batched_mm" and c.params == first.params).run()
+    torch.testing.assert_close(first.run(), expected, rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ import triton.language as tl
 from .._triton import dot_in_float32, next_power_of_2
 
 #: tile settings; ``bench.py`` sweeps them, the engine uses these
-TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4}
+TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -270,7 +270,7 @@ def launch(
         dim, inter, top_k,
         hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=4, num_stages=stages,
+        num_warps=TILES["num_warps"], num_stages=stages,
     )  # fmt: skip
 
     pair_out = _empty((pairs, dim), device, torch.float32)  # [T * k, H]
@@ -281,14 +281,14 @@ def launch(
         dim, inter,
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=4, num_stages=stages,
+        num_warps=TILES["num_warps"], num_stages=stages,
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
     _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
         pair_out, top_k_index, n_active if n_active is not None else top_k_index, out,
         dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
-        HAS_N_ACTIVE=n_active is not None, BLOCK_R=next_power_of_2(top_k), BLOCK_H=block_h,
+        HAS_N_ACTIVE=n_active is not None, BLOCK_R=max(2, next_power_of_2(top_k)), BLOCK_H=block_h,
         num_warps=4,
     )  # fmt: skip
     return out
