@@ -26,7 +26,8 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2
 
-#: tile settings; ``bench.py`` sweeps them, the engine uses these
+#: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
+#: sweep`` prints the best)
 TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
