@@ -29,6 +29,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "qwen3_moe": "Qwen3-MoE",
     "mixtral": "Mixtral",
     "olmoe": "OLMoE",
+    "qwen2_moe": "Qwen2-MoE (shared expert)",
 }
 
 #: model types known not to work, with what is missing

@@ -50,6 +50,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.block_summary.bench",
     "hf_sparse_verify.kernels.rms_norm.bench",
     "hf_sparse_verify.kernels.cache_write.bench",
+    "hf_sparse_verify.kernels.fused_experts.bench",
 )
 
 

@@ -1,0 +1,295 @@
+"""Triton fused experts for the few tokens of decode and verify steps: every selected expert's weights are read
+once per block of its (token, rank) pairs, not once per pair as with ``batched_mm``.
+
+Four launches, all with grids from shapes only (no host sync, CUDA-graph capturable):
+
+1. ``_align_kernel`` (one program): groups the pairs by expert into blocks of ``BLOCK_M`` slots. Expert ``e``
+   owns ``ceil(count_e / BLOCK_M)`` consecutive blocks; ``slot_pair[slot]`` is the pair in that slot (pairs keep
+   token order within an expert), ``block_expert[b]`` / ``block_rows[b]`` the block's expert and real rows. The
+   worst-case block count (`max_blocks`) fixes the grids; blocks past the real ones have 0 rows.
+2. ``_gate_up_kernel``, grid ``(blocks, I / BLOCK_N)``: ``h = silu(x @ gate^T) * (x @ up^T)`` for one block and one
+   tile of the intermediate dimension, stored per slot in the activation dtype.
+3. ``_down_kernel``, grid ``(blocks, H / BLOCK_N)``: ``y = h @ down^T`` times the pair's routing weight, stored
+   per pair in float32.
+4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs summed in rank order, in float32, then
+   cast: deterministic (no atomics).
+
+Blocks with no rows return before loading any weight. A pair takes part when its expert id is in ``[0, E)`` and its
+rank is below the token's ``n_active`` (the expert-skipping hook); the align and sum kernels apply the same rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton import dot_in_float32, next_power_of_2
+
+#: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
+#: sweep`` prints the best)
+TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
+
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _pair_active(TOPK_IDS, N_ACTIVE, p, n_pairs, top_k, n_experts, HAS_N_ACTIVE: tl.constexpr):
+    """Expert id of pairs ``p`` (flat ``t * top_k + rank``) and whether each takes part."""
+    in_range = p < n_pairs
+    e = tl.load(TOPK_IDS + p, mask=in_range, other=-1)
+    ok = in_range & (e >= 0) & (e < n_experts)
+    if HAS_N_ACTIVE:
+        n = tl.load(N_ACTIVE + p // top_k, mask=in_range, other=0)
+        ok = ok & (p % top_k < n)
+    return e, ok
+
+
+@triton.jit
+def _pair_hits(TOPK_IDS, N_ACTIVE, p, offs_e, n_pairs, top_k, n_experts, HAS_N_ACTIVE: tl.constexpr):
+    """``[CHUNK, E_BLOCK]`` int32 one-hot of each active pair's expert (all zeros for inactive pairs)."""
+    e, ok = _pair_active(TOPK_IDS, N_ACTIVE, p, n_pairs, top_k, n_experts, HAS_N_ACTIVE)
+    return ((e[:, None] == offs_e[None, :]) & ok[:, None]).to(tl.int32)
+
+
+@triton.jit
+def _align_kernel(
+    TOPK_IDS, N_ACTIVE, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
+    n_pairs, n_blocks, top_k, n_experts,
+    HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs_e = tl.arange(0, E_BLOCK)
+    offs_c = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_BLOCK], dtype=tl.int32)  # active pairs per expert
+    for c0 in range(0, n_pairs, CHUNK):
+        counts += tl.sum(_pair_hits(TOPK_IDS, N_ACTIVE, c0 + offs_c, offs_e, n_pairs, top_k, n_experts,
+                                    HAS_N_ACTIVE), axis=0)  # fmt: skip
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, axis=0)
+    block_start = block_end - blocks
+
+    for b0 in range(0, n_blocks, CHUNK):
+        b = b0 + offs_c
+        # the block's expert: how many experts end at or before it (E_BLOCK past the used blocks)
+        expert = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        own = offs_e[None, :] == expert[:, None]  # [CHUNK, E_BLOCK]
+        count = tl.sum(tl.where(own, counts[None, :], 0), axis=1)
+        first = tl.sum(tl.where(own, block_start[None, :], 0), axis=1)
+        valid = expert < n_experts
+        rows = tl.where(valid, tl.minimum(count - (b - first) * BLOCK_M, BLOCK_M), 0)
+        tl.store(BLOCK_EXPERT + b, tl.where(valid, expert, -1), mask=b < n_blocks)
+        tl.store(BLOCK_ROWS + b, rows, mask=b < n_blocks)
+
+    seen = tl.zeros([E_BLOCK], dtype=tl.int32)  # pairs of each expert in the chunks before
+    for c0 in range(0, n_pairs, CHUNK):
+        p = c0 + offs_c
+        hits = _pair_hits(TOPK_IDS, N_ACTIVE, p, offs_e, n_pairs, top_k, n_experts, HAS_N_ACTIVE)
+        rank = tl.cumsum(hits, axis=0) - hits + seen[None, :]  # rank among the expert's pairs, token order
+        slot = tl.sum(hits * (block_start[None, :] * BLOCK_M + rank), axis=1)
+        tl.store(SLOT_PAIR + slot, p, mask=tl.sum(hits, axis=1) > 0)
+        seen += tl.sum(hits, axis=0)
+
+
+@triton.jit
+def _gate_up_kernel(
+    X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
+    hidden, inter, top_k,
+    s_xt, s_we, s_wn, s_wk, s_ht,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    blk = tl.program_id(0)
+    rows = tl.load(BLOCK_ROWS + blk)
+    if rows == 0:
+        return
+    e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < rows
+    pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0)
+    token = (pair // top_k).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < inter
+    offs_k = tl.arange(0, BLOCK_K)
+
+    p_x = X + token[:, None] * s_xt + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_g = W + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk  # [BLOCK_K, BLOCK_N] of gate^T
+    p_u = p_g + inter * s_wn  # up rows follow the gate rows
+    b_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k_ok = k0 + offs_k < hidden
+        b_x = tl.load(p_x, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        b_wg = tl.load(p_g, mask=w_ok, other=0.0).to(DOT_DTYPE)
+        b_wu = tl.load(p_u, mask=w_ok, other=0.0).to(DOT_DTYPE)
+        b_g = tl.dot(b_x, b_wg, b_g, input_precision=DOT_PRECISION)
+        b_u = tl.dot(b_x, b_wu, b_u, input_precision=DOT_PRECISION)
+        p_x += BLOCK_K
+        p_g += BLOCK_K * s_wk
+        p_u += BLOCK_K * s_wk
+    b_h = b_g * tl.sigmoid(b_g) * b_u  # [BLOCK_M, BLOCK_N]
+    p_h = H + (blk * BLOCK_M + offs_m)[:, None] * s_ht + offs_n[None, :]
+    tl.store(p_h, b_h.to(H.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    H, W, TOPK_W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
+    hidden, inter,
+    s_ht, s_we, s_wn, s_wk, s_pt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    blk = tl.program_id(0)
+    rows = tl.load(BLOCK_ROWS + blk)
+    if rows == 0:
+        return
+    e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < rows
+    pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden
+    offs_k = tl.arange(0, BLOCK_K)
+
+    p_h = H + (blk * BLOCK_M + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_w = W + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk  # [BLOCK_K, BLOCK_N] of down^T
+    b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        k_ok = k0 + offs_k < inter
+        b_h = tl.load(p_h, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_w = tl.load(p_w, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
+        p_h += BLOCK_K
+        p_w += BLOCK_K * s_wk
+    b_r = tl.load(TOPK_W + pair, mask=row_ok, other=0.0).to(tl.float32)  # routing weight per row
+    p_o = PAIR_OUT + pair[:, None] * s_pt + offs_n[None, :]
+    tl.store(p_o, b_y * b_r[:, None], mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_kernel(
+    PAIR_OUT, TOPK_IDS, N_ACTIVE, OUT,
+    hidden, top_k, n_experts, s_pt, s_ot,
+    HAS_N_ACTIVE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    p = t * top_k + offs_r
+    _, ok = _pair_active(TOPK_IDS, N_ACTIVE, p, t * top_k + top_k, top_k, n_experts, HAS_N_ACTIVE)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < hidden
+    b_y = tl.load(PAIR_OUT + p[:, None] * s_pt + offs_h[None, :], mask=ok[:, None] & h_ok[None, :], other=0.0)
+    tl.store(OUT + t * s_ot + offs_h, tl.sum(b_y, axis=0).to(OUT.dtype.element_ty), mask=h_ok)
+
+
+def block_m_for(pairs: int, experts: int) -> int:
+    """Rows per block, from shapes only: 16 while experts average a few pairs (decode, verify), more for
+    prefill-sized inputs."""
+    per_expert = pairs / experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def max_blocks(pairs: int, experts: int, block_m: int) -> int:
+    """The most blocks any routing of ``pairs`` pairs over ``experts`` experts can fill:
+    ``sum_e ceil(c_e / block_m) <= (pairs + nonzero * (block_m - 1)) // block_m``, and at most ``pairs``."""
+    nonzero = min(experts, pairs)
+    return min(pairs, (pairs + nonzero * (block_m - 1)) // block_m)
+
+
+def _weight_strides(weight: torch.Tensor, transposed: bool) -> tuple[int, int, int]:
+    """Strides ``(expert, n, k)`` of ``W[e, n, k]`` (output dim n, reduced dim k) for a ``[E, N, K]`` weight, or
+    a ``[E, K, N]`` one when ``transposed``."""
+    s_e, s_1, s_2 = weight.stride()
+    return (s_e, s_2, s_1) if transposed else (s_e, s_1, s_2)
+
+
+def _empty(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Every buffer of the launch (tests poison them through this)."""
+    return torch.empty(shape, device=device, dtype=dtype)
+
+
+def align(
+    top_k_index: torch.Tensor, n_active: torch.Tensor | None, n_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block layout of the active pairs (``_align_kernel``): ``slot_pair`` ``[blocks * block_m]`` int32 (pair
+    ``t * k + r`` in each used slot; unused slots are not written), ``block_expert`` ``[blocks]`` int32 (-1 past the
+    used blocks) and ``block_rows`` ``[blocks]`` int32 (used slots of each block, 0 past the used blocks), with
+    ``blocks = max_blocks(T * k, n_experts, block_m)``. ``top_k_index`` ``[T, k]`` contiguous."""
+    pairs = top_k_index.numel()
+    n_blocks = max_blocks(pairs, n_experts, block_m)
+    device = top_k_index.device
+    slot_pair = _empty((n_blocks * block_m,), device, torch.int32)
+    block_expert = _empty((n_blocks,), device, torch.int32)
+    block_rows = _empty((n_blocks,), device, torch.int32)
+    e_block = max(16, next_power_of_2(n_experts))
+    chunk = max(16, min(next_power_of_2(max(pairs, n_blocks)), 8192 // e_block))
+    _align_kernel[(1,)](
+        top_k_index, n_active if n_active is not None else top_k_index, slot_pair, block_expert, block_rows,
+        pairs, n_blocks, top_k_index.shape[1], n_experts,
+        HAS_N_ACTIVE=n_active is not None, BLOCK_M=block_m, CHUNK=chunk, E_BLOCK=e_block,
+        num_warps=4 if chunk * e_block <= 2048 else 8,
+    )  # fmt: skip
+    return slot_pair, block_expert, block_rows
+
+
+def launch(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    n_active: torch.Tensor | None,
+    transposed: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the four kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride,
+    ``top_k_index`` / ``top_k_weights`` contiguous). Returns ``[T, H]`` in ``hidden.dtype`` (into ``out`` if
+    given)."""
+    tokens, dim = hidden.shape
+    top_k = top_k_index.shape[1]
+    n_experts = w_gate_up.shape[0]
+    inter = w_down.shape[1] if transposed else w_down.shape[2]
+    device = hidden.device
+    if out is None:
+        out = _empty((tokens, dim), device, hidden.dtype)
+    if tokens == 0:
+        return out
+    pairs = tokens * top_k
+    block_m = block_m_for(pairs, n_experts)
+    slot_pair, block_expert, block_rows = align(top_k_index, n_active, n_experts, block_m)
+    n_blocks = block_rows.shape[0]
+
+    dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(hidden.dtype) else hidden.dtype]
+    precision = "ieee" if dot_dtype == tl.float32 else "tf32"  # tf32 only matters for float32 operands
+    stages = TILES["num_stages"]
+    h = _empty((n_blocks * block_m, inter), device, hidden.dtype)  # [slots, I]
+    bn = min(TILES["gate_up_n"], max(16, next_power_of_2(inter)))
+    bk = min(TILES["gate_up_k"], max(16, next_power_of_2(dim)))
+    _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn))](
+        hidden, w_gate_up, h, slot_pair, block_expert, block_rows,
+        dim, inter, top_k,
+        hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["num_warps"], num_stages=stages,
+    )  # fmt: skip
+
+    pair_out = _empty((pairs, dim), device, torch.float32)  # [T * k, H]
+    bn = min(TILES["down_n"], max(16, next_power_of_2(dim)))
+    bk = min(TILES["down_k"], max(16, next_power_of_2(inter)))
+    _down_kernel[(n_blocks, triton.cdiv(dim, bn))](
+        h, w_down, top_k_weights, pair_out, slot_pair, block_expert, block_rows,
+        dim, inter,
+        h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["num_warps"], num_stages=stages,
+    )  # fmt: skip
+
+    block_h = min(1024, next_power_of_2(dim))
+    _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
+        pair_out, top_k_index, n_active if n_active is not None else top_k_index, out,
+        dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
+        HAS_N_ACTIVE=n_active is not None, BLOCK_R=max(2, next_power_of_2(top_k)), BLOCK_H=block_h,
+        num_warps=4,
+    )  # fmt: skip
+    return out
