@@ -80,7 +80,9 @@ def _stage_ms(stats, k: int) -> dict:
     """Mean draft / verify / update ms over the steps that ran K = ``k`` (the last steps shorten K)."""
     parts = [p for p, kk in zip(stats.step_parts_s, stats.draft_tokens) if kk == k] or stats.step_parts_s
     mean = [1000 * sum(p[i] for p in parts) / len(parts) for i in range(3)]
-    return dict(draft_ms=mean[0], verify_ms=mean[1], update_ms=mean[2], iteration_ms=sum(mean), steps=len(parts))
+    return dict(
+        draft_ms=mean[0], verify_ms=mean[1], update_ms=mean[2], iteration_ms=sum(mean), steps=len(parts)
+    )
 
 
 def _count_syncs(fn) -> tuple[object, int]:
@@ -96,7 +98,9 @@ def _count_syncs(fn) -> tuple[object, int]:
 
 
 def _syncs_per_step(model, batch: int, strategy: str, k: int, vocab: int) -> float:
-    ids = torch.randint(0, vocab, (batch, 1024), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ids = torch.randint(
+        0, vocab, (batch, 1024), device="cuda", generator=torch.Generator("cuda").manual_seed(1)
+    )
     spec = _speculation(strategy, k)
     _generate(model, ids, 8, spec)  # capture (kept in the session)
     long, n_long = _count_syncs(lambda: _generate(model, ids, 40, spec))
@@ -133,7 +137,11 @@ def run_speed(args) -> dict:
                 records.append(record)
                 bar.update(1)
                 print(json.dumps(record), flush=True)
-            first = next(r for r in records if r["batch"] == batch and r["context"] == context and r["strategy"] == strategy)
+            first = next(
+                r
+                for r in records
+                if r["batch"] == batch and r["context"] == context and r["strategy"] == strategy
+            )
             first["capture_first_s"] = captures[0]
             first["capture_second_s"] = captures[1] if len(captures) > 1 else None
             if args.syncs:
@@ -155,13 +163,17 @@ def run_transformers(args) -> dict:
     records = []
     for case in tqdm(args.cases, desc="plain generate", file=sys.stdout):
         batch, context = _parse_case(case)
-        ids = torch.randint(0, vocab, (batch, context), device=device, generator=torch.Generator("cuda").manual_seed(0))
+        ids = torch.randint(
+            0, vocab, (batch, context), device=device, generator=torch.Generator("cuda").manual_seed(0)
+        )
         mask = torch.ones_like(ids)
 
-        def call(n):
+        def call(n, ids=ids, mask=mask):
             torch.cuda.synchronize()
             begin = time.perf_counter()
-            model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n)
+            model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n
+            )
             torch.cuda.synchronize()
             return time.perf_counter() - begin
 
@@ -179,7 +191,9 @@ def run_acceptance(args) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = Path(args.models)
-    model = AutoModelForCausalLM.from_pretrained(folder / "code-target", dtype=torch.float32).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(folder / "code-target", dtype=torch.float32).to(device).eval()
+    )
     tok = AutoTokenizer.from_pretrained(folder / "code-target")
     prompts = [json.loads(line) for line in open(folder / "prompts_long.jsonl", encoding="utf-8")]
     variants = {
@@ -213,8 +227,12 @@ def assemble(args) -> dict:
         data = json.loads(Path(path).read_text())
         parts.setdefault(data["part"], []).extend(data["records"])
         machine = machine or data["machine"]
-    acceptance = {(r["variant"], r["context"], r["k"]): r["acceptance_length"] for r in parts.get("acceptance", [])}
-    k0 = {(r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"}
+    acceptance = {
+        (r["variant"], r["context"], r["k"]): r["acceptance_length"] for r in parts.get("acceptance", [])
+    }
+    k0 = {
+        (r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"
+    }
     plain = {(r["batch"], r["context"]): r["transformers_step_ms"] for r in parts.get("transformers", [])}
     fixture_contexts = sorted({c for _, c, _ in acceptance})
     records = []
@@ -300,7 +318,9 @@ def main() -> None:
     asm.add_argument("inputs", nargs="+")
     asm.add_argument("--out", required=True)
     args = parser.parse_args()
-    runner = dict(speed=run_speed, transformers=run_transformers, acceptance=run_acceptance, assemble=assemble)
+    runner = dict(
+        speed=run_speed, transformers=run_transformers, acceptance=run_acceptance, assemble=assemble
+    )
     result = runner[args.part](args)
     if args.part != "assemble":
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -183,24 +183,26 @@ def profile_steps(device, dtype, steps: int = 10) -> list[dict]:
 
     from hf_sparse_verify.attention import use_sparse_verify_attention
     from hf_sparse_verify.bench.shapes import random_model
-    from hf_sparse_verify.generation.runner import ModelRunner
+    from hf_sparse_verify.generation.engine.runner import ModelRunner
     from hf_sparse_verify.modules import use_fused_modules
     from hf_sparse_verify.moe import experts_for_decoding
+    from hf_sparse_verify.step import Phase
 
     model = random_model("qwen3-30b-a3b", device, dtype)
     results = []
     with use_sparse_verify_attention(model), experts_for_decoding(model), use_fused_modules(model):
-        runner = ModelRunner(model, 1, 1024 + 16, [0], device, "triton")
-        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), [0], "prefill")
+        runner = ModelRunner(model, 1, 1024 + 16, device, "triton")
+        zero, at = torch.zeros(1, dtype=torch.long, device=device), torch.tensor([1000], device=device)
+        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
         for width in (1, 8):
             assert runner.capture([width]), "capture failed"
             ids = torch.randint(0, 1000, (1, width), device=device)
             for _ in range(3):
-                runner.forward(ids, [1000], "verify")
+                runner.forward(ids, at, Phase.VERIFY, kv_len=1000 + width)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(steps):
-                    runner.forward(ids, [1000], "verify")
+                    runner.forward(ids, at, Phase.VERIFY, kv_len=1000 + width)
                 torch.cuda.synchronize()
             kernels: dict[str, list[float]] = {}
             for event in prof.events():
