@@ -169,9 +169,10 @@ def speculative_decode(
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *drafter.models):
         if target.use_graphs:
-            # one graph per verify width 1 .. K_max + 1 (kept in the session: later calls capture nothing)
+            # one graph per verify width 1 .. max_draft_tokens + 1, whatever this call's policy needs: the session
+            # keeps them, so a later call with another K or policy captures nothing
             before_s = target.graphs.capture_s if target.graphs else 0.0
-            widths = range(1, min(policy.k_bound, max_k) + 2)
+            widths = range(1, max_k + 2)
             if target.capture(widths, Phase.VERIFY, **drafter.step_slots(Phase.VERIFY)):
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s

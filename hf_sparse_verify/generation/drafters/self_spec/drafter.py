@@ -136,7 +136,13 @@ class SelfSpecDrafter(Drafter):
         buffers = self.buffers
         device = self.target.device
         if buffers.update is None and self.selection != "last_token":
+            # capturing runs the update on whatever the score buffers hold (the verify captures' warm-up
+            # scores): keep the prefill's selection and put it back afterwards
+            stacks = [t for s in buffers.selection.stacks() for _, t in s.groups]
+            saved = [t.clone() for t in stacks]
             buffers.update = CapturedCall(self._update, device, capture=True, pool=self.target.graphs.pool)
+            for t, kept in zip(stacks, saved):
+                t.copy_(kept)
             self.capture_s += buffers.update.capture_s
         if isinstance(buffers.selection, IndexSelection) and not self._has_sliding_layers():
             before = self.target.graphs.capture_s

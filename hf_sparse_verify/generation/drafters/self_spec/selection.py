@@ -150,6 +150,10 @@ class IndexSelection(KVSelection):
     def gather_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.index.layer(layer), self.count.layer(layer)
 
+    def stacks(self) -> list[LayerStack]:
+        """The fixed buffers that hold the selection."""
+        return [self.index, self.count, self.recent]
+
 
 class QuestSelection(KVSelection):
     """Quest: pages chosen inside every draft step from per-page key summaries (built once per selection, on
@@ -165,6 +169,10 @@ class QuestSelection(KVSelection):
 
     def recent_start(self, layer: int) -> torch.Tensor:
         return self.recent.layer(layer)
+
+    def stacks(self) -> list[LayerStack]:
+        """The fixed buffers that hold the selection."""
+        return [self.pages, self.recent]
 
     def allowed(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, pad: torch.Tensor, length: int
