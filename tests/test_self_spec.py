@@ -706,3 +706,35 @@ def test_self_speculation_rejects_a_draft_model(strategy):
         )
     with pytest.raises(ValueError, match="selection must be one of"):
         SelfSpecDrafter(selection="first_row")
+
+
+@pytest.mark.parametrize("name", ["vegas", "draft_model"])
+def test_chunked_prefill_equals_plain_generate(monkeypatch, name):
+    """Prompts prefilled in chunks (here 16 tokens per forward: several chunks of a ragged batch, the first one
+    short) give the plain greedy output; Vegas' first selection comes from the last chunk's rows."""
+    from hf_sparse_verify.generation.engine import runner
+
+    monkeypatch.setattr(runner.ModelRunner.prefill, "__defaults__", (48,))  # 16 tokens per row and forward
+    forwards = []
+    original = runner.ModelRunner.forward
+
+    def count(self, ids, start, phase, **kwargs):
+        if phase == "prefill":
+            forwards.append(ids.shape[1])
+        return original(self, ids, start, phase, **kwargs)
+
+    monkeypatch.setattr(runner.ModelRunner, "forward", count)
+    model = _model("llama")
+    ids, mask = ragged_batch(3, PROMPT_LEN)
+    calls = _spy_selections(monkeypatch)
+    if name == "vegas":
+        out = _speculate(model, ids, mask, 3, strategy="vegas", **SPARSE)
+        _assert_sparse(calls, "vegas")
+    else:
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False,
+            custom_generate=hsv.generate, speculation=dict(strategy="draft_model", num_draft_tokens=3),
+            draft_model=make_model("llama", seed=1), return_dict_in_generate=True,
+        )  # fmt: skip
+    assert torch.equal(out.sequences, _plain("llama", 3))
+    assert forwards[:3] == [8, 16, 16]  # the target's prompt of 40 tokens: three chunks, the first short

@@ -31,8 +31,8 @@ STRATEGIES = {
 
 @functools.cache
 def _pair():
-    model = make_model("llama").cuda()
-    return model, noisy_copy(model).cuda()
+    model = make_model("llama")
+    return model.cuda(), noisy_copy(model).cuda()
 
 
 def _run(name: str, ids, mask, max_new: int, batch_prompt=None):

@@ -54,12 +54,13 @@ def _collect_prefill(
     key: torch.Tensor,
     mask: torch.Tensor,
     scaling: float,
+    kv_heads: int,
 ) -> None:
     """The first selection's scores: the prompt's last `ScoreCollection.PREFILL_SEED_ROWS` query rows."""
     rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
     logits = _row_logits(query[:, :, -rows:], key, scaling)  # [B, H, rows, L]
     kind = ScoreCollection(rows="all_rows", weights=collection.weights, per_kv_head=collection.per_kv_head)
-    collection.write(layer, reduce_scores(logits, mask[:, :, -rows:], kind, key.shape[1]))
+    collection.write(layer, reduce_scores(logits, mask[:, :, -rows:], kind, kv_heads))
 
 
 @register_backend("reference")
@@ -109,6 +110,11 @@ def reference_attention(
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous()
 
+    if gqa and query.is_cuda and step.phase is Phase.PREFILL:
+        # SDPA's memory-efficient kernel takes float32 and masks but not grouped heads; without it SDPA falls back
+        # to the math kernel, whose [B, H, q, L] attention matrix does not fit for long prompts
+        group = query.shape[1] // kv_heads
+        key, value, gqa = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1), False
     if view.is_plain_causal(sliding_window):
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
     elif view.is_full_row(sliding_window):
@@ -125,5 +131,5 @@ def reference_attention(
             mask = mask.expand(query.shape[0], 1, rows, step.kv_len)
         else:
             mask = view.mask(sliding_window)
-        _collect_prefill(collection, layer, query, key, mask, scaling)
+        _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads)
     return out.transpose(1, 2).contiguous()

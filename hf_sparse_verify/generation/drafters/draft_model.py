@@ -81,8 +81,7 @@ class DraftModelDrafter(Drafter):
         self.runner = kept
         self.runner.set_padding(state.pad)
         # the prompt; _catch_up feeds the rest (the first generated token onwards)
-        zeros = torch.zeros(batch, dtype=torch.long, device=state.device)
-        self.runner.forward(state.tokens[:, :prompt_len], zeros, Phase.PREFILL, kv_len=prompt_len)
+        self.runner.prefill(state.tokens[:, :prompt_len])
         self.cached = [prompt_len] * batch
 
     def capture(self, widths) -> None:

@@ -152,10 +152,7 @@ def speculative_decode(
 
     # ------------------------------------------------------------------------------------------------ prefill
     timer.mark("prefill_start")
-    logits = target.forward(
-        input_ids, torch.zeros_like(state.committed_t), Phase.PREFILL, kv_len=prompt_len, logits_to_keep=1,
-        **drafter.step_slots(Phase.PREFILL),
-    )  # fmt: skip
+    logits = target.prefill(input_ids, **drafter.step_slots(Phase.PREFILL))  # [B, 1, V]
     scores = processors(state.tokens[:, :prompt_len], logits[:, 0])[:, None] if len(processors) else logits
     first = empty_draft(batch, device)
     accepted, new_tokens = _select(scores, first, settings.do_sample)

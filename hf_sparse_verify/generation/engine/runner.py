@@ -14,6 +14,10 @@ from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySpar
 from .graphs import StepGraphs, warn_once
 from .state import to_device
 
+#: tokens (rows x prompt tokens) one prefill forward takes; longer prompts are prefilled in chunks, so activations
+#: stay bounded (a 16 x 16K prefill of the 8B shape in one forward does not fit next to its cache on an 80 GB GPU)
+PREFILL_TOKENS = 16384
+
 
 class ModelRunner:
     """Runs ``model`` on ``[B, W]`` tokens written at per-row cache slots, through the ``"sparse_verify"``
@@ -68,6 +72,27 @@ class ModelRunner:
             )
             return False
         return True
+
+    def prefill(self, ids: torch.Tensor, chunk_tokens: int = PREFILL_TOKENS, **last_slots) -> torch.Tensor:
+        """Write the prompts ``ids`` ``[B, T]`` at slots ``0 .. T - 1`` in chunks of at most ``chunk_tokens``
+        tokens per forward (chunks aligned to the end, so the last one is whole); ``last_slots`` (a score
+        collection, say) go to the last chunk only. Returns the float32 logits of the last position ``[B, 1, V]``."""
+        batch, length = ids.shape
+        chunk = max(16, chunk_tokens // batch)
+        starts = list(range(length - chunk, 0, -chunk))[::-1]
+        bounds = list(zip([0, *starts], [*starts, length]))
+        for first, end in bounds:
+            start = torch.full((batch,), first, dtype=torch.long, device=self.device)
+            last = end == length
+            logits = self.forward(
+                ids[:, first:end],
+                start,
+                Phase.PREFILL,
+                kv_len=end,
+                logits_to_keep=1,
+                **(last_slots if last else {}),
+            )
+        return logits
 
     def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int = 0) -> torch.Tensor:
         """One forward of ``step``; the model's logits as they come."""
