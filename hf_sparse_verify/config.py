@@ -101,7 +101,9 @@ class SpeculationConfig:
         for name in ("strategy", "k_policy", "selection", "attention_backend"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise ValueError(f"{name} is one name (a str such as {_EXAMPLE_NAMES[name]!r}), got {value!r}")
+                raise ValueError(
+                    f"{name} is one name (a str such as {_EXAMPLE_NAMES[name]!r}), got {value!r}"
+                )
         if self.strategy != "auto" and self.strategy not in DRAFTERS:
             raise ValueError(f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}")
         if self.k_policy not in K_POLICIES:
@@ -300,9 +302,10 @@ def _read_config_file(path: str) -> SpeculationConfig | None:
 def check_model_location(name: str, value: str) -> None:
     """Raise a ValueError naming ``name`` when ``value`` can be neither a local model folder nor a Hub id.
 
-    An existing folder passes; so does anything shaped like a Hub id (``"name"`` or ``"org/name"``), which only
-    loading can check. A path that is missing (``"./models/draft"``, ``"/data/draft"``) or a file fails here
-    with "folder not found" instead of transformers' "Repo id must be in the form ...".
+    A folder holding ``config.json`` passes; so does anything shaped like a Hub id (``"name"`` or
+    ``"org/name"``), which only loading can check. A path that is missing (``"./models/draft"``,
+    ``"/data/draft"``) fails here with "folder not found" instead of transformers' "Repo id must be in the form
+    ...", and so does a file or a folder without ``config.json``.
 
     Example:
         >>> check_model_location("draft_model", "org/tiny-draft")   # a Hub id: checked when it loads
@@ -312,6 +315,10 @@ def check_model_location(name: str, value: str) -> None:
         ValueError: draft_model './no/such/folder': folder not found (give an existing model folder or a Hub id like 'org/name')
     """
     if os.path.isdir(value):
+        if not os.path.isfile(os.path.join(value, "config.json")):
+            raise ValueError(
+                f"{name} {value!r} holds no config.json: give a model folder (one written by save_pretrained)"
+            )
         return
     if os.path.isfile(value):
         raise ValueError(f"{name} {value!r} is a file: give the model's folder (the one holding config.json)")

@@ -117,11 +117,18 @@ def test_config_names_and_missing_draft_folder(kwargs, message):
         hf_sparse_verify.SpeculationConfig(**kwargs)
 
 
-def test_draft_model_file_instead_of_folder(tmp_path):
+def test_draft_model_file_or_folder_without_config(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"")
-    with pytest.raises(ValueError, match=r"is a file: give the model's folder \(the one holding config.json\)"):
+    with pytest.raises(
+        ValueError, match=r"is a file: give the model's folder \(the one holding config.json\)"
+    ):
         hf_sparse_verify.SpeculationConfig(draft_model=str(weights))
+    with pytest.raises(
+        ValueError, match=r"holds no config.json: give a model folder \(one written by save_pretr"
+    ):
+        hf_sparse_verify.SpeculationConfig(draft_model=str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
     assert hf_sparse_verify.SpeculationConfig(draft_model=str(tmp_path)).draft_model == str(tmp_path)
 
 
