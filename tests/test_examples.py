@@ -1,4 +1,5 @@
-"""Every script in examples/ runs on the embedded demo pair (CPU, no downloads) with few new tokens.
+"""Every script in examples/, and the README's opening example, runs on the embedded demo pair (CPU, no downloads)
+with few new tokens.
 
 The scripts run in this process through `runpy` (a subprocess would spend seconds importing torch again), as
 ``python examples/<name>.py <args>`` would run them.
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: script -> (arguments, text its output must contain); "{tmp}" is replaced by a temporary folder
 CASES = {
@@ -79,3 +81,12 @@ def test_utility_example_writes_its_plot_where_told(tmp_path, monkeypatch, capsy
     png = tmp_path / "utility_trace.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot: {png}" in capsys.readouterr().out
+
+
+def test_readme_opening_example_runs(capsys):
+    readme = README.read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert readme.index(code) < readme.index("## Use")  # the example of the opening, not a later one
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("def fibonacci(n):") and "strategy=prompt_lookup" in out
