@@ -232,7 +232,11 @@ def _add_tune_parser(sub, debug) -> None:
     )
     tune.add_argument("--strategy", default="vegas", choices=RATIO_STRATEGIES, help="(default: vegas)")
     tune.add_argument("--model", help="target model folder or Hub id (default: the embedded demo target)")
-    tune.add_argument("--draft-model", help="passed to generate (the ratio-based strategies take none)")
+    tune.add_argument(
+        "--draft-model",
+        metavar="DIR_OR_ID",
+        help="refused: vegas, streaming and quest draft with the target itself (kept for later strategies)",
+    )
     tune.add_argument(
         "--prompt-file",
         required=True,
@@ -590,7 +594,8 @@ def cmd_tune(args) -> int:
     except ValueError as err:
         raise UsageError(_one_line(err)) from None
     _check_model("--model", args.model)
-    _check_model("--draft-model", args.draft_model)
+    if args.draft_model is not None:
+        raise UsageError(f"--draft-model: {args.strategy} drafts with the target itself; drop --draft-model")
     base = _config(
         strategy=args.strategy,
         min_tokens=args.min_tokens,
@@ -612,7 +617,6 @@ def cmd_tune(args) -> int:
 
     tokenizer = _load("--model", model_path, AutoTokenizer.from_pretrained)
     model = _load("--model", model_path, load_model)
-    draft = _load("--draft-model", args.draft_model, load_model) if args.draft_model else None
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     print(
         f"{len(prompts)} prompt(s) of {min(lengths)}-{max(lengths)} tokens, {model_path}, {device} {dtype_name}"
@@ -620,23 +624,28 @@ def cmd_tune(args) -> int:
     warning = dense_warning(lengths, args.ratios, args.min_tokens)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    config, result = tune(
-        model,
-        tokenizer,
-        prompts,
-        args.strategy,
-        max_new_tokens=args.max_new_tokens,
-        ratios=args.ratios,
-        ks=args.ks,
-        k_large=args.k_large,
-        refine_factors=args.refine_factors,
-        min_gain=args.min_gain,
-        base_config=base,
-        draft_model=draft,
-        warmup=not args.no_warmup,
-        out_dir=args.out,
-        meta={"model": model_path, "device": device, "dtype": dtype_name},
-    )
+    try:
+        config, result = tune(
+            model,
+            tokenizer,
+            prompts,
+            args.strategy,
+            max_new_tokens=args.max_new_tokens,
+            ratios=args.ratios,
+            ks=args.ks,
+            k_large=args.k_large,
+            refine_factors=args.refine_factors,
+            min_gain=args.min_gain,
+            base_config=base,
+            warmup=not args.no_warmup,
+            out_dir=args.out,
+            meta={"model": model_path, "device": device, "dtype": dtype_name},
+        )
+    except (
+        ValueError,
+        NotImplementedError,
+    ) as err:  # the library's checks: unsupported model, prompt too long
+        raise UsageError(_one_line(err)) from err
     for name, points in result.steps.items():
         print(name)
         for m in points:

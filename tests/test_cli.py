@@ -144,6 +144,10 @@ def test_cuda_device_without_cuda(capsys, no_model_loads):
             "argument --strategy: invalid choice",
         ),
         (["tune"], "the following arguments are required: --prompt-file"),
+        (
+            ["tune", "--prompt-file", "p.jsonl", "--prompt-len", "1", "--draft-model", "org/draft"],
+            "--draft-model: vegas drafts with the target itself; drop --draft-model",
+        ),
         (["bench", "step", "--shape", "gpt-5"], "argument --shape: invalid choice: 'gpt-5'"),
         (
             ["bench", "step", "--shape", "tiny-llama", "--new-tokens", "40"],
