@@ -450,7 +450,9 @@ def _load(what: str, path: str, loader):
 
 
 # ------------------------------------------------------------------------------------------------- commands
-def cmd_generate(args) -> int:
+def _check_generate(args) -> tuple[list[str], dict, SpeculationConfig]:
+    """Everything about ``generate``'s arguments that can be checked without a model: the prompts, the
+    sampling settings and the speculation config."""
     prompts = _prompts(args)
     sampling = {
         name: value
@@ -484,6 +486,11 @@ def cmd_generate(args) -> int:
         )
     config = _config(strategy=args.strategy, num_draft_tokens=args.num_draft_tokens, k_policy=args.k_policy)
     _check_output("--json", args.json)
+    return prompts, sampling, config
+
+
+def cmd_generate(args) -> int:
+    prompts, sampling, config = _check_generate(args)
     device = _device(args.device)
 
     import torch
