@@ -4,6 +4,8 @@
   (`GenerationMixin._extract_generation_mode_kwargs` rebuilds the mode kwargs from the callable's own
   parameters). The prompt has already been streamed by then, so we read the streamer back from the ``generate``
   frame that called us. Checked on 5.17.0 and 5.23.0.
+- ``assistant_model`` is dropped the same way (it is a named parameter of ``generate``, never part of the kwargs a
+  callable receives); we read it back from that frame too and use it as the draft model. Checked on 5.17.0.
 - Architectures are matched by ``config.model_type``: the attention modules of these families call
   ``past_key_values.update`` and the registered attention function with the standard signature.
 """
@@ -79,19 +81,29 @@ def check_architecture(model) -> None:
     )
 
 
-def recover_streamer():
-    """The ``streamer`` argument of the `GenerationMixin.generate` call that is running us, if any."""
+def _generate_argument(name: str):
+    """The argument ``name`` of the innermost `GenerationMixin.generate` call that is running us, if any."""
     target = GenerationMixin.generate
     code = getattr(target, "__wrapped__", target).__code__
     frame = inspect.currentframe()
     try:
         while frame is not None:
             if frame.f_code is code:
-                return frame.f_locals.get("streamer")
+                return frame.f_locals.get(name)
             frame = frame.f_back
     finally:
         del frame
     return None
+
+
+def recover_streamer():
+    """The ``streamer`` argument of the `GenerationMixin.generate` call that is running us, if any."""
+    return _generate_argument("streamer")
+
+
+def recover_assistant_model():
+    """The ``assistant_model`` argument of the `GenerationMixin.generate` call that is running us, if any."""
+    return _generate_argument("assistant_model")
 
 
 __all__ = [
@@ -99,6 +111,7 @@ __all__ = [
     "UNSUPPORTED_MODEL_TYPES",
     "check_architecture",
     "check_transformers_version",
+    "recover_assistant_model",
     "recover_streamer",
     "transformers",
 ]

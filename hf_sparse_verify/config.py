@@ -23,6 +23,13 @@ CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
 SELECTIONS = ("two_rows", "all", "last_token")
 VEGAS_SCORES = ("weights", "logits")
+_EXAMPLE_NAMES = {
+    "strategy": "vegas",
+    "k_policy": "constant",
+    "selection": "two_rows",
+    "attention_backend": "auto",
+    "vegas_scores": "weights",
+}
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,14 @@ class SpeculationConfig:
     utility_tolerance: float = 0.10
 
     def __post_init__(self) -> None:
+        for name in ("strategy", "k_policy", "selection", "attention_backend"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(
+                    f"{name} is one name (a str such as {_EXAMPLE_NAMES[name]!r}), got {value!r}"
+                )
         if self.strategy != "auto" and self.strategy not in DRAFTERS:
             raise ValueError(f"unknown strategy {self.strategy!r}: use 'auto' or one of {sorted(DRAFTERS)}")
-        if not isinstance(self.strategy, str) or not isinstance(self.k_policy, str):
-            raise ValueError("strategy and k_policy are names (str)")
         if self.k_policy not in K_POLICIES:
             raise ValueError(f"unknown k_policy {self.k_policy!r}: use one of {sorted(K_POLICIES)}")
         _check_int("num_draft_tokens", self.num_draft_tokens)
@@ -120,11 +131,13 @@ class SpeculationConfig:
                 f"num_draft_tokens={self.num_draft_tokens} exceeds max_draft_tokens={self.max_draft_tokens}: "
                 "raise max_draft_tokens or lower num_draft_tokens"
             )
-        if self.draft_model is not None and not isinstance(self.draft_model, str):
-            raise ValueError(
-                "SpeculationConfig.draft_model is a folder or Hub id (str); pass a loaded model as "
-                "generate(..., draft_model=model) instead"
-            )
+        if self.draft_model is not None:
+            if not isinstance(self.draft_model, str):
+                raise ValueError(
+                    "SpeculationConfig.draft_model is a folder or Hub id (str); pass a loaded model as "
+                    "generate(..., draft_model=model) instead"
+                )
+            check_model_location("draft_model", self.draft_model)
         _check_int("prompt_lookup_max_ngram", self.prompt_lookup_max_ngram)
         _check_int("prompt_lookup_min_ngram", self.prompt_lookup_min_ngram)
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
@@ -293,6 +306,40 @@ def _read_config_file(path: str) -> SpeculationConfig | None:
         if data is None:
             return None
     return SpeculationConfig.from_dict(data)
+
+
+def check_model_location(name: str, value: str) -> None:
+    """Raise a ValueError naming ``name`` when ``value`` can be neither a local model folder nor a Hub id.
+
+    A folder holding ``config.json`` passes; so does anything shaped like a Hub id (``"name"`` or
+    ``"org/name"``), which only loading can check. A path that is missing (``"./models/draft"``,
+    ``"/data/draft"``) fails here with "folder not found" instead of transformers' "Repo id must be in the form
+    ...", and so does a file or a folder without ``config.json``.
+
+    Example:
+        >>> check_model_location("draft_model", "org/tiny-draft")   # a Hub id: checked when it loads
+        >>> check_model_location("draft_model", "./no/such/folder")
+        Traceback (most recent call last):
+        ...
+        ValueError: draft_model './no/such/folder': folder not found (give an existing model folder or a Hub id like 'org/name')
+    """
+    if os.path.isdir(value):
+        if not os.path.isfile(os.path.join(value, "config.json")):
+            raise ValueError(
+                f"{name} {value!r} holds no config.json: give a model folder (one written by save_pretrained)"
+            )
+        return
+    if os.path.isfile(value):
+        raise ValueError(f"{name} {value!r} is a file: give the model's folder (the one holding config.json)")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        raise ValueError(
+            f"{name} {value!r}: folder not found (give an existing model folder or a Hub id like 'org/name')"
+        ) from None
 
 
 def _check_int(name: str, value: Any) -> None:

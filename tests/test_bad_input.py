@@ -85,6 +85,53 @@ def test_draft_model_with_prompt_lookup_strategy(model, draft):
         _generate(model, speculation=dict(strategy="prompt_lookup"), draft_model=draft)
 
 
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "vegas"])
+def test_assistant_model_with_another_strategy(model, draft, strategy):
+    """transformers' assistant_model= is the draft model: refused, not silently ignored, by other strategies."""
+    with pytest.raises(
+        ValueError, match=rf"draft_model was passed but the strategy is '{strategy}'.*assistant_model"
+    ):
+        _generate(model, speculation=dict(strategy=strategy), assistant_model=draft)
+
+
+def test_draft_model_and_assistant_model(model, draft):
+    with pytest.raises(ValueError, match=r"pass either draft_model or assistant_model, not both"):
+        _generate(model, draft_model=draft, assistant_model=noisy_copy(model, seed=2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(strategy=["vegas"]), r"strategy is one name \(a str such as 'vegas'\), got \['vegas'\]"),
+        (dict(k_policy={"utility"}), r"k_policy is one name \(a str such as 'constant'\), got \{'utility'\}"),
+        (dict(selection=None), r"selection is one name"),
+        (
+            dict(draft_model="./no/such/draft"),
+            r"draft_model './no/such/draft': folder not found \(give an existing model folder or a Hub id",
+        ),
+        (dict(draft_model="/no/such/draft"), r"draft_model '/no/such/draft': folder not found"),
+    ],
+)
+def test_config_names_and_missing_draft_folder(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        hf_sparse_verify.SpeculationConfig(**kwargs)
+
+
+def test_draft_model_file_or_folder_without_config(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(
+        ValueError, match=r"is a file: give the model's folder \(the one holding config.json\)"
+    ):
+        hf_sparse_verify.SpeculationConfig(draft_model=str(weights))
+    with pytest.raises(
+        ValueError, match=r"holds no config.json: give a model folder \(one written by save_pretr"
+    ):
+        hf_sparse_verify.SpeculationConfig(draft_model=str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert hf_sparse_verify.SpeculationConfig(draft_model=str(tmp_path)).draft_model == str(tmp_path)
+
+
 def test_draft_model_with_another_vocabulary(model):
     other = make_model("llama", vocab_size=128)
     with pytest.raises(

@@ -38,6 +38,25 @@ def test_direct_call_equals_callable(pair):
     assert torch.equal(out, _plain(model, ids, mask))
 
 
+def test_assistant_model_is_the_draft_model(pair):
+    """transformers drops assistant_model before calling a custom callable; we take it as the draft model, and
+    the default strategy ("auto") then drafts with it instead of silently running prompt lookup."""
+    model, draft = pair
+    ids, mask = ragged_batch(3)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        custom_generate=hsv.generate,
+        assistant_model=draft,
+        return_dict_in_generate=True,
+    )
+    assert out.speculation.strategy == "draft_model"
+    assert out.speculation.mean_acceptance_length > 1.5  # the noisy copy drafted, not prompt lookup
+    assert torch.equal(out.sequences, _plain(model, ids, mask))
+
+
 def test_draft_model_named_in_config(pair, tmp_path):
     model, draft = pair
     draft.save_pretrained(tmp_path / "draft")

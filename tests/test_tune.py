@@ -180,6 +180,11 @@ def test_tune_command_on_a_tiny_model(tmp_path, capsys):
     assert "best: ratio=" in capsys.readouterr().out
 
 
-def test_tune_rejects_strategies_without_a_ratio(tmp_path):
-    with pytest.raises(SystemExit, match="tune sweeps the ratio"):
+def test_tune_rejects_strategies_without_a_ratio(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
         cli.main(["tune", "--strategy", "prompt_lookup", "--prompt-file", str(tmp_path / "x.txt")])
+    assert exit.value.code == 2
+    assert (
+        "invalid choice: 'prompt_lookup' (choose from 'vegas', 'streaming', 'quest')"
+        in capsys.readouterr().err
+    )

@@ -62,7 +62,8 @@ def _strategy(config: SpeculationConfig, draft_model) -> str:
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
     if draft_model is not None and strategy != "draft_model":
         raise ValueError(
-            f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto')"
+            f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto'), "
+            "or pass no draft_model / assistant_model"
         )
     cls = resolve(DRAFTERS, strategy)
     return cls.from_config(config, target=model, draft_model=draft_model)
@@ -197,8 +198,8 @@ def generate(
     Use through ``model.generate(**inputs, custom_generate=hf_sparse_verify.generate, speculation=cfg, ...)``;
     every standard argument (``max_new_tokens``, ``do_sample``, processors, ``eos_token_id``, ``streamer``,
     ``return_dict_in_generate``, ...) keeps its meaning. ``speculation`` is a `SpeculationConfig`, a dict, or
-    omitted (then ``model.generation_config.speculation``, else defaults). ``draft_model`` is a loaded draft model
-    (transformers drops ``assistant_model`` for custom callables). Calling ``generate(model, input_ids, ...)``
+    omitted (then ``model.generation_config.speculation``, else defaults). ``draft_model`` is a loaded draft model;
+    transformers' own ``assistant_model=`` is taken as the same thing. Calling ``generate(model, input_ids, ...)``
     directly goes through ``model.generate`` the same way.
 
     Returns:
@@ -219,6 +220,7 @@ def generate(
         )
     if streamer is None:
         streamer = _compat.recover_streamer()
+    draft_model = _draft_or_assistant(draft_model, _compat.recover_assistant_model())
     return _run(
         model,
         input_ids,
@@ -230,6 +232,16 @@ def generate(
         streamer,
         model_kwargs,
     )
+
+
+def _draft_or_assistant(draft_model, assistant_model):
+    """transformers' ``assistant_model=`` is taken as the draft model (``strategy="auto"`` then picks
+    ``draft_model``; another strategy refuses it in `build_drafter`)."""
+    if assistant_model is None or assistant_model is draft_model:
+        return draft_model
+    if draft_model is not None:
+        raise ValueError("pass either draft_model or assistant_model, not both")
+    return assistant_model
 
 
 def _bound_generate(streamer):

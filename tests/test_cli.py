@@ -1,0 +1,266 @@
+"""The CLI answers every mistake with exit status 2 and one line saying what to change (no traceback unless
+--debug), checked before any model loads where it can be; --help documents every choice and default.
+
+Most cases call `hf_sparse_verify.cli.main` in-process (a subprocess costs seconds of imports); one subprocess
+checks the real exit status and stderr of the installed entry point.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_sparse_verify
+import hf_sparse_verify.cli
+from hf_sparse_verify.cli import main
+
+TARGET = os.path.join(hf_sparse_verify.default_model_path(), "target")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(hf_sparse_verify.__file__)))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The demo models are tiny: one thread is fastest and avoids oversubscribing a shared CI machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if the CLI loads a model or tokenizer: the mistake must be caught before that."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the CLI loaded a model before checking its arguments")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", load)
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exit:  # argparse's own errors
+        status = exit.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _assert_one_line_error(status: int, err: str, message: str) -> None:
+    assert status == 2
+    assert "Traceback" not in err
+    # transformers' "Loading weights" progress bar (carriage returns, then a newline) may come first
+    lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hf-sparse-verify"), lines[0]
+    assert ": error: " in lines[0], lines[0]
+    assert message in lines[0], lines[0]
+
+
+# ------------------------------------------------------------------------------ mistakes caught before loading
+JSONL_BAD_LINE_2 = '{"text": "def f():"}\n{"text": oops}\n'
+BEFORE_LOADING = [
+    # (argv, {file name: content}, part of the message)
+    (["--prompt-file", "nope.jsonl"], {}, "--prompt-file 'nope.jsonl': no such file"),
+    (["--prompt-file", "p.jsonl"], {"p.jsonl": JSONL_BAD_LINE_2}, "'p.jsonl' line 2: not valid JSON"),
+    (["--prompt-file", "p.jsonl"], {"p.jsonl": '{"prompt": "x"}\n'}, 'line 1 has no "text" field'),
+    (["--prompt-file", "p.jsonl"], {"p.jsonl": '{"text": ""}\n'}, '"text" must be a non-empty string'),
+    (["--prompt-file", "p.txt"], {"p.txt": ""}, "'p.txt' is empty: write the prompt into it"),
+    (["--prompt-file", "p.jsonl"], {"p.jsonl": "\n\n"}, "'p.jsonl' holds no prompts"),
+    (["--prompt-file", "."], {}, "is a folder: give a text file or a .jsonl file"),
+    (["--prompt-file", "p.txt"], {"p.txt": b"\xff\xfe\x00bad"}, "is not UTF-8 text"),
+    (["--dtype", "float64x"], {}, "argument --dtype: invalid choice: 'float64x' (choose from"),
+    (["--prompt", ""], {}, "--prompt is empty: give some text"),
+    (["--prompt", "   "], {}, "--prompt is empty"),
+    (["--strategy", "medusa"], {}, "argument --strategy: invalid choice: 'medusa'"),
+    (["--k-policy", "dynamic"], {}, "argument --k-policy: invalid choice: 'dynamic'"),
+    (["--model", "./no/such/model"], {}, "--model './no/such/model': folder not found"),
+    (["--model", "/no/such/model"], {}, "--model '/no/such/model': folder not found"),
+    (["--model", "."], {}, "--model '.' holds no config.json"),
+    (["--draft-model", "./no/such/draft"], {}, "--draft-model './no/such/draft': folder not found"),
+    (["--temperature", "0.7"], {}, "--temperature needs --do-sample"),
+    (["--top-k", "5", "--top-p", "0.9"], {}, "--top-k, --top-p need --do-sample"),
+    (["--top-p", "1.5", "--do-sample"], {}, "argument --top-p: expected a number in (0, 1], got '1.5'"),
+    (["--temperature", "0", "--do-sample"], {}, "argument --temperature: expected a number > 0"),
+    (["--max-new-tokens", "0"], {}, "argument --max-new-tokens: expected a whole number >= 1, got '0'"),
+    (["--max-new-tokens", "ten"], {}, "argument --max-new-tokens: expected a whole number, got 'ten'"),
+    (["--num-draft-tokens", "0"], {}, "--num-draft-tokens 0 with --k-policy constant never drafts"),
+    (["--num-draft-tokens", "99"], {}, "--num-draft-tokens must be in 0..16, got 99"),
+    (
+        ["--strategy", "vegas", "--draft-model", TARGET],
+        {},
+        "--draft-model is used only by --strategy draft_model",
+    ),
+    (["--strategy", "draft_model", "--model", TARGET], {}, "--strategy draft_model needs --draft-model"),
+    (["--device", "gpu"], {}, "--device 'gpu' is not a device: use cpu, cuda or cuda:N"),
+    (["--json", "no/such/folder/out.json"], {}, "does not exist; create it or pick another path"),
+    (
+        ["--prompt", "a", "--prompt-file", "p.txt"],
+        {},
+        "argument --prompt-file: not allowed with argument --prompt",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, files, message", BEFORE_LOADING, ids=[" ".join(c[0]) for c in BEFORE_LOADING])
+def test_generate_mistake_is_one_line_before_loading(
+    argv, files, message, tmp_path, monkeypatch, capsys, no_model_loads
+):
+    monkeypatch.chdir(tmp_path)
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    status, out, err = _run(["generate", *argv], capsys)
+    _assert_one_line_error(status, err, message)
+    assert out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_device_without_cuda(capsys, no_model_loads):
+    status, _, err = _run(["generate", "--device", "cuda"], capsys)
+    _assert_one_line_error(status, err, "sees no CUDA GPU; use --device cpu")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tune", "--prompt-file", "nope.txt"], "--prompt-file 'nope.txt': no such file"),
+        (["tune", "--prompt-file", "p.jsonl"], "'p.jsonl' line 2: not valid JSON"),
+        (
+            ["tune", "--prompt-file", "p.jsonl", "--prompt-len", "999"],
+            "no prompts in p.jsonl with len == 999",
+        ),
+        (
+            ["tune", "--prompt-file", "p.jsonl", "--strategy", "draft_model"],
+            "argument --strategy: invalid choice",
+        ),
+        (["tune"], "the following arguments are required: --prompt-file"),
+        (
+            ["tune", "--prompt-file", "p.jsonl", "--prompt-len", "1", "--draft-model", "org/draft"],
+            "--draft-model: vegas drafts with the target itself; drop --draft-model",
+        ),
+        (["bench", "step", "--shape", "gpt-5"], "argument --shape: invalid choice: 'gpt-5'"),
+        (
+            ["bench", "step", "--shape", "tiny-llama", "--new-tokens", "40"],
+            "--new-tokens takes values in 1..32",
+        ),
+        (["frobnicate"], "invalid choice: 'frobnicate' (choose from 'generate', 'tune', 'bench')"),
+    ],
+)
+def test_tune_and_bench_mistakes_are_one_line(argv, message, tmp_path, monkeypatch, capsys, no_model_loads):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text(
+        '{"text": "x", "len": 1}\n' if "--prompt-len" in argv else JSONL_BAD_LINE_2
+    )
+    status, _, err = _run(argv, capsys)
+    _assert_one_line_error(status, err, message)
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch, no_model_loads):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(hf_sparse_verify.cli.UsageError, match="no such file"):
+        main(["generate", "--prompt-file", "nope.jsonl", "--debug"])
+
+
+# ------------------------------------------------------------------------------ mistakes found while loading
+def test_folder_that_is_not_a_model(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"hello": "world"}))
+    status, _, err = _run(["generate", "--model", str(tmp_path)], capsys)
+    _assert_one_line_error(status, err, f"--model {str(tmp_path)!r} could not be loaded:")
+
+
+def test_prompt_longer_than_the_model(tmp_path, capsys):
+    """The library's own checks (here: 4096 positions) come out as one line too."""
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("x = 1\n" * 3000)
+    status, _, err = _run(["generate", "--prompt-file", str(prompt), "--strategy", "prompt_lookup"], capsys)
+    _assert_one_line_error(status, err, "but the model has 4096 positions: shorten the prompt")
+
+
+# ---------------------------------------------------------------------------------------------- good runs
+def test_sampling_says_outputs_are_not_expected_to_match(tmp_path, capsys):
+    out_json = tmp_path / "out.json"
+    argv = ["generate", "--do-sample", "--temperature", "0.8", "--compare-plain", "--max-new-tokens", "6"]
+    status, out, err = _run([*argv, "--device", "cpu", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    assert "outputs are not expected to match" in err
+    assert "identical output" not in err
+    record = json.loads(out_json.read_text())
+    assert record["plain"]["expected_identical"] is False
+    assert out.startswith("class Stack:")
+
+
+def test_greedy_compare_plain_reports_identical(tmp_path, capsys):
+    status, _, err = _run(
+        [
+            "generate",
+            "--strategy",
+            "prompt_lookup",
+            "--compare-plain",
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
+    assert status == 0, err
+    assert "identical output: True" in err
+
+
+def test_generate_help_documents_every_choice_and_default(capsys):
+    status, out, _ = _run(["generate", "--help"], capsys)
+    assert status == 0
+    for name in ["auto", "prompt_lookup", "draft_model", "vegas", "streaming", "quest"]:
+        assert f"\n  {name} " in out, name  # one row of the strategies table each
+    for name in ["constant", "heuristic", "utility", "plain"]:
+        assert f"\n  {name} " in out, name
+    for flag, default in [
+        ("--max-new-tokens", "(default: 64)"),
+        ("--seed", "(default: 0)"),
+        ("--num-draft-tokens", "(default: 4)"),
+        ("--do-sample", "(default: greedy"),
+        ("--temperature", "needs --do-sample"),
+        ("--top-k", "needs --do-sample"),
+        ("--top-p", "needs --do-sample"),
+        ("--repetition-penalty", "(default: none)"),
+    ]:
+        assert flag in out and default in out, flag
+
+
+def test_top_level_help_names_every_command_without_markup(capsys):
+    status, out, _ = _run(["--help"], capsys)
+    assert status == 0
+    assert "``" not in out and ":func:" not in out
+    for command in ["generate", "tune", "bench step"]:
+        assert f"hf-sparse-verify {command}" in out
+
+
+def test_docstring_examples():
+    result = doctest.testmod(hf_sparse_verify.cli)
+    assert result.attempted >= 2 and result.failed == 0
+
+
+def test_entry_point_process_exits_2_without_traceback(tmp_path):
+    """The real process: exit status 2, one line on stderr, nothing loaded (the issue's example failed only after
+    both models had loaded)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_sparse_verify.cli", "generate", "--prompt-file", "nope.jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "hf-sparse-verify generate: error: --prompt-file 'nope.jsonl': no such file\n"
+    assert proc.stdout == ""
