@@ -105,7 +105,7 @@ class SpeculationConfig:
     utility_tolerance: float = 0.10
 
     def __post_init__(self) -> None:
-        for name in ("strategy", "k_policy", "selection", "attention_backend"):
+        for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise ValueError(
