@@ -126,13 +126,21 @@ def run_speed(args) -> dict:
             captures = []
             for k in ks:
                 begin = time.perf_counter()
-                stats = _generate(model, ids, args.new_tokens, _speculation(strategy, k))
+                try:
+                    stats = _generate(model, ids, args.new_tokens, _speculation(strategy, k))
+                except torch.OutOfMemoryError as err:  # record it and go on with the next case
+                    records.append(dict(shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k,
+                                        error=f"out of memory: {str(err)[:160]}"))  # fmt: skip
+                    print(json.dumps(records[-1]), flush=True)
+                    hsv.clear_graph_cache()
+                    captures.append(None)
+                    continue
                 wall = time.perf_counter() - begin
                 captures.append(stats.graph_capture_s)
                 record = dict(
                     shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
                     **_stage_ms(stats, k), capture_s=stats.graph_capture_s, call_s=wall,
-                    prefill_s=stats.prefill_time_s,
+                    prefill_s=stats.prefill_time_s, allocated_gb=torch.cuda.memory_allocated() / 2**30,
                 )  # fmt: skip
                 records.append(record)
                 bar.update(1)
@@ -144,6 +152,9 @@ def run_speed(args) -> dict:
             )
             first["capture_first_s"] = captures[0]
             first["capture_second_s"] = captures[1] if len(captures) > 1 else None
+            Path(args.out).write_text(
+                json.dumps(dict(machine=machine_info(device), part="speed", records=records))
+            )
             if args.syncs:
                 hsv.clear_graph_cache()
                 syncs = _syncs_per_step(model, batch, strategy, 6 if strategy != "k0" else 0, vocab)

@@ -32,7 +32,8 @@ STRATEGIES = {
 @functools.cache
 def _pair():
     model = make_model("llama")
-    return model.cuda(), noisy_copy(model).cuda()
+    draft = noisy_copy(model)  # before moving: Module.cuda() moves in place
+    return model.cuda(), draft.cuda()
 
 
 def _run(name: str, ids, mask, max_new: int, batch_prompt=None):

@@ -10,6 +10,7 @@ held least-recently-used first out, at most `SessionCache.max_sessions` of them;
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -61,18 +62,33 @@ class SessionCache:
             self.sessions.move_to_end(key)
             session.calls += 1
             return session
-        self.sessions.pop(key, None)
+        stale = self.sessions.pop(key, None)
+        if stale is not None:
+            _release(stale)
         while len(self.sessions) >= max(1, self.max_sessions):
-            self.sessions.popitem(last=False)
+            _release(self.sessions.popitem(last=False)[1])
         session = Session(key, weakref.ref(model), make(), calls=1)
         self.sessions[key] = session
         return session
 
     def clear(self) -> None:
-        self.sessions.clear()
+        while self.sessions:
+            _release(self.sessions.popitem(last=False)[1])
 
     def __len__(self) -> int:
         return len(self.sessions)
+
+
+def _release(session: Session) -> None:
+    """Free a session's device memory now: its runner and graphs refer to each other, so without this the
+    memory would wait for Python's cycle collector (and a new session of the same size would not fit)."""
+    session.target.graphs = None
+    session.target.cache = None
+    session.drafter_state = None
+    session.extra.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 SESSIONS = SessionCache()
@@ -92,4 +108,4 @@ def set_graph_cache_size(max_sessions: int) -> None:
         raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
     SESSIONS.max_sessions = max_sessions
     while len(SESSIONS.sessions) > max_sessions:
-        SESSIONS.sessions.popitem(last=False)
+        _release(SESSIONS.sessions.popitem(last=False)[1])
