@@ -34,6 +34,7 @@ CUSTOM = dict(
     min_tokens=64,
     selection="all",
     vegas_scores="logits",
+    vegas_recent_share=0.25,
     streaming_sinks=8,
     quest_page_size=32,
     utility_trial_steps=3,

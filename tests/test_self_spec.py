@@ -131,8 +131,15 @@ def _assert_sparse(calls: list[dict], strategy: str) -> None:
     for call in calls:
         kept = [min(n, b) for n, b in zip(call["prefix"], call["budgets"])]
         if strategy == "quest":
+            size = call["page_size"]
+            want = [
+                math.ceil(end / size) - pad // size
+                if k == n
+                else math.ceil(k / size)  # dense: every page it overlaps
+                for k, n, pad, end in zip(kept, call["prefix"], call["pad"], call["prefix_end"])
+            ]
             for pages in call["quest_pages"]:
-                assert pages == [math.ceil(k / call["page_size"]) for k in kept]
+                assert pages == want
         else:
             for layer, rows in enumerate(call["selected"]):
                 for row, (pad, end) in enumerate(zip(call["pad"], call["prefix_end"])):
@@ -149,10 +156,14 @@ def _brute_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> tor
     return torch.einsum("bhqd,bhld->bhql", query.double(), keys) * scaling
 
 
-def _brute_topk(scores: torch.Tensor, lo: int, hi: int, k: int) -> set[int]:
-    """The ``k`` slots of ``[lo, hi)`` with the highest ``scores`` ``[L]`` (all of them when fewer)."""
-    order = sorted(range(lo, hi), key=lambda j: float(scores[j]), reverse=True)
-    return set(order[:k])
+def _brute_topk(scores: torch.Tensor, lo: int, hi: int, k: int, recent_share: float = 0.0) -> set[int]:
+    """The ``k`` slots of ``[lo, hi)`` with the highest ``scores`` ``[L]`` (all of them when fewer), of which the
+    last ``round(recent_share * k)`` slots of the range are always part."""
+    k = min(k, hi - lo)
+    window = int(torch.round(torch.tensor(k * recent_share, dtype=torch.float64)))
+    kept = set(range(hi - window, hi))
+    order = sorted(range(lo, hi - window), key=lambda j: float(scores[j]), reverse=True)
+    return kept | set(order[: k - window])
 
 
 def _slots(mask_row: torch.Tensor) -> set[int]:
@@ -308,7 +319,7 @@ def test_draft_attention_with_full_selection_equals_dense(ragged, policy):
         quest = QuestSelection([torch.device("cpu")], 3, page_size=4, pages_max=capacity // 4)
         quest.recent.layer(0).copy_(torch.tensor(recent))
         quest.pages.layer(0).fill_(capacity // 4)
-        quest.prefix_end = max(recent)
+        quest.refresh(0, key, torch.tensor(pad))
         assert torch.equal(_run_reference(query, key, value, pad, start, "draft", quest), dense)
 
 
@@ -406,6 +417,23 @@ def test_topk_index_matches_brute_force():
             assert set(got) == _brute_topk(scores[layer, row], pad[row], recent[row], count[row])
             assert index[layer, row, count[row] :].eq(0).all()
     assert set(index[0, 3, :6].tolist()) == set(range(20, 26))
+
+
+def test_topk_index_keeps_a_recent_window():
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(2, 3, 40, generator=gen)
+    pad, recent, count, window = [0, 4, 9], [35, 40, 30], [10, 12, 21], [5, 0, 11]  # row 2: its whole prefix
+    index = topk_index(
+        scores, torch.tensor(pad), torch.tensor(recent), torch.tensor(count), 24, torch.tensor(window)
+    )
+    for layer in range(2):
+        for row in range(3):
+            got = set(index[layer, row, : count[row]].tolist())
+            share = window[row] / count[row]
+            assert got == _brute_topk(scores[layer, row], pad[row], recent[row], count[row], share), (
+                layer,
+                row,
+            )
 
 
 @pytest.mark.parametrize("q_len", [1, 5])
@@ -558,7 +586,7 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
     for layer in range(layers):
         for row in range(3):
             want = _brute_topk(
-                seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row]
+                seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row], 0.5
             )
             assert seed["selected"][layer][row] == want, (layer, row)
 
@@ -570,7 +598,7 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
             scores = call["scores"][layer]  # [B, capacity] (the accepted row's, for last_token)
             for row in range(3):
                 want = _brute_topk(
-                    scores[row], call["pad"][row], call["prefix_end"][row], call["budgets"][row]
+                    scores[row], call["pad"][row], call["prefix_end"][row], call["budgets"][row], 0.5
                 )
                 assert call["selected"][layer][row] == want
     assert seen["sparse_drafts"] == sum(stats.draft_tokens) * layers and seen["dense_drafts"] == 0

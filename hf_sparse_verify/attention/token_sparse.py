@@ -34,7 +34,9 @@ def token_sparse_attention(
     step = view.step
     selection = step.draft_selection()
     gathered = (
-        selection.gather_index(module.layer_idx) if selection is not None and not sliding_window else None
+        selection.gather_index(module.layer_idx, query)
+        if selection is not None and not sliding_window
+        else None
     )
     if gathered is None or gathered[0].dim() != 2:
         return reference_attention(

@@ -41,7 +41,7 @@ def triton_attention(
         )
     selection = step.draft_selection()
     if selection is not None:
-        gathered = selection.gather_index(layer) if not sliding_window else None
+        gathered = selection.gather_index(layer, query) if not sliding_window else None
         if gathered is None or gathered[0].dim() != 2:  # mask-only or per-KV-head selections: reference path
             return token_sparse_attention(
                 module, query, key, value, view, scaling=scaling, sliding_window=sliding_window

@@ -64,9 +64,12 @@ class KVSelection:
         """``[B]`` int64: slots ``>= recent_start`` are always attended."""
         raise NotImplementedError
 
-    def gather_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def gather_index(
+        self, layer: int, query: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(index [B, k_max] int64, count [B] int64)``: the first ``count[b]`` entries of ``index[b]`` are the
-        selected prefix slots of row ``b``; None when the selection exists only as a mask."""
+        selected prefix slots of row ``b``; None when the selection exists only as a mask. ``query``
+        ``[B, H, 1, D]`` is the draft step's query, for query-aware selections (Quest)."""
         return None
 
     def allowed(
@@ -76,7 +79,7 @@ class KVSelection:
 
         Default: built from `gather_index`. ``query`` ``[B, H, q, D]`` and ``key`` ``[B, H_kv, L, D]`` are there
         for query-aware selections (Quest)."""
-        index, count = self.gather_index(layer)
+        index, count = self.gather_index(layer, query)
         batch, k_max = index.shape
         valid = torch.arange(k_max, device=index.device)[None, :] < count[:, None]
         # unused entries go to a spare column, so they never clear a selected slot

@@ -63,7 +63,8 @@ class ModelRunner:
             self.graphs.add(widths, Phase(phase), slots)
         except Exception as err:  # capture can fail inside any module: fall back, say why once
             self.graphs = None
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             warn_once(
                 type(self.model).__name__,
                 f"hf_sparse_verify: CUDA-graph capture of {type(self.model).__name__} failed "

@@ -62,6 +62,7 @@ class SelfSpecDrafter(Drafter):
         sinks: int = 4,
         page_size: int = 16,
         weights: bool = True,
+        recent_share: float = 0.5,
     ):
         if selection not in _ROWS:
             raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
@@ -71,6 +72,7 @@ class SelfSpecDrafter(Drafter):
         self.sinks = sinks
         self.page_size = page_size
         self.weights = weights
+        self.recent_share = recent_share
         self.target = None
         self.session = None
         self.buffers: _Buffers | None = None
@@ -87,6 +89,7 @@ class SelfSpecDrafter(Drafter):
             sinks=config.streaming_sinks,
             page_size=config.quest_page_size,
             weights=config.vegas_scores == "weights",
+            recent_share=config.vegas_recent_share,
         )
 
     def session_key(self) -> tuple:
@@ -98,6 +101,7 @@ class SelfSpecDrafter(Drafter):
             self.sinks,
             self.page_size,
             self.weights,
+            self.recent_share,
         )
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -131,8 +135,8 @@ class SelfSpecDrafter(Drafter):
         self._set_host_bounds([c - 1 for c in state.committed])
 
     def capture(self, widths) -> None:
-        """Capture the selection update and, for index selections on models without sliding-window layers, the
-        draft step (one token per row). Quest selects pages inside every draft step: it stays eager."""
+        """Capture the selection update and, on models without sliding-window layers, the draft step (one token
+        per row; Quest's page choice for the step's query is inside it)."""
         buffers = self.buffers
         device = self.target.device
         if buffers.update is None and self.selection != "last_token":
@@ -144,7 +148,7 @@ class SelfSpecDrafter(Drafter):
             for t, kept in zip(stacks, saved):
                 t.copy_(kept)
             self.capture_s += buffers.update.capture_s
-        if isinstance(buffers.selection, IndexSelection) and not self._has_sliding_layers():
+        if not self._has_sliding_layers():
             before = self.target.graphs.capture_s
             self.target.capture([1], Phase.DRAFT, kv_selection=buffers.selection)
             self.capture_s += self.target.graphs.capture_s - before if self.target.graphs else 0.0
@@ -212,26 +216,30 @@ class SelfSpecDrafter(Drafter):
             recent_stack.copy_(recent.expand_as(recent_stack))
             if quest:
                 pages = group[0][1]
-                pages.copy_(((count + self.page_size - 1) // self.page_size).expand_as(pages))
+                size = self.page_size
+                wanted = (count + size - 1) // size
+                # a prefix within its budget keeps every page it overlaps (its ends need not be page-aligned)
+                overlapping = (recent + size - 1) // size - pad // size
+                dense = count >= (recent - pad).clamp_min(0)
+                pages.copy_(torch.where(dense, overlapping, wanted).expand_as(pages))
+                for layer in layers:
+                    selection.refresh(layer, self.target.cache.layers[layer].keys, pad)
                 continue
             (_, index), (_, counts) = group
             counts.copy_(count.expand_as(counts))
             if self.policy == "vegas":
                 scores = self._layer_scores(layers, capacity)
-                index.copy_(topk_index(scores, pad, recent, count, selection.k_slots))
+                window = torch.round(count.double() * self.recent_share).long()
+                index.copy_(topk_index(scores, pad, recent, count, selection.k_slots, window))
             else:
                 index.copy_(
                     streaming_index(pad, recent, count, self.sinks, selection.k_slots).expand_as(index)
                 )
 
     def _set_host_bounds(self, ends: list[int]) -> None:
-        """Host-side bounds of the selection just made over prefixes ``[pad, ends)`` (eager backends slice with
-        them)."""
-        selection = self.buffers.selection
-        selection.recent_min = min(ends)
-        if isinstance(selection, QuestSelection):
-            selection.prefix_end = max(ends)
-            selection.summaries = {}
+        """Host-side bound of the selection just made over prefixes ``[pad, ends)`` (eager gather backends slice
+        the recent slots with it)."""
+        self.buffers.selection.recent_min = min(ends)
 
     def _has_sliding_layers(self) -> bool:
         config = self.target.model.config.get_text_config()

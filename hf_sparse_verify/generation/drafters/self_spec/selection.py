@@ -36,15 +36,21 @@ def prefix_valid(pad: torch.Tensor, recent_start: torch.Tensor, length: int) -> 
 
 
 def topk_index(
-    scores: torch.Tensor, pad: torch.Tensor, recent_start: torch.Tensor, count: torch.Tensor, k_slots: int
+    scores: torch.Tensor,
+    pad: torch.Tensor,
+    recent_start: torch.Tensor,
+    count: torch.Tensor,
+    k_slots: int,
+    recent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per layer and row, the ``count[b]`` prefix slots with the highest score, ascending, in ``k_slots`` columns
-    (unused columns hold 0).
+    (unused columns hold 0); with ``recent``, the last ``recent[b]`` prefix slots are always among them.
 
     Args:
         scores: ``[N, B, L]`` float (N layers), ``L >= max(recent_start)``.
         pad, recent_start, count: ``[B]`` int64 (``count <= recent_start - pad``).
         k_slots: columns (``>= max(count)``, ``<= L``).
+        recent: ``[B]`` int64 (``<= count``), most recent prefix slots kept whatever their score.
 
     Returns:
         ``[N, B, k_slots]`` int64.
@@ -56,7 +62,12 @@ def topk_index(
     """
     length = scores.shape[-1]
     valid = prefix_valid(pad, recent_start, length)  # [B, L]
-    top = scores.float().masked_fill(~valid, float("-inf")).topk(k_slots, dim=-1).indices  # [N, B, k]
+    ranked = scores.float().masked_fill(~valid, float("-inf"))
+    if recent is not None:
+        slots = torch.arange(length, device=scores.device)
+        window = valid & (slots[None, :] >= (recent_start - recent)[:, None])
+        ranked = ranked.masked_fill(window, float("inf"))
+    top = ranked.topk(k_slots, dim=-1).indices  # [N, B, k]
     keep = torch.arange(k_slots, device=scores.device)[None, :] < count[:, None]  # [B, k]
     ordered = torch.where(keep, top, length).sort(dim=-1).values  # selected slots first, ascending
     return torch.where(ordered < length, ordered, 0)
@@ -147,7 +158,9 @@ class IndexSelection(KVSelection):
     def recent_start(self, layer: int) -> torch.Tensor:
         return self.recent.layer(layer)
 
-    def gather_index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather_index(
+        self, layer: int, query: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.index.layer(layer), self.count.layer(layer)
 
     def stacks(self) -> list[LayerStack]:
@@ -155,17 +168,60 @@ class IndexSelection(KVSelection):
         return [self.index, self.count, self.recent]
 
 
+def quest_index(
+    query: torch.Tensor,
+    page_min: torch.Tensor,
+    page_max: torch.Tensor,
+    pad: torch.Tensor,
+    recent_start: torch.Tensor,
+    pages: torch.Tensor,
+    pages_max: int,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest's pages for one draft query, as slot indices: the `select_quest` selection in the index form the
+    token-sparse kernel reads (static shapes: capturable).
+
+    The page bound ``sum_d max(q_d min_d, q_d max_d)`` is computed as ``relu(q) . max + min(q, 0) . min`` (two
+    matrix products instead of a ``[B, H, P, D]`` temporary), summed over query heads.
+
+    Args:
+        query: ``[B, H, 1, D]``; page_min/page_max: ``[B, H_kv, P, D]``; pad, recent_start, pages: ``[B]``
+            (pages to keep per row, ``<= pages_max``).
+
+    Returns:
+        ``index [B, pages_max * page_size]`` (selected prefix slots first, ascending; 0 after them) and
+        ``count [B]``.
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads, n_pages = page_min.shape[1], page_min.shape[2]
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim).to(page_max.dtype)  # one query row
+    upper = torch.matmul(q.clamp_min(0), page_max.transpose(-1, -2)).float()
+    upper = upper + torch.matmul(q.clamp_max(0), page_min.transpose(-1, -2)).float()  # [B, H_kv, G, P]
+    page_scores = upper.sum(dim=(1, 2))  # [B, P]
+    first = torch.arange(n_pages, device=query.device) * page_size
+    inside = (first[None, :] + page_size > pad[:, None]) & (first[None, :] < recent_start[:, None])
+    k = min(n_pages, pages_max)
+    top = page_scores.masked_fill(~inside, float("-inf")).topk(k, dim=1).indices  # [B, k]
+    keep = torch.arange(k, device=query.device)[None, :] < pages[:, None]
+    slots = top[:, :, None] * page_size + torch.arange(page_size, device=query.device)  # [B, k, page]
+    valid = keep[:, :, None] & (slots >= pad[:, None, None]) & (slots < recent_start[:, None, None])
+    big = n_pages * page_size
+    ordered = torch.where(valid, slots, big).flatten(1).sort(dim=1).values
+    return torch.where(ordered < big, ordered, 0), valid.flatten(1).sum(dim=1)
+
+
 class QuestSelection(KVSelection):
-    """Quest: pages chosen inside every draft step from per-page key summaries (built once per selection, on
-    first use, and reused by the following draft steps). Mask form only: draft steps run the reference path."""
+    """Quest: pages chosen inside every draft step from per-page key summaries, which the selection update
+    refreshes for every layer after each verify step (inside the captured update: static shapes)."""
 
     def __init__(self, devices: list[torch.device], batch: int, page_size: int, pages_max: int):
         self.page_size = page_size
         self.pages_max = pages_max
         self.recent = LayerStack(devices, (batch,), torch.int64)
         self.pages = LayerStack(devices, (batch,), torch.int64)
-        self.prefix_end = 0  # host-side max(recent_start): the summaries cover slots [0, prefix_end)
-        self.summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pad: dict[torch.device, torch.Tensor] = {}
+        self.page_min: dict[int, torch.Tensor] = {}  # layer -> [B, H_kv, P, D], fixed buffers
+        self.page_max: dict[int, torch.Tensor] = {}
 
     def recent_start(self, layer: int) -> torch.Tensor:
         return self.recent.layer(layer)
@@ -174,23 +230,30 @@ class QuestSelection(KVSelection):
         """The fixed buffers that hold the selection."""
         return [self.pages, self.recent]
 
-    def allowed(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, pad: torch.Tensor, length: int
-    ) -> torch.Tensor:
-        if layer not in self.summaries:
-            self.summaries[layer] = page_summaries(key[:, :, : self.prefix_end], self.page_size)
-        page_min, page_max = self.summaries[layer]
+    def refresh(self, layer: int, key: torch.Tensor, pad: torch.Tensor) -> None:
+        """Recompute layer ``layer``'s page summaries from its whole key cache ``[B, H_kv, C, D]``."""
+        low, high = page_summaries(key, self.page_size)
+        if layer not in self.page_min:
+            self.page_min[layer] = torch.empty_like(low, dtype=key.dtype)
+            self.page_max[layer] = torch.empty_like(high, dtype=key.dtype)
+        self.page_min[layer].copy_(low)
+        self.page_max[layer].copy_(high)
+        self.pad.setdefault(key.device, pad)
+
+    def gather_index(
+        self, layer: int, query: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if query is None:
+            raise ValueError("Quest selects pages per draft query: pass the step's query")
         recent = self.recent.layer(layer)
-        chosen = select_quest(
+        pad = self.pad[recent.device]
+        return quest_index(
             query,
-            page_min,
-            page_max,
+            self.page_min[layer],
+            self.page_max[layer],
             pad,
             recent,
             self.pages.layer(layer),
             self.pages_max,
             self.page_size,
-            length,
         )
-        slots = torch.arange(length, device=query.device)
-        return chosen | (slots[None, :] >= recent[:, None])
