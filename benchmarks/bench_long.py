@@ -208,8 +208,9 @@ def run_acceptance(args) -> dict:
     tok = AutoTokenizer.from_pretrained(folder / "code-target")
     prompts = [json.loads(line) for line in open(folder / "prompts_long.jsonl", encoding="utf-8")]
     variants = {
-        "vegas": {},
-        "vegas_logits": dict(vegas_scores="logits"),
+        "vegas": {},  # the default: softmax weights, first and last rows, half the budget for recent tokens
+        "vegas_topk": dict(vegas_recent_share=0.0),  # weights, plain top-k
+        "vegas_logits": dict(vegas_scores="logits", vegas_recent_share=0.0),  # the previous default
         "vegas_all": dict(selection="all"),
         "streaming": {},
         "quest": {},
