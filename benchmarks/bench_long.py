@@ -114,13 +114,13 @@ def run_speed(args) -> dict:
     vocab = model.config.vocab_size
     hsv.set_graph_cache_size(1)
     records = []
-    total = len(args.cases) * (1 + len(STRATEGIES) * len(args.ks))
+    total = len(args.cases) * len(args.strategies) * len(args.ks)
     bar = tqdm(total=total, desc="bench_long speed", file=sys.stdout)
     for case in args.cases:
         batch, context = _parse_case(case)
         gen = torch.Generator("cuda").manual_seed(0)
         ids = torch.randint(0, vocab, (batch, context), device=device, generator=gen)
-        for strategy in ["k0", *STRATEGIES]:
+        for strategy in [s for s in ["k0", *STRATEGIES] if s in args.strategies]:
             hsv.clear_graph_cache()
             ks = [0] if strategy == "k0" else args.ks
             captures = []
@@ -212,9 +212,12 @@ def run_acceptance(args) -> dict:
         "vegas_topk": dict(vegas_recent_share=0.0),  # weights, plain top-k
         "vegas_logits": dict(vegas_scores="logits", vegas_recent_share=0.0),  # the previous default
         "vegas_all": dict(selection="all"),
+        "vegas_r75": dict(vegas_recent_share=0.75),
+        "vegas_r875": dict(vegas_recent_share=0.875),
         "streaming": {},
         "quest": {},
     }
+    variants = {name: v for name, v in variants.items() if name in args.variants}
     records = []
     jobs = [(c, v, k) for c in args.contexts for v in variants for k in args.ks]
     for context, variant, k in tqdm(jobs, desc="acceptance", file=sys.stdout):
@@ -314,6 +317,7 @@ def main() -> None:
     speed.add_argument("--ks", nargs="+", type=int, default=KS)
     speed.add_argument("--new-tokens", type=int, default=24)
     speed.add_argument("--no-syncs", dest="syncs", action="store_false")
+    speed.add_argument("--strategies", nargs="+", default=["k0", *STRATEGIES])
     speed.add_argument("--out", required=True)
     hf = sub.add_parser("transformers")
     hf.add_argument("--cases", nargs="+", default=CASES)
@@ -324,6 +328,10 @@ def main() -> None:
     acc.add_argument("--contexts", nargs="+", type=int, default=[8192, 16384])
     acc.add_argument("--ks", nargs="+", type=int, default=KS)
     acc.add_argument("--prompts", type=int, default=12)
+    acc.add_argument(
+        "--variants", nargs="+",
+        default=["vegas", "vegas_topk", "vegas_logits", "vegas_all", "vegas_r75", "vegas_r875", "streaming", "quest"],
+    )  # fmt: skip
     acc.add_argument("--new-tokens", type=int, default=128)
     acc.add_argument("--out", required=True)
     asm = sub.add_parser("assemble")

@@ -71,13 +71,21 @@ def _count_syncs(fn):
 
 
 def syncs_per_step(name: str, batch: int = 3) -> tuple[float, int, int]:
-    SYNC_SITES.clear()
     """Synchronisations per decoding step: two warm calls of different lengths, so whatever a call does once
-    (setup, prefill, the final assembly) cancels out. Returns (per step, syncs of the longer call, its steps)."""
+    (setup, prefill, the final assembly) cancels out. Returns (per step, syncs of the longer call, its steps);
+    `SYNC_SITES` is left holding, per site, the longer call's count minus the shorter one's."""
     ids, mask = (t.cuda() for t in ragged_batch(batch, 40))
     _run(name, ids, mask, 8)  # capture (kept in the session)
+    SYNC_SITES.clear()
     long, n_long = _count_syncs(lambda: _run(name, ids, mask, 40))
+    long_sites = collections.Counter(SYNC_SITES)
+    SYNC_SITES.clear()
     short, n_short = _count_syncs(lambda: _run(name, ids, mask, 12))
+    short_sites = collections.Counter(SYNC_SITES)
+    SYNC_SITES.clear()
+    for site in set(long_sites) | set(short_sites):
+        if long_sites[site] != short_sites[site]:
+            SYNC_SITES[site] = long_sites[site] - short_sites[site]
     steps = long.speculation.steps - short.speculation.steps
     return (n_long - n_short) / steps, n_long, long.speculation.steps
 
