@@ -18,6 +18,9 @@ for stage in "$@"; do
              | grep -v "it/s\]$" | grep -v "^Loading" | tail -40 ;;
     speed) python benchmarks/bench_long.py speed --cases "$@" --out "$OUT/long_speed_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -60 ;;
     transformers) python benchmarks/bench_long.py transformers --cases "$@" --out "$OUT/long_hf_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -20 ;;
+    synctest) python -m pytest tests/test_spine_gpu.py -q -p no:cacheprovider -k synchronisation 2>&1 | grep -E "^E  .*AssertionError|passed|failed" | cut -c1-900 ;;
+    stepdiag) python -m hf_sparse_verify.cli bench step --shape llama-3.1-8b --context 16384 --batch 16 --new-tokens 1,5,7,9 \
+             --vegas-scores --json "$OUT/step_diag.json" 2>&1 | grep -v "it/s" | tail -12 ;;
     *) echo "unknown stage $name" ;;
   esac
 done
