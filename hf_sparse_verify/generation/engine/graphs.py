@@ -52,6 +52,7 @@ def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torc
             result = fn()
     finally:
         gc.enable()
+    gc.collect()  # now, rather than in the middle of a later call's steps
     return graph, result
 
 
