@@ -575,7 +575,17 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
     ids, mask = ragged_batch(3, PROMPT_LEN)
     calls = _spy_selections(monkeypatch)
     seen = _spy_attention(monkeypatch)
-    out = _speculate(model, ids, mask, 3, max_new=12, strategy="vegas", selection=selection, **SPARSE)
+    out = _speculate(
+        model,
+        ids,
+        mask,
+        3,
+        max_new=12,
+        strategy="vegas",
+        selection=selection,
+        vegas_recent_share=0.5,
+        **SPARSE,
+    )
     stats = out.speculation
     assert torch.equal(out.sequences, _plain("llama", 3)[:, : PROMPT_LEN + 12])
 

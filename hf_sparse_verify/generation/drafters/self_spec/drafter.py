@@ -62,7 +62,7 @@ class SelfSpecDrafter(Drafter):
         sinks: int = 4,
         page_size: int = 16,
         weights: bool = True,
-        recent_share: float = 0.5,
+        recent_share: float = 0.875,
     ):
         if selection not in _ROWS:
             raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
