@@ -239,13 +239,31 @@ def run_acceptance(args) -> dict:
 def assemble(args) -> dict:
     parts = {}
     machine = None
+    sources = []
     for path in args.inputs:
         data = json.loads(Path(path).read_text())
+        for r in data["records"]:
+            r["commit"] = data["machine"]["commit"]
         parts.setdefault(data["part"], []).extend(data["records"])
         machine = machine or data["machine"]
+        sources.append(dict(file=Path(path).name, part=data["part"], commit=data["machine"]["commit"],
+                            date=data["machine"]["date"], gpu=data["machine"]["gpu"]))  # fmt: skip
+    # later files win: a case measured twice keeps its last measurement; a sync count (measured per shape, batch
+    # and strategy) missing from it comes from an earlier run of the same case
+    speed, syncs = {}, {}
+    for r in parts.get("speed", []):
+        speed[(r["batch"], r["context"], r["strategy"], r["k"])] = r
+        if r.get("syncs_per_step") is not None:
+            syncs[(r["batch"], r["context"], r["strategy"])] = (r["syncs_per_step"], r["commit"])
+    for (batch, context, strategy, _), r in speed.items():
+        if r.get("syncs_per_step") is None and (batch, context, strategy) in syncs:
+            r["syncs_per_step"], r["syncs_commit"] = syncs[(batch, context, strategy)]
+    parts["speed"] = list(speed.values())
     acceptance = {
         (r["variant"], r["context"], r["k"]): r["acceptance_length"] for r in parts.get("acceptance", [])
     }
+    # the library's default vegas setting is the variant the projection uses for strategy "vegas"
+    variant_of = dict(vegas=args.vegas_variant, streaming="streaming", quest="quest")
     k0 = {
         (r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"
     }
@@ -257,7 +275,7 @@ def assemble(args) -> dict:
         out = dict(r, k0_step_ms=k0.get(key), transformers_step_ms=plain.get(key))
         if r["strategy"] != "k0" and fixture_contexts:
             at = max((c for c in fixture_contexts if c <= r["context"]), default=fixture_contexts[0])
-            acc = acceptance.get((r["strategy"], at, r["k"]))
+            acc = acceptance.get((variant_of[r["strategy"]], at, r["k"]))
             out.update(acceptance_length=acc, acceptance_context=at)
             if acc is not None and out["k0_step_ms"]:
                 out["projected_speedup"] = acc * out["k0_step_ms"] / r["iteration_ms"]
@@ -268,8 +286,11 @@ def assemble(args) -> dict:
             "projected_speedup = acceptance_length (code-target fixture, same K, context <= the case's) / "
             "iteration_ms over 1 / k0_step_ms: a projection from measured parts, not an end-to-end speedup"
         ),
+        vegas_acceptance_variant=args.vegas_variant,
+        sources=sources,
         records=records,
         acceptance=parts.get("acceptance", []),
+        transformers=parts.get("transformers", []),
     )
     Path(args.out).write_text(json.dumps(result, indent=1))
     _plot(result, Path(args.out).with_suffix(".png"))
@@ -301,8 +322,10 @@ def _plot(result: dict, path: Path) -> None:
     for j, variant in enumerate(variants):
         ys = [next((a["acceptance_length"] for a in acc if a["variant"] == variant and a["context"] == c
                     and a["k"] == 6), 0) for c in contexts]  # fmt: skip
-        axes[1].bar([x + j * 0.15 for x in range(len(contexts))], ys, 0.15, label=variant)
-    axes[1].set_xticks([x + 0.3 for x in range(len(contexts))], [f"{c // 1024}K" for c in contexts])
+        step = 0.8 / max(1, len(variants))
+        axes[1].bar([x + j * step for x in range(len(contexts))], ys, step, label=variant)
+    axes[1].set_xticks([x + 0.4 for x in range(len(contexts))], [f"{c // 1024}K" for c in contexts])
+    axes[1].set_ylim(4.5, 6.5)
     axes[1].set_ylabel("mean acceptance length (K = 6)")
     axes[1].set_title("code-target fixture, prompts_long")
     axes[1].legend(fontsize=7)
@@ -338,6 +361,9 @@ def main() -> None:
     asm = sub.add_parser("assemble")
     asm.add_argument("inputs", nargs="+")
     asm.add_argument("--out", required=True)
+    asm.add_argument(
+        "--vegas-variant", default="vegas", help="acceptance variant of the default vegas setting"
+    )
     args = parser.parse_args()
     runner = dict(
         speed=run_speed, transformers=run_transformers, acceptance=run_acceptance, assemble=assemble

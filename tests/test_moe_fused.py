@@ -113,6 +113,8 @@ def test_declined_modules_fall_back_to_batched_mm():
 
 def test_decoding_implementation_by_device(monkeypatch):
     monkeypatch.setattr(experts, "triton_runs_on", lambda device: True)
+    assert experts.decoding_implementation(torch.device("cuda")) == "batched_mm"  # opt-in for now
+    monkeypatch.setattr(experts, "FUSED_BY_DEFAULT", True)
     assert experts.decoding_implementation(torch.device("cuda")) == FUSED_EXPERTS
     assert experts.decoding_implementation(torch.device("cuda"), use_fused=False) == "batched_mm"
     assert experts.decoding_implementation(torch.device("cpu")) is None
