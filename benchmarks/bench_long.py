@@ -32,7 +32,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -41,6 +40,7 @@ from tqdm import tqdm
 import hf_sparse_verify as hsv
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.bench.syncs import count_syncs
 
 SHAPE = "llama-3.1-8b"
 CASES = ["1x16384", "4x32768", "16x16384", "4x65536", "32x8192"]
@@ -86,15 +86,8 @@ def _stage_ms(stats, k: int) -> dict:
 
 
 def _count_syncs(fn) -> tuple[object, int]:
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return result, sum("synchroniz" in str(w.message) for w in record)
+    result, count, _ = count_syncs(fn)
+    return result, count
 
 
 def _syncs_per_step(model, batch: int, strategy: str, k: int, vocab: int) -> float:

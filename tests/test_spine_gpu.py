@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
 
 import pytest
 import torch
 from conftest import make_model, noisy_copy, ragged_batch
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.bench.syncs import count_syncs
 from hf_sparse_verify.generation.engine.sessions import SESSIONS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -55,19 +55,10 @@ SYNC_SITES: collections.Counter = collections.Counter()
 
 
 def _count_syncs(fn):
-    """(result, host synchronisations counted by torch.cuda.set_sync_debug_mode); where they came from (file and
-    line of the Python caller) is added to `SYNC_SITES`."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    syncs = [w for w in record if "synchroniz" in str(w.message)]
-    SYNC_SITES.update(f"{w.filename.split('hf_sparse_verify')[-1]}:{w.lineno}" for w in syncs)
-    return result, len(syncs)
+    """(result, host synchronisations); their sites are added to `SYNC_SITES`."""
+    result, count, sites = count_syncs(fn)
+    SYNC_SITES.update(sites)
+    return result, count
 
 
 def syncs_per_step(name: str, batch: int = 3) -> tuple[float, int, int]:
