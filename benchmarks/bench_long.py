@@ -58,6 +58,10 @@ def _parse_case(case: str) -> tuple[int, int]:
 def _speculation(strategy: str, k: int) -> dict:
     if strategy == "k0":
         return dict(strategy="prompt_lookup", k_policy="plain", max_draft_tokens=MAX_K)
+    if strategy == "vegas_utility":  # Cascade's utility policy picks K (0 included) at every step
+        return dict(
+            strategy="vegas", k_policy="utility", max_draft_tokens=MAX_K, ratio=RATIO, min_tokens=MIN_TOKENS
+        )
     return dict(
         strategy=strategy, num_draft_tokens=k, max_draft_tokens=MAX_K, k_policy="constant", ratio=RATIO,
         min_tokens=MIN_TOKENS,
@@ -107,15 +111,15 @@ def run_speed(args) -> dict:
     vocab = model.config.vocab_size
     hsv.set_graph_cache_size(1)
     records = []
-    total = len(args.cases) * len(args.strategies) * len(args.ks)
+    total = len(args.cases) * (sum(s in args.strategies for s in STRATEGIES) * len(args.ks) + 2)
     bar = tqdm(total=total, desc="bench_long speed", file=sys.stdout)
     for case in args.cases:
         batch, context = _parse_case(case)
         gen = torch.Generator("cuda").manual_seed(0)
         ids = torch.randint(0, vocab, (batch, context), device=device, generator=gen)
-        for strategy in [s for s in ["k0", *STRATEGIES] if s in args.strategies]:
+        for strategy in [s for s in ["k0", *STRATEGIES, "vegas_utility"] if s in args.strategies]:
             hsv.clear_graph_cache()
-            ks = [0] if strategy == "k0" else args.ks
+            ks = [0] if strategy in ("k0", "vegas_utility") else args.ks
             captures = []
             for k in ks:
                 begin = time.perf_counter()
@@ -134,6 +138,8 @@ def run_speed(args) -> dict:
                     shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
                     **_stage_ms(stats, k), capture_s=stats.graph_capture_s, call_s=wall,
                     prefill_s=stats.prefill_time_s, allocated_gb=torch.cuda.memory_allocated() / 2**30,
+                    decode_tokens_per_s=(sum(stats.new_tokens) - batch) / max(1e-9, sum(stats.step_times_s)),
+                    mean_k=sum(stats.draft_tokens) / max(1, stats.steps),
                 )  # fmt: skip
                 records.append(record)
                 bar.update(1)
@@ -257,6 +263,11 @@ def assemble(args) -> dict:
     }
     # the library's default vegas setting is the variant the projection uses for strategy "vegas"
     variant_of = dict(vegas=args.vegas_variant, streaming="streaming", quest="quest")
+    k0_rate = {
+        (r["batch"], r["context"]): r.get("decode_tokens_per_s")
+        for r in parts.get("speed", [])
+        if r["strategy"] == "k0"
+    }
     k0 = {
         (r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"
     }
@@ -266,7 +277,9 @@ def assemble(args) -> dict:
     for r in parts.get("speed", []):
         key = (r["batch"], r["context"])
         out = dict(r, k0_step_ms=k0.get(key), transformers_step_ms=plain.get(key))
-        if r["strategy"] != "k0" and fixture_contexts:
+        if r["strategy"] == "vegas_utility" and r.get("decode_tokens_per_s") and k0_rate.get(key):
+            out["utility_over_k0"] = r["decode_tokens_per_s"] / k0_rate[key]  # measured, random weights
+        if r["strategy"] in variant_of and fixture_contexts:
             at = max((c for c in fixture_contexts if c <= r["context"]), default=fixture_contexts[0])
             acc = acceptance.get((variant_of[r["strategy"]], at, r["k"]))
             out.update(acceptance_length=acc, acceptance_context=at)
@@ -334,7 +347,7 @@ def main() -> None:
     speed.add_argument("--ks", nargs="+", type=int, default=KS)
     speed.add_argument("--new-tokens", type=int, default=24)
     speed.add_argument("--no-syncs", dest="syncs", action="store_false")
-    speed.add_argument("--strategies", nargs="+", default=["k0", *STRATEGIES])
+    speed.add_argument("--strategies", nargs="+", default=["k0", *STRATEGIES, "vegas_utility"])
     speed.add_argument("--out", required=True)
     hf = sub.add_parser("transformers")
     hf.add_argument("--cases", nargs="+", default=CASES)

@@ -2,7 +2,10 @@
 # Issue 10 device run (the step spine). Usage on the device machine (repo root), results in $OUT:
 #   bash benchmarks/device/issue10.sh tests acceptance "speed 16x16384"
 #   bash benchmarks/device/issue10.sh "speed 1x16384 4x32768" "speed 4x65536" "transformers 1x16384 16x16384"
-# Fixtures are read from .carry/models (code-target, prompts_long.jsonl).
+# Fixtures are read from .carry/models (code-target, prompts_long.jsonl). The parts of benchmarks/results/h200_long.json
+# are kept in benchmarks/results/parts_h200_long/; assemble them with
+#   python benchmarks/bench_long.py assemble benchmarks/results/parts_h200_long/*.json --vegas-variant vegas_r875 \
+#     --out benchmarks/results/h200_long.json
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
