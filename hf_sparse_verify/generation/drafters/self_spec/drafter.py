@@ -50,9 +50,13 @@ class _Buffers:
 
 
 class SelfSpecDrafter(Drafter):
-    """The target drafts for itself with sparse attention; ``policy`` picks the KV selection."""
+    """The target drafts for itself with sparse attention; each subclass says how it selects (`_fill`), what
+    selection it keeps (`_make_selection`) and whether its verify steps collect scores (`collects_scores`)."""
 
-    policy = "vegas"
+    #: the strategy name (configuration and session key)
+    policy = "self_spec"
+    #: verify and prefill steps write attention scores for the selection (Vegas)
+    collects_scores = False
 
     def __init__(
         self,
@@ -110,13 +114,13 @@ class SelfSpecDrafter(Drafter):
         self.session = session
         self.capture_s = 0.0
         self.buffers = session.drafter_state if session is not None else None
-        if self.buffers is None and self.policy == "vegas":  # the prefill writes the first scores
+        if self.buffers is None and self.collects_scores:  # the prefill writes the first scores
             self._collection = ScoreCollection(_ROWS[self.selection], weights=self.weights)
         elif self.buffers is not None:
             self._collection = self.buffers.collection
 
     def step_slots(self, phase: Phase) -> dict:
-        if self.policy != "vegas" or phase is Phase.DRAFT:
+        if not self.collects_scores or phase is Phase.DRAFT:
             return {}
         return {"scores": self._collection}
 
@@ -174,11 +178,8 @@ class SelfSpecDrafter(Drafter):
         devices = target.cache.layer_devices(target.device)
         batch = state.batch_size
         k_slots = min(capacity, budget(capacity, self.ratio, self.min_tokens))
-        if self.policy == "quest":
-            selection = QuestSelection(devices, batch, self.page_size, math.ceil(k_slots / self.page_size))
-        else:
-            selection = IndexSelection(devices, batch, k_slots)
-        collection = self._collection if self.policy == "vegas" else None
+        selection = self._make_selection(devices, batch, k_slots)
+        collection = self._collection if self.collects_scores else None
         if collection is not None and self.selection != "last_token":
             # fixed score buffers over the whole cache (captured verify steps write into them)
             collection.fix_buffers({layer: ((batch, capacity), d) for layer, d in enumerate(devices)})
@@ -200,41 +201,27 @@ class SelfSpecDrafter(Drafter):
             stacked = torch.nn.functional.pad(stacked, (0, capacity - stacked.shape[-1]), value=float("-inf"))
         return stacked
 
+    def _make_selection(self, devices: list[torch.device], batch: int, k_slots: int):
+        return IndexSelection(devices, batch, k_slots)
+
     def _update(self) -> None:
-        """The selection for the prefix ``[pad, recent_src)`` of every row, in every layer (device work only)."""
+        """The selection for the prefix ``[pad, recent_src)`` of every row, in every layer (device work only: one
+        `_fill` per device, for all the layers on it)."""
         buffers = self.buffers
-        selection = buffers.selection
-        capacity = self.target.cache.capacity
-        quest = isinstance(selection, QuestSelection)
-        # the stacks were built from one device list: their groups (one per device) line up
-        others = zip(selection.pages.groups) if quest else zip(selection.index.groups, selection.count.groups)
-        for (layers, recent_stack), group in zip(selection.recent.groups, others):
+        for group, (layers, recent_stack) in enumerate(buffers.selection.recent.groups):
             device = recent_stack.device
             recent = buffers.recent_src.to(device)
             pad = self.target.pad_t.to(device)
             count = kept_counts((recent - pad).clamp_min(0), self.ratio, self.min_tokens)
             recent_stack.copy_(recent.expand_as(recent_stack))
-            if quest:
-                pages = group[0][1]
-                size = self.page_size
-                wanted = (count + size - 1) // size
-                # a prefix within its budget keeps every page it overlaps (its ends need not be page-aligned)
-                overlapping = (recent + size - 1) // size - pad // size
-                dense = count >= (recent - pad).clamp_min(0)
-                pages.copy_(torch.where(dense, overlapping, wanted).expand_as(pages))
-                for layer in layers:
-                    selection.refresh(layer, self.target.cache.layers[layer].keys, pad)
-                continue
-            (_, index), (_, counts) = group
-            counts.copy_(count.expand_as(counts))
-            if self.policy == "vegas":
-                scores = self._layer_scores(layers, capacity)
-                window = torch.round(count.double() * self.recent_share).long()
-                index.copy_(topk_index(scores, pad, recent, count, selection.k_slots, window))
-            else:
-                index.copy_(
-                    streaming_index(pad, recent, count, self.sinks, selection.k_slots).expand_as(index)
-                )
+            self._fill(group, layers, pad, recent, count)
+
+    def _fill(
+        self, group: int, layers: list[int], pad: torch.Tensor, recent: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        """Write the selection of ``layers`` (the device group ``group`` of the selection's stacks): ``count[b]``
+        prefix slots of ``[pad[b], recent[b])`` per row."""
+        raise NotImplementedError
 
     def _set_host_bounds(self, ends: list[int]) -> None:
         """Host-side bound of the selection just made over prefixes ``[pad, ends)`` (eager gather backends slice
@@ -274,12 +261,49 @@ class SelfSpecDrafter(Drafter):
 
 
 class VegasDrafter(SelfSpecDrafter):
+    """Vegas: the top-scoring prefix tokens by the verify pass's own attention, beside a recent window."""
+
     policy = "vegas"
+    collects_scores = True
+
+    def _fill(self, group, layers, pad, recent, count) -> None:
+        selection = self.buffers.selection
+        selection.count.groups[group][1].copy_(count.expand_as(selection.count.groups[group][1]))
+        scores = self._layer_scores(layers, self.target.cache.capacity)
+        window = torch.round(count.double() * self.recent_share).long()
+        selection.index.groups[group][1].copy_(
+            topk_index(scores, pad, recent, count, selection.k_slots, window)
+        )
 
 
 class StreamingDrafter(SelfSpecDrafter):
+    """StreamingLLM: sink tokens and the most recent ones."""
+
     policy = "streaming"
+
+    def _fill(self, group, layers, pad, recent, count) -> None:
+        selection = self.buffers.selection
+        counts, index = selection.count.groups[group][1], selection.index.groups[group][1]
+        counts.copy_(count.expand_as(counts))
+        index.copy_(streaming_index(pad, recent, count, self.sinks, selection.k_slots).expand_as(index))
 
 
 class QuestDrafter(SelfSpecDrafter):
+    """Quest: pages chosen per draft query from page summaries refreshed after every verify step."""
+
     policy = "quest"
+
+    def _make_selection(self, devices, batch, k_slots):
+        return QuestSelection(devices, batch, self.page_size, math.ceil(k_slots / self.page_size))
+
+    def _fill(self, group, layers, pad, recent, count) -> None:
+        selection = self.buffers.selection
+        pages = selection.pages.groups[group][1]
+        size = self.page_size
+        wanted = (count + size - 1) // size
+        # a prefix within its budget keeps every page it overlaps (its ends need not be page-aligned)
+        overlapping = (recent + size - 1) // size - pad // size
+        dense = count >= (recent - pad).clamp_min(0)
+        pages.copy_(torch.where(dense, overlapping, wanted).expand_as(pages))
+        for layer in layers:
+            selection.refresh(layer, self.target.cache.layers[layer].keys, pad)
