@@ -316,7 +316,7 @@ def test_draft_attention_with_full_selection_equals_dense(ragged, policy):
         out = _run_reference(query, key, value, pad, start, "draft", _MaskSelection(holed, recent))
         assert not torch.allclose(out[1], dense[1]) and torch.equal(out[[0, 2]], dense[[0, 2]])
     else:
-        quest = QuestSelection([torch.device("cpu")], 3, page_size=4, pages_max=capacity // 4)
+        quest = QuestSelection([torch.device("cpu")], 3, page_size=4, pages_max=capacity // 4, window_pages=2)
         quest.recent.layer(0).copy_(torch.tensor(recent))
         quest.pages.layer(0).fill_(capacity // 4)
         quest.refresh(0, key, torch.tensor(pad))
@@ -481,6 +481,38 @@ def test_page_summaries_match_brute_force(length):
     page_min, page_max = page_summaries(key, 4)
     want_min, want_max = _brute_pages(key, 4)
     assert torch.equal(page_min, want_min) and torch.equal(page_max, want_max)
+
+
+@pytest.mark.parametrize("capacity", [40, 37])  # 37: a partial last page
+def test_quest_window_refresh_equals_full_summaries(capacity):
+    """After the prefill's full summary, each step recomputes only the pages its new tokens touch; the summaries
+    then equal a full recomputation over the new keys (up to the new prefix end), also at the cache's end."""
+    gen = torch.Generator().manual_seed(11)
+    batch, kv_heads, dim, size = 2, 2, 4, 4
+    key = torch.randn(batch, kv_heads, capacity, dim, generator=gen)
+    quest = QuestSelection(
+        [torch.device("cpu")], batch, size, pages_max=4, window_pages=math.ceil(5 / size) + 1
+    )
+    pad = torch.tensor([0, 3])
+    recent = torch.tensor([10, 14])
+    quest.recent.layer(0).copy_(recent)
+    quest.refresh(0, key, pad)  # stale: every page
+    quest.stale = False
+    for step in range(6):  # each step rewrites up to 5 slots after the prefix end, then moves the end
+        grow = torch.tensor([5, 3]) if step % 2 else torch.tensor([1, 5])
+        new_end = (recent + grow).clamp(max=capacity)
+        for b in range(batch):
+            key[b, :, recent[b] : new_end[b]] = torch.randn(
+                kv_heads, int(new_end[b] - recent[b]), dim, generator=gen
+            )
+        recent = new_end
+        quest.recent.layer(0).copy_(recent)
+        quest.refresh(0, key, pad)
+        want_min, want_max = page_summaries(key, size)
+        for b in range(batch):
+            covered = math.ceil(int(recent[b]) / size)  # pages up to the prefix end are exact
+            torch.testing.assert_close(quest.page_min[0][b, :, :covered], want_min[b, :, :covered])
+            torch.testing.assert_close(quest.page_max[0][b, :, :covered], want_max[b, :, :covered])
 
 
 def test_select_quest_matches_brute_force():

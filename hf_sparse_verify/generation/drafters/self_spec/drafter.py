@@ -67,6 +67,7 @@ class SelfSpecDrafter(Drafter):
         page_size: int = 16,
         weights: bool = True,
         recent_share: float = 0.875,
+        max_k: int = 16,
     ):
         if selection not in _ROWS:
             raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
@@ -77,6 +78,7 @@ class SelfSpecDrafter(Drafter):
         self.page_size = page_size
         self.weights = weights
         self.recent_share = recent_share
+        self.max_k = max_k
         self.target = None
         self.session = None
         self.buffers: _Buffers | None = None
@@ -94,6 +96,7 @@ class SelfSpecDrafter(Drafter):
             page_size=config.quest_page_size,
             weights=config.vegas_scores == "weights",
             recent_share=config.vegas_recent_share,
+            max_k=config.max_draft_tokens,
         )
 
     def session_key(self) -> tuple:
@@ -106,6 +109,7 @@ class SelfSpecDrafter(Drafter):
             self.page_size,
             self.weights,
             self.recent_share,
+            self.max_k,
         )
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -294,7 +298,8 @@ class QuestDrafter(SelfSpecDrafter):
     policy = "quest"
 
     def _make_selection(self, devices, batch, k_slots):
-        return QuestSelection(devices, batch, self.page_size, math.ceil(k_slots / self.page_size))
+        window = math.ceil((self.max_k + 1) / self.page_size) + 1  # pages one step's new tokens can touch
+        return QuestSelection(devices, batch, self.page_size, math.ceil(k_slots / self.page_size), window)
 
     def _fill(self, group, layers, pad, recent, count) -> None:
         selection = self.buffers.selection
@@ -307,3 +312,12 @@ class QuestDrafter(SelfSpecDrafter):
         pages.copy_(torch.where(dense, overlapping, wanted).expand_as(pages))
         for layer in layers:
             selection.refresh(layer, self.target.cache.layers[layer].keys, pad)
+
+    def _update(self) -> None:
+        super()._update()
+        self.buffers.selection.stale = False  # later updates (the captured one) refresh their window only
+
+    def prefill(self, state: DecodeState) -> None:
+        if self.buffers is not None:
+            self.buffers.selection.stale = True  # a new call's prompt: summarise every page once
+        super().prefill(state)

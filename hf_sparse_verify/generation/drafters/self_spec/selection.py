@@ -211,34 +211,64 @@ def quest_index(
 
 
 class QuestSelection(KVSelection):
-    """Quest: pages chosen inside every draft step from per-page key summaries, which the selection update
-    refreshes for every layer after each verify step (inside the captured update: static shapes)."""
+    """Quest: pages chosen inside every draft step from per-page key summaries.
 
-    def __init__(self, devices: list[torch.device], batch: int, page_size: int, pages_max: int):
+    The summaries are fixed buffers. After the prefill every page is summarised; after each verify step only the
+    pages the step's verified tokens fall in are recomputed: a window of ``window_pages`` pages per row from the
+    page of the previous prefix end, which covers the at most ``max_draft_tokens + 1`` tokens a step adds (static
+    shapes: the update is captured)."""
+
+    def __init__(
+        self, devices: list[torch.device], batch: int, page_size: int, pages_max: int, window_pages: int
+    ):
         self.page_size = page_size
         self.pages_max = pages_max
+        self.window_pages = window_pages
         self.recent = LayerStack(devices, (batch,), torch.int64)
         self.pages = LayerStack(devices, (batch,), torch.int64)
+        self.covered = LayerStack(devices, (batch,), torch.int64)  # prefix end at the last refresh, per layer
         self.pad: dict[torch.device, torch.Tensor] = {}
         self.page_min: dict[int, torch.Tensor] = {}  # layer -> [B, H_kv, P, D], fixed buffers
         self.page_max: dict[int, torch.Tensor] = {}
+        self.stale = True  # host-side: the next refresh summarises every page (set again for every new call)
 
     def recent_start(self, layer: int) -> torch.Tensor:
         return self.recent.layer(layer)
 
     def stacks(self) -> list[LayerStack]:
         """The fixed buffers that hold the selection."""
-        return [self.pages, self.recent]
+        return [self.pages, self.recent, self.covered]
 
     def refresh(self, layer: int, key: torch.Tensor, pad: torch.Tensor) -> None:
-        """Recompute layer ``layer``'s page summaries from its whole key cache ``[B, H_kv, C, D]``."""
-        low, high = page_summaries(key, self.page_size)
-        if layer not in self.page_min:
-            self.page_min[layer] = torch.empty_like(low, dtype=key.dtype)
-            self.page_max[layer] = torch.empty_like(high, dtype=key.dtype)
-        self.page_min[layer].copy_(low)
-        self.page_max[layer].copy_(high)
+        """Bring layer ``layer``'s page summaries up to its prefix end ``recent_start(layer)`` from its key cache
+        ``[B, H_kv, C, D]``: every page when `stale`, else the window of pages since the last refresh."""
         self.pad.setdefault(key.device, pad)
+        if self.stale or layer not in self.page_min:
+            low, high = page_summaries(key, self.page_size)
+            if layer not in self.page_min:
+                self.page_min[layer] = torch.empty_like(low, dtype=key.dtype)
+                self.page_max[layer] = torch.empty_like(high, dtype=key.dtype)
+            self.page_min[layer].copy_(low)
+            self.page_max[layer].copy_(high)
+        else:
+            self._refresh_window(layer, key)
+        self.covered.layer(layer).copy_(self.recent.layer(layer))
+
+    def _refresh_window(self, layer: int, key: torch.Tensor) -> None:
+        batch, kv_heads, capacity, dim = key.shape
+        size, n_pages = self.page_size, self.page_min[layer].shape[2]
+        width = min(self.window_pages, n_pages)
+        first = (self.covered.layer(layer) // size).clamp(max=n_pages - width)  # [B] first page to redo
+        pages = first[:, None] + torch.arange(width, device=key.device)  # [B, W]
+        slots = (pages[:, :, None] * size + torch.arange(size, device=key.device)).flatten(1)  # [B, W * size]
+        real = (slots < capacity).view(batch, 1, width, size, 1)  # a partial last page's missing slots
+        index = slots.clamp_max(capacity - 1)[:, None, :, None].expand(batch, kv_heads, -1, dim)
+        keys = key.gather(2, index).float().view(batch, kv_heads, width, size, dim)
+        low = keys.masked_fill(~real, float("inf")).amin(dim=3)  # [B, H_kv, W, D]
+        high = keys.masked_fill(~real, float("-inf")).amax(dim=3)
+        where = pages[:, None, :, None].expand(batch, kv_heads, width, dim)
+        self.page_min[layer].scatter_(2, where, low.to(self.page_min[layer].dtype))
+        self.page_max[layer].scatter_(2, where, high.to(self.page_max[layer].dtype))
 
     def gather_index(
         self, layer: int, query: torch.Tensor | None = None
