@@ -42,6 +42,18 @@ _LAYER_TYPE_REASONS = {
     "indexed_attention": "a sparse-attention indexer with its own cache",
 }
 
+#: model types whose layers keep a recurrent state (no per-token KV cache), refused by name
+RECURRENT_MODEL_TYPES = {
+    "mamba": "a state-space model (Mamba)",
+    "mamba2": "a state-space model (Mamba-2)",
+    "falcon_mamba": "a state-space model (Mamba)",
+    "rwkv": "a recurrent model (RWKV)",
+    "xlstm": "a recurrent model (xLSTM)",
+    "recurrent_gemma": "a recurrent model (Griffin / RG-LRU layers)",
+    "reformer": "a model with LSH attention and its own cache",
+    "xlnet": "a permutation language model with its own memory",
+}
+
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (
     "attn_layer_indices",
@@ -70,9 +82,10 @@ def check_architecture(model) -> None:
     """Raise `NotImplementedError` naming what is missing when ``model`` is not a causal decoder whose attention
     goes through `AttentionInterface` over a standard KV cache; return None otherwise.
 
-    The checks, in order: encoder-decoder; a model class that keeps a custom (recurrent) cache; recurrent or
-    hybrid layers; attention modules that do not dispatch through `AttentionInterface`; cache layer kinds other
-    than full and sliding-window attention.
+    The checks, in order: encoder-decoder; bidirectional attention; recurrent models (by name, or a class that
+    keeps a custom cache); hybrid recurrent/attention layers; a forward without ``position_ids``; attention modules
+    that do not dispatch through `AttentionInterface`; cache layer kinds other than full and sliding-window
+    attention.
     """
     reason = architecture_refusal(model)
     if reason is not None:
@@ -89,6 +102,8 @@ def architecture_refusal(model) -> str | None:
         return f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
     if getattr(text, "causal", True) is False:
         return f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
+    if text.model_type in RECURRENT_MODEL_TYPES:
+        return f"{prefix} it is {RECURRENT_MODEL_TYPES[text.model_type]}, with no KV cache to roll back"
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
         return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
@@ -97,6 +112,11 @@ def architecture_refusal(model) -> str | None:
         return (
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
             f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
+        )
+    if "position_ids" not in inspect.signature(type(model).forward).parameters:
+        return (
+            f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
+            f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
         )
     for module in model.modules():
         if isinstance(module, PreTrainedModel) and not _dispatches_attention(type(module)):
@@ -153,6 +173,7 @@ def recover_assistant_model():
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
+    "RECURRENT_MODEL_TYPES",
     "architecture_refusal",
     "check_architecture",
     "check_transformers_version",
