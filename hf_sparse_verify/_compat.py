@@ -54,6 +54,14 @@ RECURRENT_MODEL_TYPES = {
     "xlnet": "a permutation language model with its own memory",
 }
 
+#: attention-based model types whose attention or masking the capability checks below cannot see through
+MISMATCHED_MODEL_TYPES = {
+    "moshi": "a sliding-window cache under a full causal mask: its prefill attends beyond the window and its "
+    "decode steps do not, which no per-layer window reproduces",
+    "git": "a text self-attention class picked once at construction (GIT_SELF_ATTENTION_CLASSES) that never "
+    "calls the attention function registered with AttentionInterface",
+}
+
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (
     "attn_layer_indices",
@@ -102,8 +110,16 @@ def architecture_refusal(model) -> str | None:
         return f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
     if getattr(text, "causal", True) is False:
         return f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
+    bidirectional = _bidirectional_attention(model)
+    if bidirectional is not None:
+        return (
+            f"{prefix} its self-attention ({bidirectional}) is bidirectional; a BERT-style model generates causally "
+            f"only when built with config.is_decoder=True"
+        )
     if text.model_type in RECURRENT_MODEL_TYPES:
         return f"{prefix} it is {RECURRENT_MODEL_TYPES[text.model_type]}, with no KV cache to roll back"
+    if text.model_type in MISMATCHED_MODEL_TYPES:
+        return f"{prefix} it has {MISMATCHED_MODEL_TYPES[text.model_type]}"
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
         return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
@@ -135,6 +151,34 @@ def architecture_refusal(model) -> str | None:
             for kind in unknown
         )
         return f"{prefix} it has cache layers of kind {why}"
+    return None
+
+
+def layer_sliding_window(module, passed: int | None) -> int | None:
+    """The sliding window of ``module``'s layer: the one passed to the attention function, else the window that
+    transformers' mask for this layer applies (the layer's cache type from the config). Moshi, Kyutai
+    speech-to-text and Qwen2-MoE (5.17) keep ``sliding_window`` on the module but pass none to the attention
+    function, relying on the mask transformers builds; Exaone 4 keeps it on full-attention layers too, so the
+    attribute alone does not say."""
+    if passed is not None or getattr(module, "sliding_window", None) is None:
+        return passed
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(module.config.get_text_config(decoder=True))
+    if layer_types[module.layer_idx] != "sliding_attention":
+        return None
+    return layer_kwargs[module.layer_idx]["sliding_window"]
+
+
+def _bidirectional_attention(model) -> str | None:
+    """The class name of a self-attention module of the text decoder that is not causal (``is_causal=False``:
+    BERT-style models built without ``config.is_decoder=True``), or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    for name, module in decoder.named_modules():
+        if (
+            getattr(module, "is_causal", True) is False
+            and "cross" not in name
+            and hasattr(module, "layer_idx")
+        ):
+            return type(module).__name__
     return None
 
 
@@ -173,7 +217,9 @@ def recover_assistant_model():
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
+    "MISMATCHED_MODEL_TYPES",
     "RECURRENT_MODEL_TYPES",
+    "layer_sliding_window",
     "architecture_refusal",
     "check_architecture",
     "check_transformers_version",

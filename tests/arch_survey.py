@@ -110,6 +110,8 @@ def _overrides(fields: dict, keep_layers: bool) -> dict:
     if keep_layers:
         for name in _LAYER_COUNTS:
             overrides.pop(name, None)
+    if "is_decoder" in fields:  # BERT-style models generate causally only as decoders
+        overrides["is_decoder"] = True
     if "tie_word_embeddings" in fields:
         overrides["tie_word_embeddings"] = False
     return overrides

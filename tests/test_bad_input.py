@@ -221,7 +221,7 @@ UNSUPPORTED = [
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'mamba' \(MambaForCausalLM\) is not supported: it is a state-space model \\(Mamba\\)",
+        r"model type 'mamba' \(MambaForCausalLM\) is not supported: it is a state-space model \(Mamba\)",
         id="mamba",
     ),
     pytest.param(

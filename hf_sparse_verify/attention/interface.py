@@ -15,6 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from .. import _compat
 from ..step import current_step
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
@@ -48,6 +49,7 @@ def sparse_verify_attention(
         raise NotImplementedError("attention dropout in training mode is not supported; call model.eval()")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    sliding_window = _compat.layer_sliding_window(module, sliding_window)
     view = step.on(query.device)
     mods = LogitMods(softcap=softcap or None, sinks=s_aux)
     out = get_backend(step.backend)(
