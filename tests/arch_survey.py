@@ -10,6 +10,7 @@ or plain ``generate`` itself fails), ``different`` or ``crashed`` (bugs: the tes
 from __future__ import annotations
 
 import dataclasses
+import re
 import traceback
 
 import torch
@@ -92,8 +93,18 @@ def causal_lm_types() -> list[str]:
 _LAYER_COUNTS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "layer_types")
 
 
+#: any other large integer field whose name says it is a width is shrunk too (not positions, windows, ids)
+_WIDTH = re.compile(r"(size|dim|vocab|ffn|hidden|intermediate|rank)")
+_NOT_WIDTH = re.compile(r"(position|window|token|length|chunk|max_|theta|sampling|patch|image|block)")
+
+
 def _overrides(fields: dict, keep_layers: bool) -> dict:
-    overrides = {k: v for k, v in _SMALL_INTS.items() if isinstance(fields.get(k), int)}
+    overrides = {
+        k: (VOCAB if "vocab" in k else 64)
+        for k, v in fields.items()
+        if type(v) is int and v > 256 and _WIDTH.search(k) and not _NOT_WIDTH.search(k)
+    }
+    overrides.update({k: v for k, v in _SMALL_INTS.items() if isinstance(fields.get(k), int)})
     overrides.update({k: v for k, v in _TOKEN_IDS.items() if k in fields})
     if fields.get("num_key_value_heads") is not None and fields.get("num_key_value_heads") == fields.get(
         "num_attention_heads"
