@@ -21,7 +21,11 @@ import hf_sparse_verify as hsv
 
 VOCAB = 96
 PAD, EOS, BOS = 0, 1, 2
-STRATEGIES = ("prompt_lookup", "vegas")
+#: vegas drafts from a real selection (30% of the prefix, at least 4 slots), so sparse draft steps run too
+STRATEGIES = {
+    "prompt_lookup": dict(strategy="prompt_lookup", num_draft_tokens=3),
+    "vegas": dict(strategy="vegas", num_draft_tokens=3, ratio=0.3, min_tokens=4),
+}
 MAX_NEW = 12
 MAX_PARAMS = 25_000_000
 
@@ -197,7 +201,7 @@ def survey(model_type: str) -> Outcome:
                 out = model.generate(
                     **common,
                     custom_generate=hsv.generate,
-                    speculation=dict(strategy=strategy, num_draft_tokens=3),
+                    speculation=STRATEGIES[strategy],
                 )
         except NotImplementedError as e:
             return Outcome(model_type, "refused", _first_line(e))

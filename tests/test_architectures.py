@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from arch_survey import causal_lm_types, survey
+import torch
+from arch_survey import MAX_NEW, PAD, STRATEGIES, build_model, causal_lm_types, prompts, survey
+
+import hf_sparse_verify as hsv
 
 #: a refusal names the (text) model type, the class, and what is missing
 REFUSAL = re.compile(r"^model type '[\w-]+' \(\w+\) is not supported: .{20,}")
@@ -25,3 +28,23 @@ def test_identical_or_refused(model_type):
     assert outcome.status in ("identical", "refused"), f"{model_type}: {outcome.status}: {outcome.reason}"
     if outcome.status == "refused":
         assert REFUSAL.match(outcome.reason), outcome.reason
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("model_type", ["gemma2", "cohere2", "gpt_oss", "deepseek_v3", "minicpm3"])
+def test_triton_backend_routes_modified_logits_to_reference(model_type, strategy):
+    """Soft-capping, sinks and MLA head sizes take the reference path inside the triton backend (CPU: the Triton
+    interpreter runs the cache-write kernel; the attention never reaches a kernel)."""
+    model = build_model(model_type)
+    ids, mask = prompts()
+    common = dict(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD
+    )
+    with torch.no_grad():
+        expected = model.generate(**common)
+        out = model.generate(
+            **common,
+            custom_generate=hsv.generate,
+            speculation=dict(attention_backend="triton", cuda_graphs=False, **STRATEGIES[strategy]),
+        )
+    assert torch.equal(out, expected)
