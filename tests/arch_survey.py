@@ -62,6 +62,7 @@ _SMALL_INTS = {
     "n_routed_experts": 4,
     "moe_num_experts": 4,
     "num_experts_per_tok": 2,
+    "moe_k": 2,
     "moe_topk": 2,
     "top_k": 2,
     "n_group": 1,
@@ -80,6 +81,7 @@ _SMALL_INTS = {
     "window_size": 9,
     "first_k_dense_replace": 1,
 }
+_FILL_NONE = ("head_dim", "num_key_value_heads", "num_experts_per_tok", "n_routed_experts")
 _TOKEN_IDS = {"pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": BOS}
 
 
@@ -109,6 +111,8 @@ def _overrides(fields: dict, keep_layers: bool) -> dict:
         if type(v) is int and v > 256 and _WIDTH.search(k) and not _NOT_WIDTH.search(k)
     }
     overrides.update({k: v for k, v in _SMALL_INTS.items() if isinstance(fields.get(k), int)})
+    # sizes some configs leave None and their modules need
+    overrides.update({k: _SMALL_INTS[k] for k in _FILL_NONE if k in fields and fields[k] is None})
     overrides.update({k: v for k, v in _TOKEN_IDS.items() if k in fields})
     if fields.get("num_key_value_heads") is not None and fields.get("num_key_value_heads") == fields.get(
         "num_attention_heads"
@@ -190,27 +194,28 @@ def survey(model_type: str) -> Outcome:
     common = dict(
         input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD
     )
-    try:
-        with torch.no_grad():
-            expected = model.generate(**common)
-    except Exception as e:  # noqa: BLE001
-        return Outcome(model_type, "skipped", f"plain generate fails: {type(e).__name__}: {_first_line(e)}")
-    for strategy in STRATEGIES:
+    outputs = {}
+    for strategy in STRATEGIES:  # ours first: a refusal comes before generating, whether plain generate works
         try:
             with torch.no_grad():
-                out = model.generate(
-                    **common,
-                    custom_generate=hsv.generate,
-                    speculation=STRATEGIES[strategy],
+                outputs[strategy] = model.generate(
+                    **common, custom_generate=hsv.generate, speculation=STRATEGIES[strategy]
                 )
         except NotImplementedError as e:
             return Outcome(model_type, "refused", _first_line(e))
         except Exception as e:  # noqa: BLE001
             tb = traceback.extract_tb(e.__traceback__)[-1]
             where = f"{tb.filename.rsplit('/', 2)[-1]}:{tb.lineno}"
-            return Outcome(
-                model_type, "crashed", f"{strategy}: {type(e).__name__}: {_first_line(e)} ({where})"
-            )
+            failure = f"{strategy}: {type(e).__name__}: {_first_line(e)} ({where})"
+            outputs[strategy] = failure
+    try:
+        with torch.no_grad():
+            expected = model.generate(**common)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(model_type, "skipped", f"plain generate fails: {type(e).__name__}: {_first_line(e)}")
+    for strategy, out in outputs.items():
+        if isinstance(out, str):
+            return Outcome(model_type, "crashed", out)
         if not torch.equal(out, expected):
             return Outcome(model_type, "different", strategy)
     return Outcome(model_type, "identical")
