@@ -236,8 +236,7 @@ UNSUPPORTED = [
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'bloom' \(BloomForCausalLM\) is not supported: the attention of BloomForCausalLM does not "
-        r"dispatch through transformers' AttentionInterface",
+        r"model type 'bloom' \(BloomForCausalLM\) is not supported: its forward takes no position_ids",
         id="bloom",
     ),
 ]
