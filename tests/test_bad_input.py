@@ -251,6 +251,16 @@ def test_unsupported_architecture(factory, message):
     assert unsupported.config._attn_implementation == before
 
 
+def test_unsupported_draft_model():
+    draft = UNSUPPORTED[1].values[0]()  # bloom
+    target = make_model("llama")
+    with pytest.raises(
+        NotImplementedError, match=r"model type 'bloom' \(BloomForCausalLM\) is not supported"
+    ):
+        _generate(target, draft_model=draft)
+    assert draft.config._attn_implementation != "sparse_verify"
+
+
 def test_encoder_decoder_model():
     from transformers import AutoModelForSeq2SeqLM, T5Config
 

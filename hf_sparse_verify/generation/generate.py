@@ -65,6 +65,8 @@ def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) 
             f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto'), "
             "or pass no draft_model / assistant_model"
         )
+    if draft_model is not None:  # the draft runs through the same attention and cache as the target
+        _compat.check_architecture(draft_model)
     cls = resolve(DRAFTERS, strategy)
     return cls.from_config(config, target=model, draft_model=draft_model)
 
