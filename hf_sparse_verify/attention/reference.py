@@ -35,6 +35,9 @@ class LogitMods:
 
 PLAIN = LogitMods()
 
+#: query rows per explicit-logits block in prefill: bounds the float32 ``[B, H, rows, L]`` logits of long prompts
+ROW_CHUNK = 512
+
 
 def _row_logits(
     query: torch.Tensor, key: torch.Tensor, scaling: float, mods: LogitMods = PLAIN
@@ -154,9 +157,17 @@ def reference_attention(
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous()
 
-    if not mods.plain:
+    if not mods.plain:  # SDPA has no soft-capping or sinks: explicit logits, in chunks of query rows
         mask = view.mask(sliding_window)
-        out, _ = _attention_with_logits(query, key, value, mask, scaling, mods)
+        out = torch.cat(
+            [
+                _attention_with_logits(
+                    query[:, :, i : i + ROW_CHUNK], key, value, mask[:, :, i : i + ROW_CHUNK], scaling, mods
+                )[0]
+                for i in range(0, query.shape[2], ROW_CHUNK)
+            ],
+            dim=2,
+        )
         if collection is not None and step.phase is Phase.PREFILL:
             _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, mods)
         return out.transpose(1, 2).contiguous()
