@@ -58,6 +58,8 @@ RECURRENT_MODEL_TYPES = {
 MISMATCHED_MODEL_TYPES = {
     "moshi": "a sliding-window cache under a full causal mask: its prefill attends beyond the window and its "
     "decode steps do not, which no per-layer window reproduces",
+    "hrm_text": "decoder layers reused across reasoning cycles, each cycle writing cache slot layer_idx + offset, "
+    "so per-layer attention state (Vegas scores, KV selections) cannot be keyed by the module's layer_idx",
     "git": "a text self-attention class picked once at construction (GIT_SELF_ATTENTION_CLASSES) that never "
     "calls the attention function registered with AttentionInterface",
 }

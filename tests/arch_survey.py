@@ -145,15 +145,25 @@ def _shrunk(fields: dict, keep_layers: bool) -> dict:
     return out
 
 
-def tiny_config(model_type: str, keep_layers: bool = False):
+def tiny_config(model_type: str, keep_layers: bool = False, only_overrides: bool = False):
     """A tiny config of ``model_type``: the class defaults with size fields shrunk (``keep_layers``: keep the
-    default layer structure, for configs with per-layer lists of fixed length)."""
+    default layer structure, for configs with per-layer lists of fixed length; ``only_overrides``: pass only the
+    shrunk fields, for configs that do not survive a ``to_dict`` round trip)."""
     config_cls = type(AutoConfig.for_model(model_type))
-    return config_cls(**_shrunk(config_cls().to_dict(), keep_layers))
+    fields = config_cls().to_dict()
+    if not only_overrides:
+        return config_cls(**_shrunk(fields, keep_layers))
+    kwargs = _overrides(fields, keep_layers)
+    for name, value in fields.items():
+        if isinstance(value, dict) and ("model_type" in value or name.endswith("_config")):
+            kwargs[name] = _shrunk(value, keep_layers)
+    return config_cls(**kwargs)
 
 
-def _instantiate(model_type: str, keep_layers: bool, seed: int) -> torch.nn.Module:
-    config = tiny_config(model_type, keep_layers)
+def _instantiate(
+    model_type: str, keep_layers: bool, seed: int, only_overrides: bool = False
+) -> torch.nn.Module:
+    config = tiny_config(model_type, keep_layers, only_overrides)
     with torch.device("meta"):  # size check first: some defaults stay large (byte-hash vocabularies)
         size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     if size > MAX_PARAMS:
@@ -168,7 +178,11 @@ def build_model(model_type: str, seed: int = 0) -> torch.nn.Module:
     try:
         return _instantiate(model_type, keep_layers=False, seed=seed)
     except Exception:  # noqa: BLE001 - a shrunk layer count the config or a module refuses: default structure
+        pass
+    try:
         return _instantiate(model_type, keep_layers=True, seed=seed)
+    except Exception:  # noqa: BLE001 - a config that does not survive its own to_dict: shrunk fields only
+        return _instantiate(model_type, keep_layers=False, seed=seed, only_overrides=True)
 
 
 def prompts() -> tuple[torch.Tensor, torch.Tensor]:
