@@ -6,8 +6,11 @@
   frame that called us. Checked on 5.17.0 and 5.23.0.
 - ``assistant_model`` is dropped the same way (it is a named parameter of ``generate``, never part of the kwargs a
   callable receives); we read it back from that frame too and use it as the draft model. Checked on 5.17.0.
-- Architectures are matched by ``config.model_type``: the attention modules of these families call
-  ``past_key_values.update`` and the registered attention function with the standard signature.
+- Architectures are admitted by capability, not by name (`check_architecture`): the engine needs a causal decoder
+  whose attention modules write a standard per-layer KV cache and call the function registered with
+  `AttentionInterface` (``PreTrainedModel._can_set_attn_implementation``), and whose cache layers are all attention
+  layers (``transformers.cache_utils.get_layer_types_and_kwargs``, the function `DynamicCache` builds its layers
+  from). Checked on 5.23.0 (the survey of `tests/test_architectures.py`).
 """
 
 from __future__ import annotations
@@ -17,37 +20,64 @@ from importlib.metadata import version
 
 import transformers
 from packaging.version import Version
+from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.generation.utils import GenerationMixin
+from transformers.modeling_utils import PreTrainedModel
 
 TRANSFORMERS_MIN = Version("5.17.0")
 TRANSFORMERS_MAX = Version("6.0.0")
 
-#: model types whose attention goes through `AttentionInterface` and a standard KV cache, tested in CI
-SUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "llama": "Llama",
-    "qwen2": "Qwen2",
-    "qwen3": "Qwen3",
-    "mistral": "Mistral (sliding window)",
-    "qwen3_moe": "Qwen3-MoE",
-    "mixtral": "Mixtral",
-    "olmoe": "OLMoE",
-    "qwen2_moe": "Qwen2-MoE (shared expert)",
+#: cache layer kinds our `SpecCache` and attention implement (chunked attention is refused: its mask is not a
+#: sliding window)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+#: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
+_LAYER_TYPE_REASONS = {
+    "conv": "convolution layers with a recurrent state (hybrid model)",
+    "linear_attention": "linear-attention / state-space layers with a recurrent state (hybrid model)",
+    "hybrid": "layers that keep a recurrent state beside their KV cache (hybrid model)",
+    "hybrid_sliding": "layers that keep a recurrent state beside their KV cache (hybrid model)",
+    "dummy": "layers that reuse another layer's KV cache or have no attention",
+    "chunked_attention": "chunked attention (a block-diagonal mask, not a sliding window)",
+    "indexed_attention": "a sparse-attention indexer with its own cache",
 }
 
-#: model types known not to work, with what is missing
-UNSUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "gemma2": "attention logit soft-capping",
-    "gemma3": "attention logit soft-capping and per-layer rotary bases",
-    "gpt_oss": "attention sinks",
-    "mamba": "a recurrent state instead of a KV cache",
-    "mamba2": "a recurrent state instead of a KV cache",
-    "jamba": "recurrent (Mamba) layers",
-    "falcon_h1": "recurrent (Mamba) layers",
-    "qwen3_next": "linear-attention layers with a recurrent state",
-    "deepseek_v3": "multi-head latent attention (compressed KV)",
-    "t5": "an encoder-decoder architecture",
-    "bart": "an encoder-decoder architecture",
+#: model types whose layers keep a recurrent state (no per-token KV cache), refused by name
+RECURRENT_MODEL_TYPES = {
+    "mamba": "a state-space model (Mamba)",
+    "mamba2": "a state-space model (Mamba-2)",
+    "falcon_mamba": "a state-space model (Mamba)",
+    "rwkv": "a recurrent model (RWKV)",
+    "xlstm": "a recurrent model (xLSTM)",
+    "recurrent_gemma": "a recurrent model (Griffin / RG-LRU layers)",
+    "reformer": "a model with LSH attention and its own cache",
+    "xlnet": "a permutation language model with its own memory",
 }
+
+#: attention-based model types whose attention or masking the capability checks below cannot see through
+MISMATCHED_MODEL_TYPES = {
+    "moshi": "a sliding-window cache under a full causal mask: its prefill attends beyond the window and its "
+    "decode steps do not, which no per-layer window reproduces",
+    "hrm_text": "decoder layers reused across reasoning cycles, each cycle writing cache slot layer_idx + offset, "
+    "so per-layer attention state (Vegas scores, KV selections) cannot be keyed by the module's layer_idx",
+    "git": "a text self-attention class picked once at construction (GIT_SELF_ATTENTION_CLASSES) that never "
+    "calls the attention function registered with AttentionInterface",
+}
+
+#: config fields that only hybrid recurrent/attention models have
+_HYBRID_CONFIG_FIELDS = (
+    "attn_layer_indices",
+    "attn_layer_period",
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "block_types",
+    "mamba_d_state",
+    "mamba_n_heads",
+    "mamba_expand",
+    "ssm_state_size",
+    "linear_num_key_heads",
+    "linear_conv_kernel_dim",
+)
 
 
 def check_transformers_version() -> None:
@@ -59,26 +89,107 @@ def check_transformers_version() -> None:
 
 
 def check_architecture(model) -> None:
-    """Raise a clear error for architectures the engine does not support."""
+    """Raise `NotImplementedError` naming what is missing when ``model`` is not a causal decoder whose attention
+    goes through `AttentionInterface` over a standard KV cache; return None otherwise.
+
+    The checks, in order: encoder-decoder; bidirectional attention; recurrent models (by name, or a class that
+    keeps a custom cache); hybrid recurrent/attention layers; a forward without ``position_ids``; attention modules
+    that do not dispatch through `AttentionInterface`; cache layer kinds other than full and sliding-window
+    attention.
+    """
+    reason = architecture_refusal(model)
+    if reason is not None:
+        raise NotImplementedError(reason)
+
+
+def architecture_refusal(model) -> str | None:
+    """Why ``model`` is refused (one sentence naming the model type and what is missing), or None."""
     config = model.config
-    if getattr(config, "is_encoder_decoder", False):
-        raise NotImplementedError(
-            f"{type(model).__name__} is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
+    text = config.get_text_config(decoder=True)
+    cls = type(model).__name__
+    prefix = f"model type {text.model_type!r} ({cls}) is not supported:"
+    if getattr(config, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False):
+        return f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
+    if getattr(text, "causal", True) is False:
+        return f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
+    bidirectional = _bidirectional_attention(model)
+    if bidirectional is not None:
+        return (
+            f"{prefix} its self-attention ({bidirectional}) is bidirectional; a BERT-style model generates causally "
+            f"only when built with config.is_decoder=True"
         )
-    model_type = config.get_text_config().model_type
-    if model_type in SUPPORTED_MODEL_TYPES:
-        return
-    supported = ", ".join(SUPPORTED_MODEL_TYPES.values())
-    if model_type in UNSUPPORTED_MODEL_TYPES:
-        raise NotImplementedError(
-            f"model type {model_type!r} is not supported: it needs {UNSUPPORTED_MODEL_TYPES[model_type]}, which the "
-            f"'sparse_verify' attention and cache do not implement. Supported: {supported}"
+    if text.model_type in RECURRENT_MODEL_TYPES:
+        return f"{prefix} it is {RECURRENT_MODEL_TYPES[text.model_type]}, with no KV cache to roll back"
+    if text.model_type in MISMATCHED_MODEL_TYPES:
+        return f"{prefix} it has {MISMATCHED_MODEL_TYPES[text.model_type]}"
+    supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if supports_dynamic is not None and not supports_dynamic():
+        return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
+    hybrid = [name for name in _HYBRID_CONFIG_FIELDS if getattr(text, name, None) is not None]
+    if hybrid:
+        return (
+            f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
+            f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
         )
-    raise NotImplementedError(
-        f"model type {model_type!r} has not been validated with hf_sparse_verify (its attention must use "
-        f"transformers' AttentionInterface and a standard KV cache, and be tested for lossless output). "
-        f"Supported: {supported}"
-    )
+    if "position_ids" not in inspect.signature(type(model).forward).parameters:
+        return (
+            f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
+            f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
+        )
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel) and not _dispatches_attention(type(module)):
+            return (
+                f"{prefix} the attention of {type(module).__name__} does not dispatch through transformers' "
+                f"AttentionInterface (ALL_ATTENTION_FUNCTIONS), so the 'sparse_verify' attention cannot run it"
+            )
+    try:
+        layer_types, _ = get_layer_types_and_kwargs(text)
+    except Exception as e:  # noqa: BLE001 - a config without per-layer structure
+        return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})"
+    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES)
+    if unknown:
+        why = "; ".join(
+            f"{kind!r}: {_LAYER_TYPE_REASONS.get(kind, 'a cache layer kind we do not implement')}"
+            for kind in unknown
+        )
+        return f"{prefix} it has cache layers of kind {why}"
+    return None
+
+
+def layer_sliding_window(module, passed: int | None) -> int | None:
+    """The sliding window of ``module``'s layer: the one passed to the attention function, else the window that
+    transformers' mask for this layer applies (the layer's cache type from the config). Moshi, Kyutai
+    speech-to-text and Qwen2-MoE (5.17) keep ``sliding_window`` on the module but pass none to the attention
+    function, relying on the mask transformers builds; Exaone 4 keeps it on full-attention layers too, so the
+    attribute alone does not say."""
+    if passed is not None or getattr(module, "sliding_window", None) is None:
+        return passed
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(module.config.get_text_config(decoder=True))
+    if layer_types[module.layer_idx] != "sliding_attention":
+        return None
+    return layer_kwargs[module.layer_idx]["sliding_window"]
+
+
+def _bidirectional_attention(model) -> str | None:
+    """The class name of a self-attention module of the text decoder that is not causal (``is_causal=False``:
+    BERT-style models built without ``config.is_decoder=True``), or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    for name, module in decoder.named_modules():
+        if (
+            getattr(module, "is_causal", True) is False
+            and "cross" not in name
+            and hasattr(module, "layer_idx")
+        ):
+            return type(module).__name__
+    return None
+
+
+def _dispatches_attention(cls: type) -> bool:
+    """transformers' own test (``PreTrainedModel._can_set_attn_implementation``, cached per class: it reads the
+    modelling module's source for ``ALL_ATTENTION_FUNCTIONS.get_interface(``) that ``set_attn_implementation``
+    switches this class's attention."""
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    return bool(can_set()) if can_set is not None else False
 
 
 def _generate_argument(name: str):
@@ -107,8 +218,11 @@ def recover_assistant_model():
 
 
 __all__ = [
-    "SUPPORTED_MODEL_TYPES",
-    "UNSUPPORTED_MODEL_TYPES",
+    "ATTENTION_LAYER_TYPES",
+    "MISMATCHED_MODEL_TYPES",
+    "RECURRENT_MODEL_TYPES",
+    "layer_sliding_window",
+    "architecture_refusal",
     "check_architecture",
     "check_transformers_version",
     "recover_assistant_model",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import BOS, EOS, PAD, VOCAB, make_model, noisy_copy, ragged_batch
-from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, BloomConfig, LogitsProcessor, LogitsProcessorList, MambaConfig
 
 import hf_sparse_verify
 
@@ -211,38 +211,33 @@ def _tiny(config) -> torch.nn.Module:
 UNSUPPORTED = [
     pytest.param(
         lambda: _tiny(
-            Gemma2Config(
+            MambaConfig(
                 vocab_size=VOCAB,
                 hidden_size=32,
-                intermediate_size=64,
+                state_size=4,
                 num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=16,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'gemma2' is not supported: it needs attention logit soft-capping.*Supported: Llama",
-        id="gemma2",
+        r"model type 'mamba' \(MambaForCausalLM\) is not supported: it is a state-space model \(Mamba\)",
+        id="mamba",
     ),
     pytest.param(
         lambda: _tiny(
-            GPT2Config(
+            BloomConfig(
                 vocab_size=VOCAB,
-                n_embd=32,
+                hidden_size=32,
                 n_layer=1,
                 n_head=2,
-                n_positions=64,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'gpt2' has not been validated with hf_sparse_verify \(its attention must use transformers' "
-        r"AttentionInterface and a standard KV cache.*Supported: Llama, Qwen2",
-        id="gpt2",
+        r"model type 'bloom' \(BloomForCausalLM\) is not supported: its forward takes no position_ids",
+        id="bloom",
     ),
 ]
 
@@ -254,6 +249,16 @@ def test_unsupported_architecture(factory, message):
     with pytest.raises(NotImplementedError, match=message):
         _generate(unsupported)
     assert unsupported.config._attn_implementation == before
+
+
+def test_unsupported_draft_model():
+    draft = UNSUPPORTED[1].values[0]()  # bloom
+    target = make_model("llama")
+    with pytest.raises(
+        NotImplementedError, match=r"model type 'bloom' \(BloomForCausalLM\) is not supported"
+    ):
+        _generate(target, draft_model=draft)
+    assert draft.config._attn_implementation != "sparse_verify"
 
 
 def test_encoder_decoder_model():

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention import interface
-from hf_sparse_verify.attention.reference import _attention_with_logits, reference_attention
+from hf_sparse_verify.attention.reference import PLAIN, _attention_with_logits, reference_attention
 from hf_sparse_verify.attention.scores import reduce_scores
 from hf_sparse_verify.config import SpeculationConfig
 from hf_sparse_verify.generation.drafters.self_spec import SelfSpecDrafter
@@ -561,8 +561,10 @@ def _spy_attention(monkeypatch) -> dict:
     def get(name):
         backend = real_get(name)
 
-        def wrapped(module, query, key, value, view, *, scaling, sliding_window=None):
-            out = backend(module, query, key, value, view, scaling=scaling, sliding_window=sliding_window)
+        def wrapped(module, query, key, value, view, *, scaling, sliding_window=None, mods=PLAIN):
+            out = backend(
+                module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods
+            )
             step, layer = view.step, module.layer_idx
             collection = step.score_collection()
             keys = key[:, :, : step.kv_len]

@@ -1,7 +1,8 @@
 """Attention backends behind the ``"sparse_verify"`` attention: a name-keyed registry.
 
-A backend is ``fn(module, query, key, value, step_view, *, scaling, sliding_window) -> [B, q, H, D]`` with
-``query`` ``[B, H, q, D]`` and ``key``/``value`` the full cache buffers ``[B, H_kv, capacity, D]``. The loop
+A backend is ``fn(module, query, key, value, step_view, *, scaling, sliding_window, mods) -> [B, q, H, D_v]``
+with ``query`` ``[B, H, q, D]``, ``key``/``value`` the full cache buffers ``[B, H_kv, capacity, D]`` /
+``[B, H_kv, capacity, D_v]`` and ``mods`` the layer's soft-capping and sinks (`reference.LogitMods`). The loop
 names the backend in `StepContext.backend`; kernels and sparse modes of later issues register their own names here
 without touching the loop.
 """

@@ -15,11 +15,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from .. import _compat
 from ..step import current_step
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
 from . import triton_backend as _triton_backend  # noqa: F401 - registers the "triton" backend
 from .dispatch import get_backend
+from .reference import LogitMods
 
 NAME = "sparse_verify"
 
@@ -34,22 +36,24 @@ def sparse_verify_attention(
     scaling: float | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` the cache buffers."""
+    """transformers attention signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` the cache buffers.
+
+    ``softcap`` (logit soft-capping, Gemma 2 / Cohere 2) and ``s_aux`` (``[H]`` attention-sink logits, GPT-OSS) are
+    honoured; a value head size other than the key's (multi-head latent attention) is too.
+    """
     step = current_step()
-    if softcap is not None or kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
-            f"{type(module).__name__} uses attention logit soft-capping or attention sinks, which the "
-            f"{NAME!r} attention does not implement"
-        )
     if dropout and module.training:
         raise NotImplementedError("attention dropout in training mode is not supported; call model.eval()")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    sliding_window = _compat.layer_sliding_window(module, sliding_window)
     view = step.on(query.device)
+    mods = LogitMods(softcap=softcap or None, sinks=s_aux)
     out = get_backend(step.backend)(
-        module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
+        module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods
     )
     return out, None
 

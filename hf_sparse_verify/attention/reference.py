@@ -6,6 +6,8 @@ Every faster or sparser backend is tested against this one, and this one against
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -14,27 +16,64 @@ from .dispatch import register_backend
 from .scores import collected_rows, reduce_scores
 
 
+@dataclasses.dataclass(frozen=True)
+class LogitMods:
+    """What a layer does to its logits beyond ``q . k * scale``; both None for plain attention.
+
+    Attributes:
+        softcap: logit soft-capping ``softcap * tanh(logit / softcap)`` (Gemma 2, Cohere 2), applied before masking.
+        sinks: ``[H]`` per-head sink logit that joins the softmax denominator and attends to nothing (GPT-OSS).
+    """
+
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.softcap is None and self.sinks is None
+
+
+PLAIN = LogitMods()
+
+#: query rows per explicit-logits block in prefill: bounds the float32 ``[B, H, rows, L]`` logits of long prompts
+ROW_CHUNK = 512
+
+
+def _row_logits(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, mods: LogitMods = PLAIN
+) -> torch.Tensor:
+    """Logits ``[B, H, q, L]`` (float32, soft-capped if the layer caps) of ``query`` ``[B, H, q, D]`` over ``key``
+    ``[B, H_kv, L, D]``."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    q = query.float().reshape(batch, kv_heads, (heads // kv_heads) * q_len, dim)  # a KV head's query heads
+    logits = (torch.matmul(q, key.float().transpose(-1, -2)) * scaling).view(batch, heads, q_len, length)
+    if mods.softcap is not None:
+        logits = torch.tanh(logits / mods.softcap) * mods.softcap
+    return logits
+
+
 def _attention_with_logits(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float,
+    mods: LogitMods = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention that also returns its raw logits: out ``[B, H, q, D]``, logits ``[B, H, q, L]`` (float32)."""
-    batch, heads, q_len, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    q = query.reshape(batch, kv_heads, group * q_len, dim)  # query heads of one KV head side by side
-    logits = torch.matmul(q.float(), key.float().transpose(-1, -2)) * scaling  # [B, Hkv, G*q, L]
-    logits = logits.view(batch, heads, q_len, length)
-    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-    out = torch.matmul(probs.view(batch, kv_heads, group * q_len, length), value.float())
-    return out.view(batch, heads, q_len, dim).to(query.dtype), logits
-
-
-def _row_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Raw logits ``[B, H, q, L]`` (float32) of ``query`` ``[B, H, q, D]`` over ``key`` ``[B, H_kv, L, D]``."""
-    batch, heads, q_len, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    q = query.float().reshape(batch, kv_heads, (heads // kv_heads) * q_len, dim)
-    return (torch.matmul(q, key.float().transpose(-1, -2)) * scaling).view(batch, heads, q_len, length)
+    """Attention that also returns its logits: out ``[B, H, q, D_v]``, logits ``[B, H, q, L]`` (float32, after
+    soft-capping). ``value`` ``[B, H_kv, L, D_v]`` may have another head size than ``key``."""
+    batch, heads, q_len, _ = query.shape
+    kv_heads, length, v_dim = key.shape[1], key.shape[2], value.shape[-1]
+    logits = _row_logits(query, key, scaling, mods)
+    masked = logits.masked_fill(~mask, float("-inf"))
+    if mods.sinks is not None:  # the sink joins the denominator, then is dropped
+        sink = mods.sinks.float().view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
+        probs = torch.softmax(torch.cat([masked, sink], dim=-1), dim=-1)[..., :length]
+    else:
+        probs = torch.softmax(masked, dim=-1)
+    out = torch.matmul(probs.reshape(batch, kv_heads, (heads // kv_heads) * q_len, length), value.float())
+    return out.view(batch, heads, q_len, v_dim).to(query.dtype), logits
 
 
 def _collect_verify(
@@ -55,10 +94,11 @@ def _collect_prefill(
     mask: torch.Tensor,
     scaling: float,
     kv_heads: int,
+    mods: LogitMods,
 ) -> None:
     """The first selection's scores: the prompt's last `ScoreCollection.PREFILL_SEED_ROWS` query rows."""
     rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
-    logits = _row_logits(query[:, :, -rows:], key, scaling)  # [B, H, rows, L]
+    logits = _row_logits(query[:, :, -rows:], key, scaling, mods)  # [B, H, rows, L]
     kind = ScoreCollection(rows="all_rows", weights=collection.weights, per_kv_head=collection.per_kv_head)
     collection.write(layer, reduce_scores(logits, mask[:, :, -rows:], kind, kv_heads))
 
@@ -73,18 +113,21 @@ def reference_attention(
     *,
     scaling: float,
     sliding_window: int | None = None,
+    mods: LogitMods = PLAIN,
 ) -> torch.Tensor:
     """Attention of ``q`` new tokens per row over the valid cache slots.
 
     Args:
         query: ``[B, H, q, D]``.
-        key, value: ``[B, H_kv, capacity, D]`` cache buffers, ``H % H_kv == 0``.
+        key, value: ``[B, H_kv, capacity, D]`` and ``[B, H_kv, capacity, D_v]`` cache buffers, ``H % H_kv == 0``
+            (``D_v`` may differ from ``D``, as in multi-head latent attention).
         view: the step's tensors on this device (slots, masks; the step's slots).
         scaling: softmax scale.
         sliding_window: window of a sliding-attention layer, or None.
+        mods: soft-capping and attention sinks (`LogitMods`); layers with either run the explicit-logits path.
 
     Returns:
-        ``[B, q, H, D]``, the layout transformers' attention functions return.
+        ``[B, q, H, D_v]``, the layout transformers' attention functions return.
     """
     step = view.step
     layer = module.layer_idx
@@ -96,7 +139,7 @@ def reference_attention(
 
     if collection is not None and step.phase is Phase.VERIFY:
         mask = view.mask(sliding_window)
-        out, logits = _attention_with_logits(query, key, value, mask, scaling)
+        out, logits = _attention_with_logits(query, key, value, mask, scaling, mods)
         _collect_verify(collection, layer, logits, mask, kv_heads)
         return out.transpose(1, 2).contiguous()
     selection = step.draft_selection()
@@ -107,9 +150,27 @@ def reference_attention(
         else:
             allowed = allowed[:, None, None, :]
         mask = view.mask(sliding_window) & allowed
+        if not mods.plain:
+            return (
+                _attention_with_logits(query, key, value, mask, scaling, mods)[0].transpose(1, 2).contiguous()
+            )
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous()
 
+    if not mods.plain:  # SDPA has no soft-capping or sinks: explicit logits, in chunks of query rows
+        mask = view.mask(sliding_window)
+        out = torch.cat(
+            [
+                _attention_with_logits(
+                    query[:, :, i : i + ROW_CHUNK], key, value, mask[:, :, i : i + ROW_CHUNK], scaling, mods
+                )[0]
+                for i in range(0, query.shape[2], ROW_CHUNK)
+            ],
+            dim=2,
+        )
+        if collection is not None and step.phase is Phase.PREFILL:
+            _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, mods)
+        return out.transpose(1, 2).contiguous()
     if gqa and query.is_cuda and step.phase is Phase.PREFILL:
         # SDPA's memory-efficient kernel takes float32 and masks but not grouped heads; without it SDPA falls back
         # to the math kernel, whose [B, H, q, L] attention matrix does not fit for long prompts
@@ -131,5 +192,5 @@ def reference_attention(
             mask = mask.expand(query.shape[0], 1, rows, step.kv_len)
         else:
             mask = view.mask(sliding_window)
-        _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads)
+        _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, PLAIN)
     return out.transpose(1, 2).contiguous()

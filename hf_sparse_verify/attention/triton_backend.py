@@ -7,6 +7,11 @@ length.
 Vegas score collection (first and last rows, or all rows; softmax weights or raw logits) is fused into the same
 kernel. Draft steps with an index selection run the token-sparse kernel; prefill and other steps go to the
 ``token_sparse``/``reference`` backends.
+
+The kernels compute plain ``softmax(q . k * scale)`` with equal key and value head sizes. Layers with logit
+soft-capping (Gemma 2, Cohere 2), attention sinks (GPT-OSS) or a value head size other than the key's (multi-head
+latent attention: DeepSeek V2/V3, MiniCPM3) run the reference backend instead at every step: exact, slower, and
+capturable in CUDA graphs like the rest (it reads the same device-side slots and never syncs).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ..kernels.decode_attention.op import MAX_ROWS
 from ..kernels.token_sparse import token_sparse_attention as token_sparse_kernel
 from ..step import DeviceView, Phase
 from .dispatch import register_backend
+from .reference import PLAIN, LogitMods, reference_attention
 from .token_sparse import token_sparse_attention
 
 
@@ -31,10 +37,15 @@ def triton_attention(
     *,
     scaling: float,
     sliding_window: int | None = None,
+    mods: LogitMods = PLAIN,
 ) -> torch.Tensor:
     """As `reference_attention` (``query`` ``[B, H, q, D]``, cache ``[B, H_kv, C, D]``; returns ``[B, q, H, D]``)."""
     step = view.step
     layer = module.layer_idx
+    if not mods.plain or key.shape[-1] != value.shape[-1]:
+        return reference_attention(
+            module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods
+        )
     if step.phase is Phase.PREFILL or step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS:
         return token_sparse_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window

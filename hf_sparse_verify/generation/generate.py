@@ -65,6 +65,8 @@ def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) 
             f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto'), "
             "or pass no draft_model / assistant_model"
         )
+    if draft_model is not None:  # the draft runs through the same attention and cache as the target
+        _compat.check_architecture(draft_model)
     cls = resolve(DRAFTERS, strategy)
     return cls.from_config(config, target=model, draft_model=draft_model)
 
@@ -93,7 +95,9 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
             "continuing from a user-provided past_key_values is not supported: hf_sparse_verify builds its own "
             "preallocated cache; pass no past_key_values"
         )
-    unexpected = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED_KWARGS and v is not None)
+    # an empty dict is transformers' placeholder for absent pre-encoded multimodal inputs (mm_encoder_outputs)
+    given = {k for k, v in model_kwargs.items() if v is not None and not (isinstance(v, dict) and not v)}
+    unexpected = sorted(given - _PREPARED_KWARGS)
     if unexpected:
         raise ValueError(f"unsupported model inputs for hf_sparse_verify.generate: {unexpected}")
 
