@@ -14,7 +14,7 @@ import gc
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,7 +44,6 @@ class Session:
     target: object  # ModelRunner
     drafter_state: object | None = None  # owned by the drafter class that made it
     calls: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class SessionCache:
@@ -85,7 +84,6 @@ def _release(session: Session) -> None:
     session.target.graphs = None
     session.target.cache = None
     session.drafter_state = None
-    session.extra.clear()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
