@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from importlib.metadata import version
 
 import transformers
@@ -164,10 +165,15 @@ def layer_sliding_window(module, passed: int | None) -> int | None:
     attribute alone does not say."""
     if passed is not None or getattr(module, "sliding_window", None) is None:
         return passed
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(module.config.get_text_config(decoder=True))
-    if layer_types[module.layer_idx] != "sliding_attention":
-        return None
-    return layer_kwargs[module.layer_idx]["sliding_window"]
+    if module not in _LAYER_WINDOWS:  # once per module: this runs in every attention call of eager steps
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(module.config.get_text_config(decoder=True))
+        sliding = layer_types[module.layer_idx] == "sliding_attention"
+        _LAYER_WINDOWS[module] = layer_kwargs[module.layer_idx]["sliding_window"] if sliding else None
+    return _LAYER_WINDOWS[module]
+
+
+#: `layer_sliding_window`'s answers, per attention module (forgotten with the module)
+_LAYER_WINDOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _bidirectional_attention(model) -> str | None:
