@@ -1,4 +1,5 @@
-"""The decoding-time experts switch (grouped_mm -> batched_mm off CPU, as transformers' own loop does)."""
+"""The decoding-time experts switch (transformers' defaults grouped_mm / eager -> batched_mm off CPU where our fused
+experts cannot run; a batched_mm chosen by the user is kept)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ class _StubMoE(torch.nn.Module):
         self.impl = dict(impl)
 
 
-def test_switches_grouped_mm_off_cpu_and_restores():
-    model = _StubMoE("meta", {"": "grouped_mm", "vision": "eager"})
+def test_switches_defaults_off_cpu_and_restores():
+    model = _StubMoE("meta", {"": "grouped_mm", "vision": "eager", "audio": "batched_mm"})
     with experts_for_decoding(model):
-        assert model.impl == {"": "batched_mm", "vision": "eager"}
-    assert model.impl == {"": "grouped_mm", "vision": "eager"}
+        assert model.impl == {"": "batched_mm", "vision": "batched_mm", "audio": "batched_mm"}
+    assert model.impl == {"": "grouped_mm", "vision": "eager", "audio": "batched_mm"}
 
 
 def test_restores_after_an_error():
@@ -37,7 +38,9 @@ def test_restores_after_an_error():
     assert model.impl == {"": "grouped_mm"}
 
 
-@pytest.mark.parametrize("device, impl", [("cpu", {"": "grouped_mm"}), ("meta", {"": "eager"}), ("meta", {})])
+@pytest.mark.parametrize(
+    "device, impl", [("cpu", {"": "grouped_mm"}), ("cpu", {"": "eager"}), ("meta", {"": "batched_mm"}), ("meta", {})]
+)
 def test_leaves_other_cases_alone(device, impl):
     model = _StubMoE(device, impl)
     with experts_for_decoding(model, torch.nn.Linear(2, 2)):  # a dense module has no experts API

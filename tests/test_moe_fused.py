@@ -113,9 +113,10 @@ def test_declined_modules_fall_back_to_batched_mm():
 
 def test_decoding_implementation_by_device(monkeypatch):
     monkeypatch.setattr(experts, "triton_runs_on", lambda device: True)
-    assert experts.decoding_implementation(torch.device("cuda")) == "batched_mm"  # opt-in for now
-    monkeypatch.setattr(experts, "FUSED_BY_DEFAULT", True)
     assert experts.decoding_implementation(torch.device("cuda")) == FUSED_EXPERTS
+    monkeypatch.setattr(experts, "FUSED_BY_DEFAULT", False)
+    assert experts.decoding_implementation(torch.device("cuda")) == "batched_mm"
+    monkeypatch.setattr(experts, "FUSED_BY_DEFAULT", True)
     assert experts.decoding_implementation(torch.device("cuda"), use_fused=False) == "batched_mm"
     assert experts.decoding_implementation(torch.device("cpu")) is None
     assert experts.decoding_implementation(torch.device("cpu"), use_fused=True) == FUSED_EXPERTS
@@ -127,9 +128,12 @@ def test_user_choices_and_cpu_default_are_kept():
     model = make_moe("olmoe")
     with experts_for_decoding(model):  # CPU: unchanged by default
         assert model.get_experts_implementation() == {"": "grouped_mm"}
-    model.set_experts_implementation("eager")
-    with experts_for_decoding(model, use_fused=True):  # an explicit user choice is kept
-        assert model.get_experts_implementation() == {"": "eager"}
+    model.set_experts_implementation("batched_mm")
+    with experts_for_decoding(model, use_fused=True):  # an explicit batched_mm is kept
+        assert model.get_experts_implementation() == {"": "batched_mm"}
+    model.set_experts_implementation("eager")  # transformers' fallback default where grouped_mm cannot dispatch
+    with experts_for_decoding(model, use_fused=True):
+        assert model.get_experts_implementation() == {"": FUSED_EXPERTS}
     model = make_moe("mixtral")
     with pytest.raises(RuntimeError), experts_for_decoding(model, use_fused=True):
         assert model.get_experts_implementation() == {"": FUSED_EXPERTS}

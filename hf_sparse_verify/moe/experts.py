@@ -34,10 +34,14 @@ def _implementations(model) -> dict | None:
         return None
 
 
-#: the fused Triton experts are opt-in (``use_fused=True``) until a GPU run has verified them inside ``generate``:
-#: on 2026-11-23 their kernel tests passed on an H200, but the end-to-end tests never reached them (the test models'
-#: experts do not default to ``grouped_mm``), so CUDA keeps transformers' ``batched_mm`` by default
-FUSED_BY_DEFAULT = False
+#: the fused Triton experts are the CUDA default for decoding steps. Round 2, first session: the kernel tests passed on
+#: an H200 but the end-to-end tests never reached the kernel, because only ``grouped_mm`` was switched and models built
+#: there defaulted to ``eager``; both defaults are switched now (`SWITCHED`).
+FUSED_BY_DEFAULT = True
+
+#: experts implementations replaced for decoding steps: transformers' defaults (``grouped_mm`` where torch has it,
+#: else ``eager``). A ``batched_mm`` chosen by the user is kept.
+SWITCHED = ("grouped_mm", "eager")
 
 
 def decoding_implementation(device: torch.device, use_fused: bool | None = None) -> str | None:
@@ -53,7 +57,7 @@ def decoding_implementation(device: torch.device, use_fused: bool | None = None)
 
 @contextlib.contextmanager
 def experts_for_decoding(*models: torch.nn.Module, use_fused: bool | None = None) -> Iterator[None]:
-    """Within the block, every ``grouped_mm`` experts implementation (transformers' default) of ``models`` is the
+    """Within the block, every ``grouped_mm`` or ``eager`` experts implementation (transformers' defaults) of ``models`` is the
     decoding one of `decoding_implementation`: our fused Triton experts on CUDA, ``batched_mm`` on other non-CPU
     devices, unchanged on CPU unless ``use_fused=True``. Other choices (``eager``, ``batched_mm`` set by the user)
     are kept. The original implementations are restored on exit, also on errors.
@@ -66,7 +70,7 @@ def experts_for_decoding(*models: torch.nn.Module, use_fused: bool | None = None
     try:
         for model in models:
             original = _implementations(model)
-            if not original or "grouped_mm" not in original.values():
+            if not original or not any(v in SWITCHED for v in original.values()):
                 continue
             name = decoding_implementation(next(model.parameters()).device, use_fused)
             if name is None:
@@ -74,7 +78,7 @@ def experts_for_decoding(*models: torch.nn.Module, use_fused: bool | None = None
             if name == fused.NAME:
                 fused.register()
             model.set_experts_implementation(
-                {k: name if v == "grouped_mm" else v for k, v in original.items()}
+                {k: name if v in SWITCHED else v for k, v in original.items()}
             )
             switched.append((model, original))
             logger.info("hf_sparse_verify: %s experts run %r for decoding", type(model).__name__, name)
