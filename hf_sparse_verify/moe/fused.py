@@ -19,34 +19,49 @@ import torch
 from transformers.activations import SiLUActivation
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
+from ..generation.engine.graphs import warn_once
 from ..kernels.fused_experts import fused_experts
 
-try:  # the gate every experts class gets unless it defines its own (transformers 5.17)
+try:  # the gate every experts class gets unless it defines its own (newer transformers)
     from transformers.integrations.moe import _default_apply_gate
-except ImportError:  # pragma: no cover - a later transformers: fall back to batched_mm everywhere
+except ImportError:  # pragma: no cover - transformers without the hook: gating is the plain chunk + SiLU
     _default_apply_gate = None
 
 NAME = "hsv_fused"
 
 
-def supports(module: torch.nn.Module) -> bool:
-    """Whether ``module`` computes ``down(silu(gate(x)) * up(x))`` from concatenated ``gate_up_proj`` ``[E, 2I, H]``
-    and ``down_proj`` ``[E, H, I]`` (or their transposes) without biases: the arithmetic of the fused op."""
+def unsupported_reason(module: torch.nn.Module) -> str | None:
+    """Why the fused op cannot compute ``module`` exactly (None when it can): it computes
+    ``down(silu(gate(x)) * up(x))`` from concatenated ``gate_up_proj`` ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``
+    (or their transposes) without biases.
+
+    Attributes that ``use_experts_implementation`` sets only on newer transformers (``has_post_expert_norm``,
+    ``_is_expert_parallel``, a custom ``_apply_gate``) count as absent features when they are missing: on
+    transformers 5.17 the strict reading of them sent every module to ``batched_mm`` without a word."""
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    return (
-        isinstance(gate_up, torch.Tensor)
-        and isinstance(down, torch.Tensor)
-        and gate_up.dim() == 3
-        and down.dim() == 3
-        and getattr(module, "has_gate", False)
-        and getattr(module, "is_concatenated", False)
-        and not getattr(module, "has_bias", True)
-        and not getattr(module, "has_post_expert_norm", True)
-        and not getattr(module, "_is_expert_parallel", True)
-        and isinstance(getattr(module, "act_fn", None), (torch.nn.SiLU, SiLUActivation))
-        and _default_apply_gate is not None
-        and getattr(type(module), "_apply_gate", None) is _default_apply_gate
-    )
+    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
+        return "no gate_up_proj / down_proj expert tensors"
+    if gate_up.dim() != 3 or down.dim() != 3:
+        return f"expert tensors of {gate_up.dim()} and {down.dim()} dims (need [E, ., .])"
+    if not getattr(module, "has_gate", True) or not getattr(module, "is_concatenated", True):
+        return "gate and up are not one concatenated projection"
+    if getattr(module, "has_bias", False) or getattr(module, "gate_up_proj_bias", None) is not None:
+        return "expert biases"
+    if getattr(module, "has_post_expert_norm", False):
+        return "a post-expert norm"
+    if getattr(module, "_is_expert_parallel", False):
+        return "expert parallelism"
+    if not isinstance(getattr(module, "act_fn", None), (torch.nn.SiLU, SiLUActivation)):
+        return f"activation {type(getattr(module, 'act_fn', None)).__name__} (need SiLU)"
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is not None and gate is not _default_apply_gate:
+        return "a custom _apply_gate"
+    return None
+
+
+def supports(module: torch.nn.Module) -> bool:
+    """Whether the fused op computes ``module`` exactly (see `unsupported_reason`)."""
+    return unsupported_reason(module) is None
 
 
 def fused_experts_forward(
@@ -54,7 +69,13 @@ def fused_experts_forward(
 ) -> torch.Tensor:
     """The experts forward of the ``"hsv_fused"`` implementation: ``hidden_states [T, H]``, ``top_k_index`` and
     ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``."""
-    if not supports(self):
+    reason = unsupported_reason(self)
+    if reason is not None:
+        warn_once(
+            f"fused_experts:{type(self).__name__}",
+            f"hf_sparse_verify: {type(self).__name__} runs transformers' batched_mm experts, not the fused Triton "
+            f"experts ({reason})",
+        )
         return ALL_EXPERTS_FUNCTIONS["batched_mm"](self, hidden_states, top_k_index, top_k_weights)
     return fused_experts(
         hidden_states,

@@ -83,6 +83,10 @@ class StepContext:
         """The KV selection a draft step reads (None outside draft steps)."""
         return self.kv_selection if self.phase is Phase.DRAFT else None
 
+    def sparsity(self) -> VerifySparsity | None:
+        """The verify-time sparsity this step applies (verify steps only; None on every lossless path)."""
+        return self.verify_sparsity if self.phase is Phase.VERIFY else None
+
     def score_collection(self) -> ScoreCollection | None:
         """The score collection this step writes (prefill and verify steps only)."""
         return self.scores if self.phase is not Phase.DRAFT else None

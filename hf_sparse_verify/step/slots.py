@@ -12,6 +12,8 @@ device instead of once per layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -135,8 +137,44 @@ class ScoreCollection:
         return self.scores[layer]
 
 
+@dataclass
+class MoESkip:
+    """Expert skipping of one MoE layer in a verify step (lossy, see `hf_sparse_verify.sparse.SparseMoE`).
+
+    Attributes:
+        rule: ``"threshold"`` (``values`` ``[k - 1]`` float32: the layer's threshold map ``beta_1 .. beta_{k-1}``)
+            or ``"budget"`` (``values`` ``[]`` float32: the share of routing weight kept).
+        max_skip: at most this many of a token's ``k`` routed experts are skipped.
+        values: on the layer's device, fixed for the life of the slot (CUDA graphs read it).
+    """
+
+    rule: str
+    max_skip: int
+    values: torch.Tensor
+
+
 class VerifySparsity:
-    """Verify-time sparsity (lossy, opt-in): the slot sparse verification fills. Attention, MLP and experts
-    modules replaced for sparse verification read it from the current step; lossless paths leave it None.
-    Subclasses define what each module may skip (selected KV blocks per layer, kept FFN channels, experts per
-    token)."""
+    """Verify-time sparsity (LOSSY, opt-in): the slot sparse verification fills (`hf_sparse_verify.sparse.state`).
+    Verify steps' attention, replaced MLPs and experts read it from the current step; lossless paths leave the slot
+    None. Each query returns None where its layer runs dense; the values returned are fixed device tensors, so
+    captured verify graphs stay valid."""
+
+    def attend(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        view,
+        scaling: float,
+    ) -> torch.Tensor | None:
+        """Block-sparse attention output ``[B, q, H, D]`` of layer ``module.layer_idx``, or None (dense)."""
+        return None
+
+    def ffn_tau(self, layer: int) -> torch.Tensor | None:
+        """``[]`` float32 channel threshold of layer ``layer``'s FFN, or None (dense)."""
+        return None
+
+    def moe_skip(self, layer: int) -> MoESkip | None:
+        """Expert skipping of layer ``layer``, or None (every routed expert)."""
+        return None
