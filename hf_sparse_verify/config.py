@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .registry import DRAFTERS, K_POLICIES
+from .sparse.config import LossySparseVerify
 
 CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
@@ -78,6 +79,10 @@ class SpeculationConfig:
             5.72 (plain top-k), 5.97 / 5.94 (0.5), 5.97 / 6.09 (0.75), 6.09 / 6.12 (0.875) at 8K / 16K context
             (benchmarks/results/h200_long.json).
         streaming_sinks / quest_page_size: sink tokens of ``streaming``, page size of ``quest``.
+        lossy_sparse_verify: None (default): dense, lossless verification. A `LossySparseVerify` (or a dict):
+            LOSSY sparse verification, skipping KV blocks in attention, FFN channels and/or routed experts in the
+            verify pass (`hf_sparse_verify.sparse`); greedy output may then differ from plain ``generate``. Measure
+            a setting with ``benchmarks/bench_sparse_quality.py`` before using it.
         utility_*: constants of the ``utility`` K policy (Cascade, paper defaults): trial length t, trials per
             test phase M, set-phase length S, first K tried, plain-decode steps measured at the start of a
             request and the refresh period of that measurement, and the relative tolerance under which two
@@ -109,8 +114,16 @@ class SpeculationConfig:
     utility_baseline_steps: int = 4
     utility_baseline_refresh: int = 100
     utility_tolerance: float = 0.10
+    lossy_sparse_verify: LossySparseVerify | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.lossy_sparse_verify, dict):
+            object.__setattr__(self, "lossy_sparse_verify", LossySparseVerify.from_dict(self.lossy_sparse_verify))
+        elif self.lossy_sparse_verify is not None and not isinstance(self.lossy_sparse_verify, LossySparseVerify):
+            raise ValueError(
+                "lossy_sparse_verify must be None (dense, lossless), a LossySparseVerify or a dict, got "
+                f"{self.lossy_sparse_verify!r}"
+            )
         for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores"):
             value = getattr(self, name)
             if not isinstance(value, str):

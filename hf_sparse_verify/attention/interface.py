@@ -52,6 +52,11 @@ def sparse_verify_attention(
     sliding_window = _compat.layer_sliding_window(module, sliding_window)
     view = step.on(query.device)
     mods = LogitMods(softcap=softcap or None, sinks=s_aux)
+    sparsity = step.sparsity()  # lossy block-sparse verify (plain full-attention layers only)
+    if sparsity is not None and mods.plain and not sliding_window and key.shape[-1] == value.shape[-1]:
+        out = sparsity.attend(module, query, key, value, view, scaling)
+        if out is not None:
+            return out, None
     out = get_backend(step.backend)(
         module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods
     )

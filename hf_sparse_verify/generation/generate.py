@@ -136,7 +136,20 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
         cache_len=config.max_cache_len or needed,
         fixed_cache_len=config.max_cache_len is not None,
         cuda_graphs=config.cuda_graphs,
+        sparse=config.lossy_sparse_verify,
+        calibration=_calibration(config, model),
     )
+
+
+def _calibration(config: SpeculationConfig, model):
+    """The sparse-verification calibration these settings use (None for dense verification or when none is
+    needed and none is found)."""
+    sparse = config.lossy_sparse_verify
+    if sparse is None:
+        return None
+    from ..sparse.calibration import find_calibration
+
+    return find_calibration(sparse, model)
 
 
 def _run(
@@ -154,6 +167,13 @@ def _run(
     _check_generation_config(generation_config, model_kwargs)
     config = resolve_config(speculation, generation_config, model)
     strategy = _strategy(config, draft_model)
+    sparse = config.lossy_sparse_verify
+    if sparse is not None and sparse.attention is not None and strategy == "vegas":
+        raise ValueError(
+            "strategy='vegas' ranks cached tokens by the verify pass's attention over the whole cache, which "
+            "lossy_sparse_verify.attention skips: use strategy='streaming', 'quest', 'prompt_lookup' or "
+            "'draft_model' with sparse attention, or set lossy_sparse_verify.attention=None"
+        )
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     drafter = build_drafter(config, strategy, model, draft_model)
     policy = make_k_policy(config)

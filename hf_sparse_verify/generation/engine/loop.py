@@ -40,6 +40,8 @@ class LoopSettings:
     cache_len: int | None = None  # KV slots per row; default max_length + max_draft_tokens
     fixed_cache_len: bool = False  # cache_len was asked for (max_cache_len): no capacity bucket
     cuda_graphs: bool | None = False  # None: where possible; True: asked for (warn once where impossible)
+    sparse: object | None = None  # LossySparseVerify: lossy sparse verification (None: dense)
+    calibration: object | None = None  # its SparseCalibration
 
 
 def left_padding(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:
@@ -98,10 +100,29 @@ def _target_runner(
     capacity = needed if settings.fixed_cache_len else capacity_bucket(needed)
     weight = model.get_input_embeddings().weight
     key = (id(model), weight.dtype, str(weight.device), batch, capacity, settings.backend,
-           settings.max_draft_tokens, drafter.session_key())  # fmt: skip
+           settings.max_draft_tokens, drafter.session_key(), settings.sparse, id(settings.calibration))  # fmt: skip
     session = SESSIONS.get(key, model, lambda: ModelRunner(model, batch, capacity, device, settings.backend))
     session.target.use_graphs = True
     return session.target, session
+
+
+def _verify_sparsity(model, target: ModelRunner, session, settings: LoopSettings, prompt_len: int):
+    """The lossy sparse-verification slot (None for dense verification): the session's (its tensors are what the
+    captured verify graphs read) or a new one; its block summaries are rebuilt from this call's prefill."""
+    if settings.sparse is None:
+        return None
+    from ...sparse.state import SparseVerifyState
+
+    sparsity = session.sparse_state if session is not None else None
+    if sparsity is None:
+        layers = model.config.get_text_config().num_hidden_layers
+        devices = target.cache.layer_devices(target.device)
+        sparsity = SparseVerifyState(settings.sparse, layers, settings.calibration, devices)
+        if session is not None:
+            session.sparse_state = sparsity
+    length = torch.full_like(target.pad_t, prompt_len)
+    sparsity.prefill(target.cache, target.pad_t, length)
+    return sparsity
 
 
 def speculative_decode(
@@ -162,6 +183,8 @@ def speculative_decode(
     stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
     emitter.flush()
     drafter.prefill(state)
+    sparsity = _verify_sparsity(model, target, session, settings, prompt_len)
+    verify_slots = {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity}
 
     # --------------------------------------------------------------------------------------------------- steps
     with experts_for_decoding(model, *drafter.models):
@@ -170,7 +193,7 @@ def speculative_decode(
             # keeps them, so a later call with another K or policy captures nothing
             before_s = target.graphs.capture_s if target.graphs else 0.0
             widths = range(1, max_k + 2)
-            if target.capture(widths, Phase.VERIFY, **drafter.step_slots(Phase.VERIFY)):
+            if target.capture(widths, Phase.VERIFY, **verify_slots):
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s
             stats.graph_capture_s += drafter.capture_seconds()
@@ -186,7 +209,7 @@ def speculative_decode(
             ids = torch.cat([state.pending_tokens(), draft.tokens], dim=1)  # [B, K+1]
             logits = target.forward(
                 ids, start, Phase.VERIFY, kv_len=state.max_pending() + k + 1, uniform_start=state.uniform(),
-                **drafter.step_slots(Phase.VERIFY),
+                **verify_slots,
             )  # fmt: skip
             scores = process_window(
                 processors, state.tokens, state.committed, state.active, draft.tokens, logits

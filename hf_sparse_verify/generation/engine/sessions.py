@@ -43,6 +43,7 @@ class Session:
     model: weakref.ref
     target: object  # ModelRunner
     drafter_state: object | None = None  # owned by the drafter class that made it
+    sparse_state: object | None = None  # the lossy sparse-verification slot (hf_sparse_verify.sparse.state)
     calls: int = 0
 
 
@@ -84,6 +85,7 @@ def _release(session: Session) -> None:
     session.target.graphs = None
     session.target.cache = None
     session.drafter_state = None
+    session.sparse_state = None
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

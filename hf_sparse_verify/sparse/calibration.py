@@ -1,0 +1,226 @@
+"""`SparseCalibration`: what LOSSY sparse verification learns about one model from calibration prompts, saved as
+JSON (``sparse_verify_calibration.json``, never pickle) next to the model and loadable from a folder, a file or the
+Hub.
+
+- attention: the mean Jaccard similarity of each layer's selected-block mask to the previous layer's (papers/000
+  Eq. 7, layer 0 scores 0), from which the anchor layers are the least similar ones (Eq. 8);
+- ffn: per-layer activation thresholds for a grid of channel sparsities (`FFN_LEVELS`);
+- moe: per-layer threshold maps ``beta_1 .. beta_{k-1}`` and weight budgets, with the damage each setting did.
+
+`calibrate` runs the prompts through the engine's own runner (prefill, then one dense verify forward of the last
+``verify_tokens`` tokens per prompt, recording what sparse verification would have selected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+
+FILE_NAME = "sparse_verify_calibration.json"
+#: channel sparsities the FFN thresholds are calibrated for
+FFN_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+
+
+@dataclass
+class SparseCalibration:
+    """Calibration of one model (see the module docstring). Lists are indexed by decoder layer."""
+
+    model_type: str
+    num_layers: int
+    prompts: int = 0
+    verify_tokens: int = 0
+    attention: dict[str, Any] | None = None  # block_size, rho, dense_below, similarity [L]
+    ffn: dict[str, Any] | None = None  # levels [n], thresholds [L][n] (None for layers without an FFN)
+    moe: dict[str, Any] | None = None  # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------------------------------------- queries
+    def anchor_layers(self, cfg: SparseAttention) -> list[int]:
+        """The ``cfg.anchors`` layers least similar to their predecessor (default: a quarter of the layers, at least
+        one), ascending; layer 0 always comes first (its similarity is 0)."""
+        if not self.attention or "similarity" not in self.attention:
+            raise ValueError("the calibration holds no attention similarities: recalibrate with attention enabled")
+        similarity = self.attention["similarity"]
+        count = cfg.anchors if cfg.anchors is not None else max(1, self.num_layers // 4)
+        if count > self.num_layers:
+            raise ValueError(f"attention.anchors={count} exceeds the model's {self.num_layers} layers")
+        ranked = sorted(range(self.num_layers), key=lambda i: (similarity[i], i))
+        return sorted(ranked[:count])
+
+    def ffn_thresholds(self, cfg: SparseFFN) -> list[float | None]:
+        """Per-layer tau for ``cfg.sparsity`` (one of `FFN_LEVELS`)."""
+        if not self.ffn:
+            raise ValueError("the calibration holds no FFN thresholds: recalibrate with --ffn, or give ffn.tau")
+        levels = self.ffn["levels"]
+        matches = [i for i, level in enumerate(levels) if abs(level - cfg.sparsity) < 1e-6]
+        if not matches:
+            raise ValueError(f"ffn.sparsity={cfg.sparsity} was not calibrated: use one of {levels}, or give ffn.tau")
+        return [None if row is None else row[matches[0]] for row in self.ffn["thresholds"]]
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return list(self.moe["layers"]) if self.moe else []
+
+    def moe_rules(self, cfg: SparseMoE) -> dict[int, tuple[str, list[float] | float]]:
+        """MoE layer -> (rule, values) for `MoESkip`, refusing settings the calibration measured past
+        ``cfg.max_damage``."""
+        if not self.moe:
+            raise ValueError("the calibration holds no MoE statistics: recalibrate a MoE model, or give moe.budget")
+        k = self.moe["k"]
+        if cfg.max_skip >= k:
+            raise ValueError(f"moe.max_skip={cfg.max_skip} must be below the model's {k} routed experts per token")
+        damage = self.moe.get("damage", {}).get(f"{cfg.rule}:{cfg.max_skip}")
+        if damage is not None and damage > cfg.max_damage:
+            raise ValueError(
+                f"expert skipping ({cfg.rule}, max_skip={cfg.max_skip}) raised the calibration NLL by "
+                f"{100 * damage:.1f}% (bound {100 * cfg.max_damage:.1f}%): lower max_skip or raise max_damage"
+            )
+        if cfg.rule == "threshold":
+            return {layer: ("threshold", list(row)) for layer, row in zip(self.moe["layers"], self.moe["thresholds"])}
+        budgets = self.moe["budgets"].get(str(cfg.max_skip))
+        if budgets is None:
+            raise ValueError(f"no budgets calibrated for max_skip={cfg.max_skip}")
+        return {layer: ("budget", float(b)) for layer, b in zip(self.moe["layers"], budgets)}
+
+    # ------------------------------------------------------------------------------------------------- files
+    def save(self, directory: str | os.PathLike) -> str:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, FILE_NAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def load(cls, location: str | os.PathLike, **hub_kwargs) -> SparseCalibration:
+        """From ``sparse_verify_calibration.json`` itself, a folder holding it, or a Hub repo holding it."""
+        location = str(location)
+        if os.path.isdir(location):
+            location = os.path.join(location, FILE_NAME)
+            if not os.path.isfile(location):
+                raise OSError(
+                    f"{location} not found: run `hf-sparse-verify calibrate --model <folder> --prompt-file <file>`"
+                )
+        elif not os.path.isfile(location):
+            from huggingface_hub import hf_hub_download
+
+            location = hf_hub_download(repo_id=location, filename=FILE_NAME, **hub_kwargs)
+        with open(location, encoding="utf-8") as f:
+            data = json.load(f)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def find_calibration(cfg: LossySparseVerify, model) -> SparseCalibration | None:
+    """The calibration ``cfg`` names, else the one in the model's folder (None when neither exists and
+    ``cfg`` does not need one). Checks it belongs to a model of the same type and depth."""
+    location = cfg.calibration
+    if location is None:
+        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+        if folder and os.path.isfile(os.path.join(folder, FILE_NAME)):
+            location = folder
+    if location is None:
+        return None
+    calibration = SparseCalibration.load(location)
+    text = model.config.get_text_config()
+    if calibration.num_layers != text.num_hidden_layers:
+        raise ValueError(
+            f"the calibration at {location} is for a model of {calibration.num_layers} layers, this one has "
+            f"{text.num_hidden_layers}: recalibrate for this model"
+        )
+    return calibration
+
+
+# ------------------------------------------------------------------------------------------------ calibrate
+def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a & b| / |a | b|`` of two bool masks (1.0 when both are empty)."""
+    union = (a | b).sum().item()
+    return 1.0 if union == 0 else (a & b).sum().item() / union
+
+
+@torch.no_grad()
+def calibrate(
+    model,
+    prompts: list[torch.Tensor],
+    cfg: LossySparseVerify,
+    *,
+    verify_tokens: int = 8,
+    progress: bool = True,
+) -> SparseCalibration:
+    """Calibrate ``model`` on ``prompts`` (1-D token id tensors, each longer than ``verify_tokens``) for the parts
+    ``cfg`` enables: attention similarities (with ``cfg.attention``'s block size, rho and L0), FFN thresholds
+    (``cfg.ffn``), MoE maps and damage (``cfg.moe``; raises when the damage passes ``cfg.moe.max_damage``)."""
+    from tqdm.auto import tqdm
+
+    from ..attention import use_sparse_verify_attention
+    from ..generation.engine.runner import ModelRunner
+    from ..step import Phase
+    from .state import SparseVerifyState
+
+    text = model.config.get_text_config()
+    layers = text.num_hidden_layers
+    device = model.get_input_embeddings().weight.device
+    calibration = SparseCalibration(model.config.model_type, layers, len(prompts), verify_tokens)
+    attention = cfg.attention or SparseAttention()
+    record_cfg = LossySparseVerify(attention=dataclasses.replace(attention, reuse=False))
+    similarity = [0.0] * layers
+    ffn_stats = moe_stats = None
+    if cfg.ffn is not None:
+        from .ffn import FFNStats
+
+        ffn_stats = FFNStats(model)
+    if cfg.moe is not None:
+        from .moe import RouterStats
+
+        moe_stats = RouterStats(model)
+    with use_sparse_verify_attention(model):
+        for ids in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
+            if ids.dim() != 1 or ids.numel() <= verify_tokens:
+                raise ValueError(f"calibration prompts must be 1-D with more than {verify_tokens} tokens")
+            ids = ids.to(device)[None]
+            runner = ModelRunner(model, 1, ids.shape[1], device, "reference")
+            runner.set_padding([0])
+            cut = ids.shape[1] - verify_tokens
+            runner.prefill(ids[:, :cut])
+            state = SparseVerifyState(record_cfg, layers, None, runner.cache.layer_devices(device), record=True)
+            state.prefill(runner.cache, runner.pad_t, torch.full((1,), cut, device=device))
+            start = torch.full((1,), cut, dtype=torch.long, device=device)
+            with _maybe(ffn_stats), _maybe(moe_stats):
+                runner.forward(ids[:, cut:], start, Phase.VERIFY, kv_len=ids.shape[1], verify_sparsity=state)
+            masks = state.attention.recorded
+            for layer in range(1, layers):
+                if layer in masks and layer - 1 in masks:
+                    similarity[layer] += jaccard(masks[layer], masks[layer - 1]) / len(prompts)
+    calibration.attention = {
+        "block_size": attention.block_size,
+        "rho": attention.rho,
+        "dense_below": attention.dense_below,
+        "similarity": similarity,
+    }
+    if ffn_stats is not None:
+        calibration.ffn = {"levels": list(FFN_LEVELS), "thresholds": ffn_stats.threshold_table(FFN_LEVELS)}
+    if moe_stats is not None:
+        from .moe import calibrate_moe
+
+        calibration.moe = calibrate_moe(model, prompts, moe_stats, cfg.moe, progress=progress)
+    return calibration
+
+
+class _maybe:
+    """``with _maybe(x)``: ``with x`` when ``x`` is not None."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def __enter__(self):
+        return self.ctx.__enter__() if self.ctx is not None else None
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc) if self.ctx is not None else False
