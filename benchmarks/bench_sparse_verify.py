@@ -1,0 +1,159 @@
+"""Verify-step time, dense against LOSSY sparse verification, on random-weight model shapes (GPU).
+
+For each shape, batch x context and setting: one `ModelRunner` on the triton backend with fused modules, a cache of
+``context`` random keys/values per row, and the verify step of ``--new-tokens`` tokens captured as a CUDA graph twice:
+dense (no slot) and with the setting's `SparseVerifyState` (block summaries built from the cache first). Both are
+timed side by side in one process (median of ``--repeats`` synchronized calls after warm-ups); the plain decode step
+(1 token, dense) is timed too, for the MoE target ("verify with expert skipping <= 1.3x our decode").
+
+Writes ``--out`` (benchmarks/results/h200_sparse_verify.json) with one record per case: shape, batch, context,
+new_tokens, setting, dense_verify_ms, sparse_verify_ms, speedup, decode_ms, sparse_over_decode.
+
+    python benchmarks/bench_sparse_verify.py --cases llama-3.1-8b:1x65536 llama-3.1-8b:8x32768 \
+        --settings attn attn_exact attn_approx attn_ffn --out benchmarks/results/h200_sparse_verify.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import json
+import sys
+
+import torch
+from tqdm import tqdm
+
+from hf_sparse_verify.bench.machine import machine_info, median, time_calls
+from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+
+ATTENTION = SparseAttention(block_size=64, rho=0.1, dense_below=4096)
+
+#: name -> settings. FFN and MoE thresholds are fixed values here (random weights have no calibration); their quality
+#: is measured on the trained fixtures by bench_sparse_quality.py
+SETTINGS = {
+    "attn": LossySparseVerify(attention=ATTENTION),
+    "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
+    "attn_approx": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
+    "attn_ffn": LossySparseVerify(attention=ATTENTION, ffn=SparseFFN(tau=0.0)),  # tau set per shape, see _ffn_tau
+    "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5)),
+    "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
+    "moe_skip4": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=4, budget=0.3)),
+}
+
+
+def _ffn_tau(model, share: float = 0.5) -> float:
+    """A tau that skips about ``share`` of the channels of layer 0 on random inputs (random weights: the same
+    distribution in every layer)."""
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(256, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    act = mlp.act_fn(mlp.gate_proj(x)).abs().float()
+    return float(act.quantile(share)) if act.numel() < 2**24 else float(act.flatten()[: 2**24 - 1].quantile(share))
+
+
+def _contexts(model, device):
+    from hf_sparse_verify.attention import use_sparse_verify_attention
+    from hf_sparse_verify.modules import use_fused_modules
+    from hf_sparse_verify.moe.experts import experts_for_decoding
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(use_sparse_verify_attention(model))
+    stack.enter_context(experts_for_decoding(model))
+    if device.type == "cuda":
+        stack.enter_context(use_fused_modules(model))
+    return stack
+
+
+@torch.no_grad()
+def run_case(shape: str, batch: int, context: int, width: int, settings: list[str], args, bar) -> list[dict]:
+    from hf_sparse_verify.generation.engine.runner import ModelRunner
+    from hf_sparse_verify.sparse.state import SparseVerifyState
+    from hf_sparse_verify.step import Phase
+
+    device = torch.device(args.device)
+    model = args.make_model(shape, device) if hasattr(args, "make_model") else random_model(shape, device, torch.bfloat16)
+    layers = model.config.get_text_config().num_hidden_layers
+    vocab = model.config.get_text_config().vocab_size
+    records = []
+    with _contexts(model, device):
+        runner = ModelRunner(model, batch, context + width, device, "triton" if device.type == "cuda" else "reference")
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)
+        for layer in runner.cache.layers:
+            layer.keys.normal_()
+            layer.values.normal_()
+        start = torch.full((batch,), context, dtype=torch.long, device=device)
+        ids = torch.randint(0, vocab, (batch, width), device=device)
+        runner.capture([1, width])
+        timed = functools.partial(time_calls, device=device, warmups=args.warmups, repeats=args.repeats)
+        decode = 1000 * median(
+            timed(functools.partial(runner.forward, ids[:, :1], start, Phase.VERIFY, kv_len=context + 1))
+        )
+        dense = 1000 * median(
+            timed(functools.partial(runner.forward, ids, start, Phase.VERIFY, kv_len=context + width))
+        )
+        bar.update(1)
+        for name in settings:
+            cfg = SETTINGS[name]
+            if cfg.ffn is not None and cfg.ffn.tau == 0.0:
+                cfg = LossySparseVerify(attention=cfg.attention, ffn=SparseFFN(tau=_ffn_tau(model)))
+            if cfg.moe is not None and not hasattr(model.config, "num_experts_per_tok"):
+                continue
+            devices = runner.cache.layer_devices(device)
+            state = SparseVerifyState(cfg, layers, None, devices)
+            state.prefill(runner.cache, runner.pad_t, start)
+            runner.capture([width], Phase.VERIFY, verify_sparsity=state)
+            call = functools.partial(
+                runner.forward, ids, start, Phase.VERIFY, kv_len=context + width, verify_sparsity=state
+            )
+            sparse = 1000 * median(timed(call))
+            records.append(
+                dict(
+                    shape=shape, batch=batch, context=context, new_tokens=width, setting=name,
+                    setting_detail=cfg.to_dict(), dense_verify_ms=round(dense, 4), sparse_verify_ms=round(sparse, 4),
+                    speedup=round(dense / sparse, 3), decode_ms=round(decode, 4),
+                    dense_over_decode=round(dense / decode, 3), sparse_over_decode=round(sparse / decode, 3),
+                )  # fmt: skip
+            )
+            print(json.dumps(records[-1]), flush=True)
+            bar.update(1)
+    del runner, model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", required=True, help="shape:BATCHxCONTEXT, e.g. llama-3.1-8b:1x65536")
+    parser.add_argument("--settings", nargs="+", default=["attn"], choices=sorted(SETTINGS))
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmups", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    records = []
+    cases = []
+    for case in args.cases:
+        shape, sizes = case.split(":")
+        batch, context = (int(v) for v in sizes.lower().split("x"))
+        cases.append((shape, batch, context))
+    with tqdm(total=len(cases) * (1 + len(args.settings)), desc="sparse verify", file=sys.stderr) as bar:
+        for shape, batch, context in cases:
+            records += run_case(shape, batch, context, args.new_tokens, args.settings, args, bar)
+    result = dict(
+        machine=machine_info(torch.device(args.device)),
+        method=f"median of {args.repeats} synchronized calls after {args.warmups} warm-ups of the captured verify "
+        "step (CUDA graph), dense and sparse side by side in one process; bf16 random weights, random KV cache",
+        records=records,
+    )
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
