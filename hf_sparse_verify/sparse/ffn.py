@@ -3,7 +3,7 @@ chosen share of the channel activations falls under them on calibration prompts.
 
 `FFNStats` hooks each replaceable MLP's ``gate_proj`` (a forward hook on the ``nn.Linear``, so it also sees MLPs
 replaced by `GatedMLP` on paths that call ``gate_proj``; not the fused dense CUDA kernel: record with the plain
-model) and counts ``|act_fn(gate_proj(x))|`` in a per-layer histogram with geometric bins (exact counts of every
+model) and counts ``|silu(gate_proj(x))|`` in a per-layer histogram with geometric bins (exact counts of every
 value, no sample; a threshold is found to within one bin: a ratio of ``(high / low) ** (1 / bins)``, 0.5% by
 default).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .._compat import decoder_layers
 from ..modules.mlp import GatedMLP, replaceable_mlp
@@ -67,7 +68,7 @@ class FFNStats:
     def attach(self) -> FFNStats:
         for layer_idx, mlps in self.mlps.items():
             for mlp in mlps:
-                hook = self._hook(layer_idx, mlp.act_fn)
+                hook = self._hook(layer_idx)
                 self._handles.append(mlp.gate_proj.register_forward_hook(hook))
         return self
 
@@ -82,10 +83,10 @@ class FFNStats:
     def __exit__(self, *exc) -> None:
         self.detach()
 
-    def _hook(self, layer_idx: int, act_fn):
+    def _hook(self, layer_idx: int):
         def record(module, inputs, output):
             with torch.no_grad():
-                self.record(layer_idx, act_fn(output))
+                self.record(layer_idx, F.silu(output))  # replaceable MLPs' act_fn is SiLU
 
         return record
 
