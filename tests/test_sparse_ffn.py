@@ -16,7 +16,13 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeConfig, Qwe
 import hf_sparse_verify.modules as modules_module
 import hf_sparse_verify.sparse.ffn as ffn_module
 from hf_sparse_verify.kernels.sparse_ffn import sparse_mlp_naive
-from hf_sparse_verify.modules import MLP_REPLACEABLE, GatedMLP, replaceable_mlp, use_fused_modules, use_sparse_ffn
+from hf_sparse_verify.modules import (
+    MLP_REPLACEABLE,
+    GatedMLP,
+    replaceable_mlp,
+    use_fused_modules,
+    use_sparse_ffn,
+)
 from hf_sparse_verify.sparse.ffn import FFNStats, skipped_share
 from hf_sparse_verify.step import StepContext, VerifySparsity, step_scope
 
@@ -33,10 +39,14 @@ class FixedTau(VerifySparsity):
         return self.tau
 
 
-def verify_step(batch: int, q_len: int, sparsity: VerifySparsity | None, phase: str = "verify") -> StepContext:
+def verify_step(
+    batch: int, q_len: int, sparsity: VerifySparsity | None, phase: str = "verify"
+) -> StepContext:
     start = torch.full((batch,), 5, dtype=torch.int64)
     pad = torch.zeros(batch, dtype=torch.int64)
-    return StepContext(phase=phase, start=start, pad=pad, q_len=q_len, kv_len=5 + q_len, verify_sparsity=sparsity)
+    return StepContext(
+        phase=phase, start=start, pad=pad, q_len=q_len, kv_len=5 + q_len, verify_sparsity=sparsity
+    )
 
 
 def llama(seed: int = 0, **overrides) -> torch.nn.Module:
@@ -101,7 +111,8 @@ def test_mask_is_shared_by_the_rows_tokens():
     mlp = mlp.model.layers[0].mlp
     with torch.no_grad():
         mlp.gate_proj.weight.zero_()
-        mlp.gate_proj.weight[0, 0] = 1.0  # gate of channel 0 reads hidden dim 0 only; the others are silu(0) = 0
+        # the gate of channel 0 reads hidden dim 0 only; the other gates are silu(0) = 0
+        mlp.gate_proj.weight[0, 0] = 1.0
         x = torch.randn(2, 3, hidden) * 0.1
         x[..., 0] = 0.0
         x[0, 0, 0] = 10.0  # silu(10) ~ 10 >= tau in token 0 of row 0 only
@@ -206,7 +217,9 @@ def test_ffn_stats_thresholds_match_the_share():
     ids = torch.randint(3, 90, (3, 20), generator=torch.Generator().manual_seed(0))
     recorded: dict[int, list[torch.Tensor]] = {i: [] for i in range(3)}
     hooks = [
-        layer.mlp.act_fn.register_forward_hook(lambda m, i, o, idx=idx: recorded[idx].append(o.abs().flatten()))
+        layer.mlp.act_fn.register_forward_hook(
+            lambda m, i, o, idx=idx: recorded[idx].append(o.abs().flatten())
+        )
         for idx, layer in enumerate(model.model.layers)
     ]
     with torch.no_grad(), FFNStats(model) as stats:

@@ -49,7 +49,9 @@ def _mlp_swaps(model: torch.nn.Module, down_copy: bool, cuda_only: bool = False)
     where the fused kernel runs), with the index of that layer."""
     layers = decoder_layers(model)
     if layers is None:
-        logger.warning("hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model))
+        logger.warning(
+            "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
+        )
         return []
     return [
         (parent, name, child, GatedMLP(child, layer_idx, down_copy=down_copy))
@@ -115,5 +117,7 @@ def use_sparse_ffn(*models: torch.nn.Module, down_copy: bool = True) -> Iterator
     mlps = [swap for model in models for swap in _mlp_swaps(model, down_copy=down_copy)]
     with _swapped(mlps):
         if mlps:
-            logger.info("hf_sparse_verify: %d MLP modules run as GatedMLP (sparse FFN on verify steps)", len(mlps))
+            logger.info(
+                "hf_sparse_verify: %d MLP modules run as GatedMLP (sparse FFN on verify steps)", len(mlps)
+            )
         yield len(mlps)

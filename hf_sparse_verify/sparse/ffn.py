@@ -50,7 +50,9 @@ class FFNStats:
             raise ValueError(f"need 0 < low < high and bins >= 1; got low={low}, high={high}, bins={bins}")
         layers = decoder_layers(model)
         if layers is None:
-            raise ValueError(f"no decoder layers found in {type(model).__name__}: FFNStats needs model.model.layers")
+            raise ValueError(
+                f"no decoder layers found in {type(model).__name__}: FFNStats needs model.model.layers"
+            )
         self.mlps: dict[int, list[torch.nn.Module]] = {}
         for layer_idx, layer in enumerate(layers):
             found = [m for m in layer.modules() if isinstance(m, GatedMLP) or replaceable_mlp(m)]
@@ -61,7 +63,9 @@ class FFNStats:
                 f"{type(model).__name__} has no bias-free SiLU gated MLP in its decoder layers; nothing to calibrate"
             )
         self.group = group
-        self.edges = torch.logspace(math.log10(low), math.log10(high), bins + 1, dtype=torch.float64)  # [bins + 1]
+        self.edges = torch.logspace(
+            math.log10(low), math.log10(high), bins + 1, dtype=torch.float64
+        )  # [bins + 1]
         self.counts: dict[int, torch.Tensor] = {}  # layer -> [bins + 2] int64, on the layer's device
         self._handles: list = []
 
@@ -108,7 +112,9 @@ class FFNStats:
 
     def _cumulative(self, layer_idx: int) -> torch.Tensor:
         if layer_idx not in self.counts:
-            raise RuntimeError(f"FFNStats recorded nothing for layer {layer_idx}: run calibration prompts first")
+            raise RuntimeError(
+                f"FFNStats recorded nothing for layer {layer_idx}: run calibration prompts first"
+            )
         return self.counts[layer_idx].cpu().double().cumsum(0)  # [j]: values under edges[j]
 
     def threshold(self, layer_idx: int, sparsity: float) -> float:

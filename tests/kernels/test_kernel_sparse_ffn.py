@@ -26,7 +26,9 @@ from hf_sparse_verify.kernels.sparse_ffn import (
 )
 from hf_sparse_verify.kernels.sparse_ffn import kernel as kernel_module
 
-needs_triton = pytest.mark.skipif(not triton_runs_on(torch.device("cpu")), reason="Triton interpreter not set")
+needs_triton = pytest.mark.skipif(
+    not triton_runs_on(torch.device("cpu")), reason="Triton interpreter not set"
+)
 #: relative to the output's scale. float32: summation order only; bf16: the kernels round gate, up and their
 #: product to bf16 (the float64 reference does not), and the CPU interpreter truncates where the GPU rounds
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -83,7 +85,11 @@ def inputs(batch, q_len, hidden, inter, dtype, skipped, seed=0):
     w_gate, w_up, w_down = weights(hidden, inter, dtype, seed)
     act = gate_activations(x, w_gate)
     row_max = act.abs().amax(dim=1).float().flatten()
-    tau = torch.quantile(row_max, skipped) if 0.0 < skipped < 1.0 else torch.tensor(0.0 if skipped == 0 else 1e9)
+    tau = (
+        torch.quantile(row_max, skipped)
+        if 0.0 < skipped < 1.0
+        else torch.tensor(0.0 if skipped == 0 else 1e9)
+    )
     return x, act, w_gate, w_up, w_down, tau.float()
 
 
@@ -165,7 +171,9 @@ def test_sparse_ffn_equals_zeroed_channels(dtype):
     x, _, w_gate, w_up, w_down, tau = inputs(3, 5, 32, 64, dtype, 0.5, seed=11)
     tol = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(
-        sparse_ffn(x, w_gate, w_up, w_down.T.contiguous(), tau), sparse_mlp_naive(x, w_gate, w_up, w_down, tau), **tol
+        sparse_ffn(x, w_gate, w_up, w_down.T.contiguous(), tau),
+        sparse_mlp_naive(x, w_gate, w_up, w_down, tau),
+        **tol,
     )
     dense = (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
     zero = torch.tensor(0.0)

@@ -24,7 +24,10 @@ QUICK = (64, 96)
 
 def _weights(hidden, inter, device, dtype, seed=0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    w = [torch.randn(shape, generator=gen) * 0.02 for shape in ((inter, hidden), (inter, hidden), (hidden, inter))]
+    w = [
+        torch.randn(shape, generator=gen) * 0.02
+        for shape in ((inter, hidden), (inter, hidden), (hidden, inter))
+    ]
     return [t.to(device, dtype) for t in w]
 
 
@@ -52,7 +55,9 @@ def gated_act_cases(device: torch.device, dtype: torch.dtype, quick: bool):
         moved = (2 * inter * hidden + rows * (hidden + inter)) * size
         params = dict(rows=rows, hidden=hidden, inter=inter)
         yield KernelCase("gated_act", "triton", params, moved, functools.partial(gated_act, x, w_gate, w_up))
-        yield KernelCase("gated_act", "torch", params, moved, functools.partial(_torch_gated_act, x, w_gate, w_up))
+        yield KernelCase(
+            "gated_act", "torch", params, moved, functools.partial(_torch_gated_act, x, w_gate, w_up)
+        )
 
 
 @register_benchmark("sparse_ffn")

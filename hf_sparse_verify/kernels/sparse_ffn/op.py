@@ -173,7 +173,11 @@ def sparse_up_down(
             f"w_up and w_down_t must be [I, H] = [{inter}, {hidden}] (pass down_proj.weight.T, not down_proj.weight); "
             f"got {tuple(w_up.shape)} and {tuple(w_down_t.shape)}"
         )
-    if index.shape != (batch, inter) or count.shape != (batch,) or index.dtype not in (torch.int32, torch.int64):
+    if (
+        index.shape != (batch, inter)
+        or count.shape != (batch,)
+        or index.dtype not in (torch.int32, torch.int64)
+    ):
         raise ValueError(
             f"index must be [B, I] = [{batch}, {inter}] and count [B] = [{batch}], int32 (from kept_channels); got "
             f"{tuple(index.shape)} {index.dtype} and {tuple(count.shape)} {count.dtype}"
