@@ -11,6 +11,8 @@
   `AttentionInterface` (``PreTrainedModel._can_set_attn_implementation``), and whose cache layers are all attention
   layers (``transformers.cache_utils.get_layer_types_and_kwargs``, the function `DynamicCache` builds its layers
   from). Checked on 5.23.0 (the survey of `tests/test_architectures.py`).
+- Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
+  (`decoder_layers`). Checked on 5.23.0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import inspect
 import weakref
 from importlib.metadata import version
 
+import torch
 import transformers
 from packaging.version import Version
 from transformers.cache_utils import get_layer_types_and_kwargs
@@ -231,7 +234,30 @@ __all__ = [
     "architecture_refusal",
     "check_architecture",
     "check_transformers_version",
+    "decoder_layers",
     "recover_assistant_model",
     "recover_streamer",
     "transformers",
 ]
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The decoder layers of ``model`` in order (the position of a layer is its ``layer_idx``), or None.
+
+    ``model.get_decoder().layers`` for every Llama-family model of transformers 5 (checked on 5.23.0: Llama,
+    Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE); otherwise the first ``ModuleList`` as long as the text config's
+    ``num_hidden_layers``."""
+    try:
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    except (AttributeError, NotImplementedError, ValueError):
+        decoder = model
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return layers
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if config is not None else None
+    count = getattr(text, "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and count is not None and len(module) == count:
+            return module
+    return None

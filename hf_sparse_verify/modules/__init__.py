@@ -1,8 +1,9 @@
 """Module replacement for the fast path: swap known transformers modules for fused-kernel equivalents for the
 duration of a call, log it, and put the originals back on exit (also on errors).
 
-Only modules whose ``forward`` arithmetic we have checked are replaced (`REPLACEABLE`); each replacement reads the
-attributes it declares and holds no state of its own.
+Only modules whose ``forward`` arithmetic we have checked are replaced (`REPLACEABLE` RMSNorms, `MLP_REPLACEABLE`
+MLPs); each replacement reads the attributes it declares (``reads``) and holds no state of its own beyond a
+lazily built transposed weight (`GatedMLP`).
 """
 
 from __future__ import annotations
@@ -13,28 +14,110 @@ from collections.abc import Iterator
 
 import torch
 
+from .._compat import decoder_layers
+from ..kernels._triton import triton_runs_on
+from .mlp import REPLACEABLE as MLP_REPLACEABLE
+from .mlp import GatedMLP, replaceable_mlp
 from .rms_norm import REPLACEABLE, TritonRMSNorm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REPLACEABLE", "TritonRMSNorm", "use_fused_modules"]
+__all__ = [
+    "MLP_REPLACEABLE",
+    "REPLACEABLE",
+    "GatedMLP",
+    "TritonRMSNorm",
+    "replaceable_mlp",
+    "use_fused_modules",
+    "use_sparse_ffn",
+]
+
+Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
+
+
+def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
+    return [
+        (parent, name, child, TritonRMSNorm(child))
+        for parent in list(model.modules())
+        for name, child in list(parent.named_children())
+        if type(child).__name__ in REPLACEABLE
+    ]
+
+
+def _mlp_swaps(model: torch.nn.Module, down_copy: bool, cuda_only: bool = False) -> list[Swap]:
+    """Every replaceable MLP inside a decoder layer of ``model`` (with ``cuda_only``: only those whose weights are
+    where the fused kernel runs), with the index of that layer."""
+    layers = decoder_layers(model)
+    if layers is None:
+        logger.warning(
+            "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
+        )
+        return []
+    return [
+        (parent, name, child, GatedMLP(child, layer_idx, down_copy=down_copy))
+        for layer_idx, layer in enumerate(layers)
+        for parent in list(layer.modules())
+        for name, child in list(parent.named_children())
+        if replaceable_mlp(child) and (not cuda_only or _fused_kernel_runs(child.gate_proj.weight.device))
+    ]
+
+
+def _fused_kernel_runs(device: torch.device) -> bool:
+    return device.type == "cuda" and triton_runs_on(device)
 
 
 @contextlib.contextmanager
-def use_fused_modules(*models: torch.nn.Module) -> Iterator[int]:
-    """Within the block, every RMSNorm of ``models`` whose class is in `REPLACEABLE` is a `TritonRMSNorm` sharing
-    its weight; yields how many modules were replaced."""
-    swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+def _swapped(swaps: list[Swap]) -> Iterator[None]:
+    done: list[Swap] = []
     try:
-        for model in models:
-            for parent in list(model.modules()):
-                for name, child in list(parent.named_children()):
-                    if type(child).__name__ in REPLACEABLE:
-                        setattr(parent, name, TritonRMSNorm(child))
-                        swapped.append((parent, name, child))
-        if swapped:
-            logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(swapped))
-        yield len(swapped)
+        for swap in swaps:
+            parent, name, _, replacement = swap
+            setattr(parent, name, replacement)
+            done.append(swap)
+        yield
     finally:
-        for parent, name, child in reversed(swapped):
-            setattr(parent, name, child)
+        for parent, name, original, _ in reversed(done):
+            setattr(parent, name, original)
+
+
+@contextlib.contextmanager
+def use_fused_modules(*models: torch.nn.Module, mlp: bool = True) -> Iterator[int]:
+    """Within the block, every RMSNorm of ``models`` whose class is in `REPLACEABLE` is a `TritonRMSNorm` sharing its
+    weight, and (``mlp=True``) every bias-free SiLU MLP in `MLP_REPLACEABLE` whose weights are on a CUDA device is a
+    `GatedMLP` (the fused ``silu(gate) * up`` kernel; the sparse FFN on verify steps that ask for it); yields how
+    many modules were replaced. MLPs elsewhere stay as they are (`GatedMLP`'s dense path would compute exactly what
+    they compute); `use_sparse_ffn` replaces them on any device."""
+    norms = [swap for model in models for swap in _norm_swaps(model)]
+    mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
+    with _swapped(norms + mlps):
+        if norms:
+            logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(norms))
+        if mlps:
+            logger.info("hf_sparse_verify: %d MLP modules run as GatedMLP (fused / sparse FFN)", len(mlps))
+        yield len(norms) + len(mlps)
+
+
+@contextlib.contextmanager
+def use_sparse_ffn(*models: torch.nn.Module, down_copy: bool = True) -> Iterator[int]:
+    """Within the block, every bias-free SiLU MLP of ``models`` in `MLP_REPLACEABLE` is a `GatedMLP`, on any device
+    (CPU included: quality measurements of the sparse FFN), so verify steps whose `VerifySparsity` gives an FFN
+    threshold run the sparse FFN; yields how many MLPs were replaced. MLPs already replaced (an enclosing
+    `use_fused_modules`) are left as they are.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...     num_attention_heads=2, vocab_size=50))
+        >>> with use_sparse_ffn(model) as count:
+        ...     print(count, [m.layer_idx for m in model.modules() if isinstance(m, GatedMLP)])
+        2 [0, 1]
+        >>> type(model.model.layers[0].mlp).__name__
+        'LlamaMLP'
+    """
+    mlps = [swap for model in models for swap in _mlp_swaps(model, down_copy=down_copy)]
+    with _swapped(mlps):
+        if mlps:
+            logger.info(
+                "hf_sparse_verify: %d MLP modules run as GatedMLP (sparse FFN on verify steps)", len(mlps)
+            )
+        yield len(mlps)

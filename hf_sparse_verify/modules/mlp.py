@@ -1,0 +1,111 @@
+"""`GatedMLP`: the Llama-family gated MLP ``down(silu(gate(x)) * up(x))`` on the kernels of
+`hf_sparse_verify.kernels.sparse_ffn`, with the sparse FFN of verification (papers/000 §3.4).
+
+Per forward, from the running step (`hf_sparse_verify.step.current_step`):
+
+- verify steps whose `VerifySparsity` gives a threshold ``tau`` for this layer: the sparse path. ``x`` is ``[B, q,
+  H]``; row ``b`` keeps channel ``i`` when ``|silu(gate(x))_i|`` reaches ``tau`` for one of its ``q`` tokens, and
+  only the kept rows of ``up`` and ``down`` are read (Triton where it runs; elsewhere the reference computes the same
+  result densely with the skipped channels zeroed).
+- everything else: dense. On CUDA the fused ``silu(gate) * up`` kernel plus a torch matmul for ``down``; elsewhere
+  the original module's arithmetic, so CPU results are bitwise what transformers computes.
+
+Memory: the sparse kernels read ``down`` one kept channel at a time, which wants ``down_proj.weight.T`` as contiguous
+rows. With ``down_copy=True`` (default) that copy is built on a layer's first sparse step on a CUDA device and kept
+for the life of the weight: ``I * H`` elements per layer, as large as ``down_proj`` itself (a third of the MLP
+weights; 117 MiB per layer, 3.7 GiB in all for Llama-3.1-8B in bf16). Build it before capturing CUDA graphs (run
+one eager sparse verify step first). ``down_copy=False`` reads the transposed view of ``down_proj.weight`` in place:
+no extra memory, scattered reads.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..kernels._triton import triton_runs_on
+from ..kernels.sparse_ffn import gated_act, kept_channels, sparse_up_down
+from ..step import current_step
+
+#: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
+#: 5.23.0's source; Qwen2MoeMLP / Qwen3MoeMLP are the shared expert and the dense layers of the MoE models). An
+#: instance is replaced only when its projections have no bias and its activation is SiLU (`replaceable_mlp`).
+REPLACEABLE = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen2MoeMLP", "Qwen3MoeMLP"})
+#: activation classes that compute ``F.silu`` (transformers' ``ACT2FN["silu"]`` / ``["swish"]``)
+SILU_ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})
+
+
+def replaceable_mlp(module: torch.nn.Module) -> bool:
+    """Whether `GatedMLP` computes exactly what ``module`` computes: an allow-listed class with SiLU and no biases
+    (``LlamaMLP`` with ``mlp_bias=True`` or another ``hidden_act`` stays as it is)."""
+    if type(module).__name__ not in REPLACEABLE:
+        return False
+    projections = (module.gate_proj, module.up_proj, module.down_proj)
+    return type(module.act_fn).__name__ in SILU_ACTIVATIONS and all(p.bias is None for p in projections)
+
+
+class GatedMLP(torch.nn.Module):
+    """Stand-in for a Llama-family MLP of decoder layer ``layer_idx``; shares the original's projections (same
+    state-dict keys, no weight copied except the optional transposed ``down``, see the module docstring).
+
+    Args:
+        original: an MLP for which `replaceable_mlp` holds.
+        layer_idx: index of the decoder layer that owns it (the layer `VerifySparsity.ffn_tau` is asked about).
+        down_copy: read ``down`` from a contiguous transposed copy on CUDA (faster; costs one more ``down_proj``
+            of memory) instead of a strided view. Default True.
+    """
+
+    reads = ("gate_proj", "up_proj", "down_proj", "act_fn")
+
+    def __init__(self, original: torch.nn.Module, layer_idx: int, *, down_copy: bool = True):
+        super().__init__()
+        if not replaceable_mlp(original):
+            raise ValueError(
+                f"{type(original).__name__} is not a bias-free SiLU gated MLP of {sorted(REPLACEABLE)}; leave it "
+                "in place"
+            )
+        self.gate_proj = original.gate_proj
+        self.up_proj = original.up_proj
+        self.down_proj = original.down_proj
+        self.act_fn = original.act_fn
+        self.layer_idx = layer_idx
+        self.down_copy = down_copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        step = current_step(required=False)
+        sparsity = step.sparsity() if step is not None else None
+        tau = sparsity.ffn_tau(self.layer_idx) if sparsity is not None else None
+        if tau is not None:
+            return self.sparse(x, tau)
+        if x.device.type == "cuda" and triton_runs_on(x.device):
+            return self.down_proj(gated_act(x, self.gate_proj.weight, self.up_proj.weight))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def sparse(self, x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """The sparse FFN of a verify step: ``x`` ``[B, q, H]``, ``tau`` ``[]`` float32 -> ``[B, q, H]``."""
+        if x.dim() != 3:
+            raise ValueError(
+                f"the sparse FFN of layer {self.layer_idx} needs its input as [batch rows, verify tokens, hidden]; "
+                f"got {tuple(x.shape)}"
+            )
+        act = self.act_fn(self.gate_proj(x))  # [B, q, I]
+        index, count = kept_channels(act, tau)
+        weight = self.down_proj.weight  # [H, I]
+        down_t = transposed_copy(weight) if self.down_copy and x.device.type == "cuda" else weight.T
+        return sparse_up_down(x, act, self.up_proj.weight, down_t, index, count)
+
+
+def transposed_copy(weight: torch.Tensor) -> torch.Tensor:
+    """``weight.T`` as a contiguous tensor, built once per weight (rebuilt if the weight is changed in place) and
+    freed with it."""
+    entry = _TRANSPOSED.get(weight)
+    if entry is None or entry[0] != weight._version:
+        with torch.no_grad():
+            entry = (weight._version, weight.detach().T.contiguous())
+        _TRANSPOSED[weight] = entry
+    return entry[1]
+
+
+#: down weight -> (its version when copied, the contiguous transposed copy)
+_TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
