@@ -39,7 +39,9 @@ from .config import SparseMoE
 _TINY = 1e-30
 
 
-def order_by_weight(top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def order_by_weight(
+    top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts sorted by routing weight, highest first (stable: ties keep their order, and an already
     sorted row is returned unchanged), so that "the first ``n_active``" of `skip_counts` are the kept experts.
 
@@ -103,7 +105,8 @@ def skip_counts(top_k_weights: torch.Tensor, skip: MoESkip) -> torch.Tensor:
         return (k - skipped).to(torch.int32)
     if skip.rule == "budget":
         top = _shares(top_k_weights, descending=True)  # [T, k] share of the top 1 .. k
-        short = (top < skip.values.to(top.device, torch.float32)).sum(dim=-1)  # top counts that miss the budget
+        budget = skip.values.to(top.device, torch.float32)
+        short = (top < budget).sum(dim=-1)  # [T] how many top counts miss the budget
         return (short + 1).clamp(k - m, k).to(torch.int32)
     raise ValueError(f"unknown MoESkip rule {skip.rule!r}: use 'threshold' or 'budget'")
 
@@ -187,7 +190,9 @@ class RouterStats:
 
     def _stacked(self) -> list[torch.Tensor]:
         if not self._shares:
-            raise RuntimeError("RouterStats recorded no tokens: run calibration forwards inside the `with` block")
+            raise RuntimeError(
+                "RouterStats recorded no tokens: run calibration forwards inside the `with` block"
+            )
         shares = [self.shares(layer) for layer in self.layers]
         ks = {s.shape[1] for s in shares}
         if len(ks) != 1:
@@ -214,7 +219,9 @@ class RouterStats:
         return torch.stack(rows)
 
 
-def _nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[float, int]:
+def _nll(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[float, int]:
     """Summed next-token NLL of ``input_ids`` ``[B, T]`` under ``logits`` ``[B, T, V]`` and the token count."""
     targets = input_ids[:, 1:]
     losses = torch.nn.functional.cross_entropy(
