@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import VOCAB, make_model
-from test_moe_fused import MOE_ARCHS, make_moe
+from test_moe_fused import MOE_ARCHS, make_moe, needs_triton
 
 from hf_sparse_verify._compat import experts_layers
+from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
 from hf_sparse_verify.moe import experts_for_decoding, fused, fused_experts_forward
 from hf_sparse_verify.moe.fused import record_layers
 from hf_sparse_verify.sparse import SparseMoE
@@ -250,6 +251,27 @@ def test_skipping_equals_a_reference_that_drops_the_experts(arch, fallback):
     )
     assert torch.equal(other_layer, dense)
     assert (sparse - dense).abs().amax() > 0.1
+
+
+@needs_triton
+def test_fused_kernel_is_handed_n_active(monkeypatch):
+    """The work is saved in the kernel: it receives each token's count and the pairs in weight order."""
+    seen, launch = [], kernel_module.launch
+
+    def spy(hidden, w_gate_up, w_down, index, weights, n_active, transposed):
+        seen.append((index, weights, n_active))
+        return launch(hidden, w_gate_up, w_down, index, weights, n_active, transposed)
+
+    monkeypatch.setattr(kernel_module, "launch", spy)
+    model = make_k4("qwen3_moe")
+    ids = torch.randint(3, VOCAB, (2, 5))
+    with experts_for_decoding(model, expert_skipping=True), torch.no_grad():
+        with step_scope(verify_step(ids, {1: budget(3, 0.5)})):
+            model(ids)
+    (_, _, dense_layer), (index, weights, n_active) = seen
+    assert dense_layer is None and n_active.shape == (10,) and bool((n_active < 4).any())
+    assert torch.equal(n_active, skip_counts(weights, budget(3, 0.5)))
+    assert bool((weights[:, :-1] >= weights[:, 1:]).all())
 
 
 def test_lossless_and_draft_steps_skip_nothing():
