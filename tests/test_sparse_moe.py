@@ -346,3 +346,12 @@ def test_calibrate_moe(k4_text):
         )
     with pytest.raises(ValueError, match="must be below the 4 experts"):
         calibrate_moe(model, [ids], SparseMoE(max_skip=4), progress=False)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import hf_sparse_verify.sparse.moe as module
+
+    result = doctest.testmod(module)
+    assert result.attempted >= 5 and result.failed == 0
