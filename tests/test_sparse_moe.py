@@ -336,6 +336,9 @@ def test_calibrate_moe(k4_text):
     assert cal.layers == [0, 1] and cal.values.shape == (2, 3)
     assert cal.damage > 0
     assert set(cal.skips()) == {0, 1} and cal.skips()[1].values.shape == (3,)
+    summary = cal.summary  # the SparseCalibration `moe` entry
+    assert summary["layers"] == [0, 1] and summary["k"] == 4 and set(summary["budgets"]) == {"1", "2", "3"}
+    assert summary["thresholds"] == cal.values.tolist() and summary["damage"] == {"threshold:2": cal.damage}
     cal = calibrate_moe(model, [ids], SparseMoE(rule="budget", max_skip=3, max_damage=10.0), progress=False)
     assert cal.values.shape == (2,) and bool(((cal.values > 0) & (cal.values <= 1)).all())
     with pytest.raises(

@@ -218,6 +218,20 @@ class RouterStats:
             rows.append(torch.quantile(s[:, : k - max_skip].sum(-1), 0.5))
         return torch.stack(rows)
 
+    def summary(self) -> dict:
+        """The ``moe`` entry of a `SparseCalibration` (JSON-ready): ``layers``, ``k``, ``thresholds``
+        ``[layers][k-1]``, ``budgets`` ``{str(m): [layers]}`` for every ``m`` in ``1 .. k-1``, and an empty
+        ``damage`` ``{"rule:m": damage}`` that `calibrate_moe` fills."""
+        maps = self.threshold_maps()
+        k = maps.shape[1] + 1
+        return {
+            "layers": self.layers,
+            "k": k,
+            "thresholds": maps.tolist(),
+            "budgets": {str(m): self.budgets(m).tolist() for m in range(1, k)},
+            "damage": {},
+        }
+
 
 def _nll(
     logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
@@ -284,6 +298,8 @@ class MoECalibration:
         layers: the MoE layer indices, the rows of ``values``.
         values: ``[layers, k-1]`` threshold maps (``"threshold"``) or ``[layers]`` budgets (``"budget"``), float32.
         dense_nll / sparse_nll / damage: `measure_damage` over all calibration tokens.
+        summary: `RouterStats.summary` with this setting's damage under ``"rule:max_skip"`` (the ``moe`` entry of a
+            `SparseCalibration`).
     """
 
     rule: str
@@ -293,6 +309,7 @@ class MoECalibration:
     dense_nll: float
     sparse_nll: float
     damage: float
+    summary: dict
 
     def skips(self, devices: dict[int, torch.device] | None = None) -> dict[int, MoESkip]:
         """``{layer: MoESkip}``, each ``values`` on ``devices[layer]`` (default CPU)."""
@@ -358,7 +375,9 @@ def calibrate_moe(
     say(f"{cfg.rule} rule over {len(stats.layers)} MoE layers, k={k}, max_skip={cfg.max_skip}")
 
     devices = {layer: module.gate_up_proj.device for module, layer in stats.modules.items()}
-    cal = MoECalibration(cfg.rule, cfg.max_skip, stats.layers, values, math.nan, math.nan, math.nan)
+    cal = MoECalibration(
+        cfg.rule, cfg.max_skip, stats.layers, values, math.nan, math.nan, math.nan, stats.summary()
+    )
     skips = cal.skips(devices)
     dense = sparse = 0.0
     tokens = 0
@@ -370,6 +389,7 @@ def calibrate_moe(
         say(f"batch {n + 1}/{len(batches)}: damage {result['damage']:+.2%}")
     cal.dense_nll, cal.sparse_nll = dense / max(tokens, 1), sparse / max(tokens, 1)
     cal.damage = cal.sparse_nll / cal.dense_nll - 1.0
+    cal.summary["damage"][f"{cfg.rule}:{cfg.max_skip}"] = cal.damage
     if cal.damage > cfg.max_damage:
         raise ValueError(
             f"expert skipping with max_skip={cfg.max_skip} ({cfg.rule} rule) raises the calibration NLL by "
