@@ -13,6 +13,9 @@
   from). Checked on 5.23.0 (the survey of `tests/test_architectures.py`).
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
+- Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
+  ``use_experts_implementation`` sets on them and numbers them by their decoder layer (``get_decoder().layers``,
+  the layer's attention ``layer_idx`` where it has one). Checked on 5.23.0.
 """
 
 from __future__ import annotations
@@ -179,6 +182,29 @@ def layer_sliding_window(module, passed: int | None) -> int | None:
 _LAYER_WINDOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def is_experts_module(module) -> bool:
+    """Whether ``module`` is a transformers experts block dispatched through `ExpertsInterface` (its class is
+    decorated with ``use_experts_implementation``, whose ``__init__`` sets these attributes)."""
+    return all(hasattr(module, name) for name in ("has_gate", "is_transposed", "is_concatenated", "config"))
+
+
+def experts_layers(model) -> dict:
+    """``{experts module: layer index}`` for the experts blocks of ``model``'s decoder layers (the cache layer index:
+    the layer's attention ``layer_idx`` where it has one, else its position in ``get_decoder().layers``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return {}
+    found = {}
+    for position, layer in enumerate(layers):
+        indices = [m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+        index = indices[0] if indices else position
+        for module in layer.modules():
+            if is_experts_module(module):
+                found[module] = index
+    return found
+
+
 def _bidirectional_attention(model) -> str | None:
     """The class name of a self-attention module of the text decoder that is not causal (``is_causal=False``:
     BERT-style models built without ``config.is_decoder=True``), or None."""
@@ -235,6 +261,8 @@ __all__ = [
     "check_architecture",
     "check_transformers_version",
     "decoder_layers",
+    "experts_layers",
+    "is_experts_module",
     "recover_assistant_model",
     "recover_streamer",
     "transformers",

@@ -56,30 +56,44 @@ def decoding_implementation(device: torch.device, use_fused: bool | None = None)
 
 
 @contextlib.contextmanager
-def experts_for_decoding(*models: torch.nn.Module, use_fused: bool | None = None) -> Iterator[None]:
+def experts_for_decoding(
+    *models: torch.nn.Module, use_fused: bool | None = None, expert_skipping: bool = False
+) -> Iterator[None]:
     """Within the block, every ``grouped_mm`` or ``eager`` experts implementation (transformers' defaults) of ``models`` is the
     decoding one of `decoding_implementation`: our fused Triton experts on CUDA, ``batched_mm`` on other non-CPU
     devices, unchanged on CPU unless ``use_fused=True``. Other choices (``eager``, ``batched_mm`` set by the user)
     are kept. The original implementations are restored on exit, also on errors.
 
+    ``expert_skipping=True`` (lossy sparse verification with `SparseMoE`): every experts implementation, on every
+    device and whatever the user chose, becomes ``"hsv_fused"``, the only one that applies a verify step's
+    `MoESkip` (on CPU and where Triton cannot run, the op computes its plain PyTorch reference: right results, no
+    saving). Models switched to ``"hsv_fused"`` get their experts' layer indices recorded (`fused.record_layers`).
+
     Example:
         >>> with experts_for_decoding(model):  # doctest: +SKIP
         ...     logits = model(ids).logits
+        >>> with experts_for_decoding(model, expert_skipping=True):  # doctest: +SKIP
+        ...     logits = model(ids).logits  # verify steps may skip experts
     """
     switched = []
     try:
         for model in models:
             original = _implementations(model)
-            if not original or not any(v in SWITCHED for v in original.values()):
+            if not original:
                 continue
-            name = decoding_implementation(next(model.parameters()).device, use_fused)
+            if expert_skipping:
+                name, replaced = fused.NAME, {k for k, v in original.items() if v is not None}
+            else:
+                if not any(v in SWITCHED for v in original.values()):
+                    continue
+                name = decoding_implementation(next(model.parameters()).device, use_fused)
+                replaced = {k for k, v in original.items() if v in SWITCHED}
             if name is None:
                 continue
             if name == fused.NAME:
                 fused.register()
-            model.set_experts_implementation(
-                {k: name if v in SWITCHED else v for k, v in original.items()}
-            )
+                fused.record_layers(model)
+            model.set_experts_implementation({k: name if k in replaced else v for k, v in original.items()})
             switched.append((model, original))
             logger.info("hf_sparse_verify: %s experts run %r for decoding", type(model).__name__, name)
         yield

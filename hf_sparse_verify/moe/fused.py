@@ -11,16 +11,28 @@ MLP, which already reads its weights once per step.
 Experts modules the fused op does not compute exactly (biases, interleaved gate/up, another activation, a post-expert
 norm, expert parallelism) fall back to transformers' ``batched_mm``. The attributes read here are the ones
 ``use_experts_implementation`` sets (checked on transformers 5.17).
+
+Expert skipping (lossy sparse verification, papers/000 §3.5): in a verify step whose `VerifySparsity` slot gives
+the module's layer a `MoESkip`, each token keeps only its ``n_active`` highest-weight experts
+(`hf_sparse_verify.sparse.moe.skip_counts`); the kept weights are not renormalised. Experts modules carry no layer
+index, so `record_layers` notes each one's decoder layer when a model is switched to this implementation
+(`experts_for_decoding`).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from transformers.activations import SiLUActivation
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
+from .._compat import experts_layers
 from ..generation.engine.graphs import warn_once
 from ..kernels.fused_experts import fused_experts
+from ..sparse.moe import active_mask, order_by_weight, skip_counts
+from ..step.context import current_step
+from ..step.slots import MoESkip
 
 try:  # the gate every experts class gets unless it defines its own (newer transformers)
     from transformers.integrations.moe import _default_apply_gate
@@ -64,11 +76,46 @@ def supports(module: torch.nn.Module) -> bool:
     return unsupported_reason(module) is None
 
 
+#: decoder layer index of each experts module switched to this implementation (`record_layers`)
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def record_layers(model: torch.nn.Module) -> None:
+    """Note the decoder layer index of every experts module of ``model`` (idempotent), for `moe_skip` lookups."""
+    _LAYERS.update(experts_layers(model))
+
+
+def layer_skip(module: torch.nn.Module) -> MoESkip | None:
+    """The `MoESkip` the running verify step gives ``module``'s layer, or None (dense: no step, a lossless step, or a
+    layer without skipping)."""
+    step = current_step(required=False)
+    sparsity = step.sparsity() if step is not None else None
+    if sparsity is None:
+        return None
+    layer = _LAYERS.get(module)
+    if layer is None:
+        raise RuntimeError(
+            f"{type(module).__name__} has no recorded layer index, so expert skipping cannot look up its layer: "
+            f"switch the model with hf_sparse_verify.moe.experts_for_decoding(model, expert_skipping=True)"
+        )
+    return sparsity.moe_skip(layer)
+
+
 def fused_experts_forward(
     self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     """The experts forward of the ``"hsv_fused"`` implementation: ``hidden_states [T, H]``, ``top_k_index`` and
-    ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``."""
+    ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``.
+
+    Under expert skipping (`layer_skip`), the pairs are put in weight order (`order_by_weight`, a no-op for the
+    sorted output of ``torch.topk``) and the fused op gets each token's ``n_active``, so it neither loads nor
+    computes the skipped pairs. Modules the op declines run ``batched_mm`` with the skipped pairs' weights zeroed:
+    the same result, but no work saved."""
+    skip = layer_skip(self)
+    n_active = None
+    if skip is not None:
+        top_k_index, top_k_weights = order_by_weight(top_k_index, top_k_weights)
+        n_active = skip_counts(top_k_weights, skip)  # [T] int32
     reason = unsupported_reason(self)
     if reason is not None:
         warn_once(
@@ -76,6 +123,9 @@ def fused_experts_forward(
             f"hf_sparse_verify: {type(self).__name__} runs transformers' batched_mm experts, not the fused Triton "
             f"experts ({reason})",
         )
+        if n_active is not None:
+            kept = active_mask(n_active, top_k_weights.shape[1])
+            top_k_weights = torch.where(kept, top_k_weights, torch.zeros_like(top_k_weights))
         return ALL_EXPERTS_FUNCTIONS["batched_mm"](self, hidden_states, top_k_index, top_k_weights)
     return fused_experts(
         hidden_states,
@@ -83,6 +133,7 @@ def fused_experts_forward(
         self.down_proj,
         top_k_index,
         top_k_weights,
+        n_active,
         transposed=self.is_transposed,
     )
 

@@ -1,0 +1,360 @@
+"""Expert skipping (papers/000 §3.5): hand-made `skip_counts` cases for both rules, the calibration statistics, the
+``"hsv_fused"`` experts under a verify step's `MoESkip` against a plain reference, and the NLL damage check."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, make_model
+from test_moe_fused import MOE_ARCHS, make_moe, needs_triton
+
+from hf_sparse_verify._compat import experts_layers
+from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
+from hf_sparse_verify.moe import experts_for_decoding, fused, fused_experts_forward
+from hf_sparse_verify.moe.fused import record_layers
+from hf_sparse_verify.sparse import SparseMoE
+from hf_sparse_verify.sparse.moe import (
+    ExpertSkips,
+    RouterStats,
+    calibrate_moe,
+    measure_damage,
+    order_by_weight,
+    skip_counts,
+)
+from hf_sparse_verify.step.context import StepContext, step_scope
+from hf_sparse_verify.step.slots import MoESkip
+
+# dyadic shares (exact in float32): highest first 0.5, 0.25, 0.125, 0.125
+DYADIC = [0.5, 0.25, 0.125, 0.125]
+
+
+def threshold(m: int, betas) -> MoESkip:
+    return MoESkip("threshold", m, torch.tensor(betas, dtype=torch.float32))
+
+
+def budget(m: int, share: float) -> MoESkip:
+    return MoESkip("budget", m, torch.tensor(share, dtype=torch.float32))
+
+
+def counts(weights, skip: MoESkip) -> list[int]:
+    n = skip_counts(torch.tensor(weights, dtype=torch.float32), skip)
+    assert n.dtype == torch.int32
+    return n.tolist()
+
+
+# ---------------------------------------------------------------- skip_counts: threshold rule
+
+
+@pytest.mark.parametrize(
+    "m, betas, expected",
+    [
+        # shares of the lowest 1, 2, 3: 0.1, 0.3, 0.6
+        (3, [0.15, 0.35, 0.65], 1),  # every size passes: skip 3
+        (2, [0.15, 0.35, 0.65], 2),  # max_skip caps it
+        (1, [0.15, 0.35, 0.65], 3),
+        (3, [0.05, 0.35, 0.5], 2),  # the largest passing size, even when a smaller one fails
+        (3, [0.05, 0.25, 0.5], 4),  # none passes: keep all
+        (3, [0.0, 0.0, 0.0], 4),  # zero thresholds never skip
+        (9, [0.15, 0.35, 0.65], 1),  # max_skip past k - 1 is k - 1: one expert always stays
+    ],
+)
+def test_threshold_rule(m, betas, expected):
+    assert counts([[0.4, 0.3, 0.2, 0.1]], threshold(m, betas)) == [expected]
+
+
+def test_threshold_rule_reads_shares_in_any_order_and_scale():
+    skip = threshold(3, [0.15, 0.35, 0.65])
+    assert counts([[1.0, 4.0, 2.0, 3.0], [0.1, 0.2, 0.3, 0.4]], skip) == [1, 1]
+
+
+def test_threshold_rule_is_strict():
+    # lowest share exactly 0.125: not under a threshold of 0.125
+    assert counts([DYADIC], threshold(1, [0.125, 0.5, 0.9])) == [4]
+    assert counts([DYADIC], threshold(1, [0.1251, 0.5, 0.9])) == [3]
+
+
+def test_threshold_rule_ties_and_equal_weights():
+    # equal weights: the i lowest hold i / k
+    equal = [[0.25] * 4]
+    assert counts(equal, threshold(3, [0.25, 0.5, 0.75])) == [4]
+    assert counts(equal, threshold(3, [0.3, 0.4, 0.8])) == [1]  # sizes 1 and 3 pass
+    assert counts(equal, threshold(2, [0.3, 0.4, 0.8])) == [3]
+    # ties at the cut: the share does not depend on which tied expert goes
+    assert counts([[0.3, 0.3, 0.2, 0.2]], threshold(3, [0.25, 0.45, 0.5])) == [2]
+
+
+def test_threshold_rule_k2_is_lu_et_al():
+    # k = 2: skip the second expert when its share is under beta_1
+    assert counts([[0.8, 0.2], [0.6, 0.4], [0.5, 0.5]], threshold(1, [0.3])) == [1, 2, 2]
+
+
+# ---------------------------------------------------------------- skip_counts: budget rule
+
+
+@pytest.mark.parametrize(
+    "m, share, expected",
+    [
+        (3, 0.75, 2),  # the top 2 hold exactly 0.75: reached
+        (3, 0.76, 3),
+        (3, 0.875, 3),
+        (3, 1.0, 4),
+        (3, 0.1, 1),
+        (1, 0.1, 3),  # never fewer than k - m
+        (2, 0.1, 2),
+        (7, 0.1, 1),  # max_skip past k - 1
+    ],
+)
+def test_budget_rule(m, share, expected):
+    assert counts([DYADIC, DYADIC[::-1]], budget(m, share)) == [expected, expected]
+
+
+def test_budget_rule_equal_weights():
+    assert counts([[0.25] * 4, [2.0] * 4], budget(3, 0.5)) == [2, 2]
+    assert counts([[0.25] * 4], budget(3, 0.51)) == [3]
+
+
+def test_order_by_weight_is_stable_and_keeps_sorted_rows():
+    index = torch.tensor([[5, 2, 7, 1], [0, 1, 2, 3]])
+    weights = torch.tensor([[0.2, 0.3, 0.2, 0.3], [0.4, 0.3, 0.2, 0.1]])
+    sorted_index, sorted_weights = order_by_weight(index, weights)
+    assert sorted_index.tolist() == [[2, 1, 5, 7], [0, 1, 2, 3]]
+    assert torch.equal(sorted_weights, torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.4, 0.3, 0.2, 0.1]]))
+
+
+# ---------------------------------------------------------------- calibration statistics
+
+
+def test_router_stats_maps_equal_a_direct_computation():
+    model = make_moe("qwen3_moe")
+    stats = RouterStats(model)
+    gen = torch.Generator().manual_seed(0)
+    raw = {layer: torch.rand(101, 4, generator=gen) for layer in (0, 1)}
+    for layer, w in raw.items():
+        stats.add(layer, w[:50])
+        stats.add(layer, w[50:])
+    maps, budgets = stats.threshold_maps(), stats.budgets(max_skip=1)
+    assert maps.shape == (2, 3) and budgets.shape == (2,)
+    for row, w in enumerate(raw.values()):
+        w = w.double().numpy()
+        asc = np.sort(w, axis=1) / w.sum(axis=1, keepdims=True)
+        for m in (1, 2, 3):
+            assert maps[row, m - 1].item() == pytest.approx(np.median(asc[:, :m].sum(1)), abs=1e-6)
+        assert budgets[row].item() == pytest.approx(np.median(asc[:, 1:].sum(1)), abs=1e-6)
+
+
+def test_router_stats_hooks_record_what_the_router_hands_the_experts():
+    model = make_model("qwen3_moe", num_experts=8, num_experts_per_tok=4)
+    assert sorted(experts_layers(model).values()) == [0, 1]
+    seen = {}  # independent capture: the router's own outputs (logits, top-k weights, top-k ids)
+
+    def capture(layer):
+        def hook(module, args, out):
+            seen[layer] = out[1].detach()
+
+        return hook
+
+    hooks = [layer.mlp.gate.register_forward_hook(capture(i)) for i, layer in enumerate(model.model.layers)]
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with RouterStats(model) as stats, torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    assert stats.layers == [0, 1] and not model.model.layers[0].mlp.experts._forward_pre_hooks
+    for row, layer in enumerate(stats.layers):
+        w = seen[layer].double().numpy()
+        asc = np.sort(w, axis=1) / w.sum(axis=1, keepdims=True)
+        direct = [np.median(asc[:, :m].sum(1)) for m in (1, 2, 3)]
+        np.testing.assert_allclose(stats.threshold_maps()[row].numpy(), direct, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the experts function under a verify step
+
+
+def verify_step(ids: torch.Tensor, skips: dict[int, MoESkip]) -> StepContext:
+    zeros = torch.zeros(ids.shape[0], dtype=torch.int64)
+    return StepContext("verify", zeros, zeros, ids.shape[1], ids.shape[1], verify_sparsity=ExpertSkips(skips))
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_skipping_nothing_is_dense_exactly(arch):
+    model = make_moe(arch)
+    ids = torch.randint(3, VOCAB, (2, 7))
+    with experts_for_decoding(model, expert_skipping=True), torch.no_grad():
+        dense = model(ids).logits
+        with step_scope(verify_step(ids, {0: threshold(1, [0.0]), 1: budget(1, 1.0)})):
+            skipped_nothing = model(ids).logits
+    assert torch.equal(skipped_nothing, dense)
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        torch.testing.assert_close(dense, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def make_k4(arch: str) -> torch.nn.Module:
+    """8 experts, 4 per token; expert weights scaled up (like conftest's 2-D ones) so that the experts matter."""
+    if arch == "mixtral":
+        model = make_model(arch, num_local_experts=8, num_experts_per_tok=4)
+    else:
+        model = make_model(arch, num_experts=8, num_experts_per_tok=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 3:
+                p.mul_(16.0)
+    return model
+
+
+def dropped_reference(module, x, index, weights, n_active) -> torch.Tensor:
+    """Each token's ``n_active`` highest-weight experts, one at a time, unrenormalised weights, float64."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    inter = module.down_proj.shape[-1]
+    for t in range(x.shape[0]):
+        order = torch.argsort(weights[t], descending=True, stable=True)[: n_active[t]]
+        for r in order.tolist():
+            e = int(index[t, r])
+            gate_up = module.gate_up_proj[e].double() @ x[t].double()
+            h = torch.nn.functional.silu(gate_up[:inter]) * gate_up[inter:]
+            out[t] += weights[t, r].double() * (module.down_proj[e].double() @ h)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("fallback", [False, True], ids=["fused_op", "batched_mm_fallback"])
+def test_skipping_equals_a_reference_that_drops_the_experts(arch, fallback):
+    model = make_k4(arch)
+    record_layers(model)
+    module = model.model.layers[1].mlp.experts
+    if fallback:  # a module the fused op declines: batched_mm with zeroed weights
+        module = copy.deepcopy(module)
+        module.has_post_expert_norm, module.post_expert_norm = True, torch.nn.Identity()
+        fused._LAYERS[module] = 1  # the copy is no part of the model: give it its layer by hand
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(11, 64, generator=gen)
+    index = torch.stack([torch.randperm(8, generator=gen)[:4] for _ in range(11)])
+    weights = torch.rand(11, 4, generator=gen)  # unsorted, unnormalised
+    skip = budget(3, 0.6)
+    n_active = skip_counts(weights, skip)
+    assert len(set(n_active.tolist())) > 1  # tokens keep different numbers of experts
+    with torch.no_grad():
+        dense = fused_experts_forward(module, x, index, weights)
+        with step_scope(verify_step(x[None, :, 0], {1: skip})):
+            sparse = fused_experts_forward(module, x, index, weights)
+        with step_scope(verify_step(x[None, :, 0], {0: skip})):  # another layer's skip
+            other_layer = fused_experts_forward(module, x, index, weights)
+    close = dict(rtol=1e-4, atol=1e-4)  # float32 against float64
+    torch.testing.assert_close(
+        sparse.double(), dropped_reference(module, x, index, weights, n_active), **close
+    )
+    torch.testing.assert_close(
+        dense.double(), dropped_reference(module, x, index, weights, [4] * 11), **close
+    )
+    assert torch.equal(other_layer, dense)
+    assert (sparse - dense).abs().amax() > 0.1
+
+
+@needs_triton
+def test_fused_kernel_is_handed_n_active(monkeypatch):
+    """The work is saved in the kernel: it receives each token's count and the pairs in weight order."""
+    seen, launch = [], kernel_module.launch
+
+    def spy(hidden, w_gate_up, w_down, index, weights, n_active, transposed):
+        seen.append((index, weights, n_active))
+        return launch(hidden, w_gate_up, w_down, index, weights, n_active, transposed)
+
+    monkeypatch.setattr(kernel_module, "launch", spy)
+    model = make_k4("qwen3_moe")
+    ids = torch.randint(3, VOCAB, (2, 5))
+    with experts_for_decoding(model, expert_skipping=True), torch.no_grad():
+        with step_scope(verify_step(ids, {1: budget(3, 0.5)})):
+            model(ids)
+    (_, _, dense_layer), (index, weights, n_active) = seen
+    assert dense_layer is None and n_active.shape == (10,) and bool((n_active < 4).any())
+    assert torch.equal(n_active, skip_counts(weights, budget(3, 0.5)))
+    assert bool((weights[:, :-1] >= weights[:, 1:]).all())
+
+
+def test_lossless_and_draft_steps_skip_nothing():
+    model = make_k4("qwen3_moe")
+    record_layers(model)
+    module = model.model.layers[0].mlp.experts
+    x, index = torch.randn(3, 64), torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [1, 3, 5, 7]])
+    weights = torch.tensor([[0.7, 0.1, 0.1, 0.1]] * 3)
+    with torch.no_grad():
+        dense = fused_experts_forward(module, x, index, weights)
+        step = verify_step(x[None, :, 0], {0: budget(3, 0.5)})
+        step.phase = type(step.phase)("draft")
+        with step_scope(step):
+            assert torch.equal(fused_experts_forward(module, x, index, weights), dense)
+
+
+def test_unrecorded_experts_module_is_refused_under_skipping():
+    module = make_k4("qwen3_moe").model.layers[0].mlp.experts  # never switched: no layer recorded
+    x, index, weights = torch.randn(2, 64), torch.tensor([[0, 1, 2, 3]] * 2), torch.rand(2, 4)
+    fused_experts_forward(module, x, index, weights)  # no step: fine
+    with (
+        step_scope(verify_step(x[None, :, 0], {0: budget(1, 0.5)})),
+        pytest.raises(RuntimeError, match="layer"),
+    ):
+        fused_experts_forward(module, x, index, weights)
+
+
+def test_expert_skipping_switch_replaces_user_choices_and_restores_them():
+    model = make_moe("olmoe")
+    model.set_experts_implementation("batched_mm")
+    with experts_for_decoding(model, expert_skipping=True):
+        assert model.get_experts_implementation() == {"": "hsv_fused"}
+    assert model.get_experts_implementation() == {"": "batched_mm"}
+
+
+# ---------------------------------------------------------------- damage and calibration
+
+
+@pytest.fixture(scope="module")
+def k4_text():
+    """A k = 4 model and text it generated greedily (so its own NLL on it is low and skipping raises it)."""
+    model = make_k4("qwen3_moe")
+    prompt = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    ids = model.generate(prompt, max_new_tokens=18, do_sample=False, min_new_tokens=18)
+    return model, ids
+
+
+def test_measure_damage(k4_text):
+    model, ids = k4_text
+    none = measure_damage(model, ids, {})
+    assert none["damage"] == 0.0 and none["tokens"] == ids.numel() - ids.shape[0]
+    nothing = measure_damage(model, ids, {0: threshold(3, [0.0] * 3), 1: threshold(3, [0.0] * 3)})
+    assert nothing["damage"] == 0.0
+    heavy = measure_damage(model, ids, {0: budget(3, 0.01), 1: budget(3, 0.01)})
+    assert heavy["dense_nll"] == none["dense_nll"]
+    assert heavy["damage"] > 0.01
+
+
+def test_calibrate_moe(k4_text):
+    model, ids = k4_text
+    cal = calibrate_moe(model, [ids[:1], ids[1:]], SparseMoE(max_skip=2, max_damage=10.0), progress=False)
+    assert cal.layers == [0, 1] and cal.values.shape == (2, 3)
+    assert cal.damage > 0
+    assert set(cal.skips()) == {0, 1} and cal.skips()[1].values.shape == (3,)
+    summary = cal.summary  # the SparseCalibration `moe` entry
+    assert summary["layers"] == [0, 1] and summary["k"] == 4 and set(summary["budgets"]) == {"1", "2", "3"}
+    assert summary["thresholds"] == cal.values.tolist() and summary["damage"] == {"threshold:2": cal.damage}
+    cal = calibrate_moe(model, [ids], SparseMoE(rule="budget", max_skip=3, max_damage=10.0), progress=False)
+    assert cal.values.shape == (2,) and bool(((cal.values > 0) & (cal.values <= 1)).all())
+    with pytest.raises(
+        ValueError, match=r"max_skip=3 \(budget rule\) raises the calibration NLL by .* lower max_skip"
+    ):
+        calibrate_moe(
+            model, [ids], SparseMoE(rule="budget", max_skip=3, budget=0.01, max_damage=0.0), progress=False
+        )
+    with pytest.raises(ValueError, match="must be below the 4 experts"):
+        calibrate_moe(model, [ids], SparseMoE(max_skip=4), progress=False)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import hf_sparse_verify.sparse.moe as module
+
+    result = doctest.testmod(module)
+    assert result.attempted >= 5 and result.failed == 0
