@@ -110,6 +110,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_generate_parser(sub, debug)
     _add_tune_parser(sub, debug)
     _add_bench_parser(sub, debug)
+    _add_calibrate_parser(sub, debug)
     return parser
 
 
@@ -296,6 +297,34 @@ def _add_tune_parser(sub, debug) -> None:
         "--attention-backend", default="auto", choices=ATTENTION_BACKENDS, help="(default: auto)"
     )
     tune.add_argument("--no-warmup", action="store_true", help="skip the warm-up call")
+
+
+def _add_calibrate_parser(sub, debug) -> None:
+    cal = sub.add_parser(
+        "calibrate",
+        parents=[debug],
+        help="calibrate LOSSY sparse verification (anchor layers, FFN thresholds, expert skipping) for a model",
+        description="Runs the prompts through the model (prefill, then one dense verify step of the last "
+        "--verify-tokens tokens each) and writes sparse_verify_calibration.json: per-layer block-selection "
+        "similarities (anchor layers), FFN activation thresholds for channel sparsities 0.05..0.95, and for MoE "
+        "models expert-skipping threshold maps, refusing a setting whose NLL damage passes --moe-max-damage.",
+    )
+    cal.add_argument("--model", help="model folder or Hub id (default: the embedded demo target)")
+    cal.add_argument("--prompt-file", required=True, metavar="FILE", help='text file or .jsonl with {"text": ...}')
+    cal.add_argument("--prompt-len", type=_positive_int, help="keep only .jsonl lines whose 'len' equals this")
+    cal.add_argument("--max-prompts", type=_positive_int, default=16, help="(default: 16)")
+    cal.add_argument("--max-tokens", type=_positive_int, default=8192, help="cut prompts to this many tokens (default: 8192)")
+    cal.add_argument("--verify-tokens", type=_positive_int, default=8, help="verify tokens per prompt (default: 8)")
+    cal.add_argument("--block-size", type=_positive_int, default=64, help="attention block size (default: 64)")
+    cal.add_argument("--rho", type=_probability, default=0.1, help="attention rho (default: 0.1)")
+    cal.add_argument("--dense-below", type=int, default=4096, help="attention L0 (default: 4096)")
+    cal.add_argument("--no-ffn", action="store_true", help="skip the FFN thresholds")
+    cal.add_argument("--moe-rule", default="threshold", choices=("threshold", "budget"), help="(default: threshold)")
+    cal.add_argument("--moe-max-skip", type=_positive_int, default=1, help="experts skipped at most (default: 1)")
+    cal.add_argument("--moe-max-damage", type=_positive_float, default=0.05, help="NLL bound (default: 0.05)")
+    cal.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
+    cal.add_argument("--dtype", choices=DTYPES, help="(default: float32 on CPU, bfloat16 on GPU)")
+    cal.add_argument("--out", help="output folder (default: the model folder when local, else ./calibration)")
 
 
 def _add_bench_parser(sub, debug) -> None:
@@ -695,7 +724,65 @@ def cmd_bench(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "tune": cmd_tune, "bench": cmd_bench}
+def cmd_calibrate(args) -> int:
+    from .tune import read_prompts
+
+    try:
+        prompts = read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
+    except ValueError as err:
+        raise UsageError(_one_line(err)) from None
+    _check_model("--model", args.model)
+    device = _device(args.device)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import default_model_path
+    from .sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+    from .sparse.calibration import calibrate
+
+    dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    model_path = args.model or os.path.join(default_model_path(), "target")
+    out = args.out or (model_path if os.path.isdir(model_path) else "calibration")
+
+    def load_model(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype_name)).to(device).eval()
+
+    tokenizer = _load("--model", model_path, AutoTokenizer.from_pretrained)
+    model = _load("--model", model_path, load_model)
+    ids = [tokenizer(p, return_tensors="pt")["input_ids"][0, : args.max_tokens] for p in prompts]
+    ids = [t for t in ids if t.numel() > args.verify_tokens]
+    if not ids:
+        raise UsageError(f"--prompt-file: no prompt longer than --verify-tokens={args.verify_tokens} tokens")
+    from .modules import replaceable_mlp
+
+    is_moe = getattr(model.config.get_text_config(), "num_experts_per_tok", None) is not None
+    has_ffn = any(replaceable_mlp(m) for m in model.modules())
+    try:
+        cfg = LossySparseVerify(
+            attention=SparseAttention(block_size=args.block_size, rho=args.rho, dense_below=args.dense_below),
+            ffn=SparseFFN() if has_ffn and not args.no_ffn else None,
+            moe=SparseMoE(rule=args.moe_rule, max_skip=args.moe_max_skip, max_damage=args.moe_max_damage)
+            if is_moe
+            else None,
+        )
+        result = calibrate(model, ids, cfg, verify_tokens=args.verify_tokens)
+    except ValueError as err:
+        raise UsageError(_one_line(err)) from err
+    path = result.save(out)
+    anchors = result.anchor_layers(cfg.attention)
+    print(f"{len(ids)} prompt(s), {model_path}, {device} {dtype_name}")
+    print(f"anchor layers (a quarter of {result.num_layers}): {anchors}")
+    if result.ffn:
+        taus = result.ffn_thresholds(SparseFFN(sparsity=0.5))
+        print("ffn tau at sparsity 0.5: " + " ".join(f"{t:.3g}" for t in taus if t is not None))
+    if result.moe:
+        print(f"moe damage: {result.moe.get('damage')}")
+    print(f"saved {path}")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "tune": cmd_tune, "bench": cmd_bench, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 
 import torch
@@ -20,7 +22,7 @@ from .. import _compat
 from ..attention import use_sparse_verify_attention
 from ..config import SpeculationConfig
 from ..kernels._triton import HAVE_TRITON
-from ..modules import use_fused_modules
+from ..modules import use_fused_modules, use_sparse_ffn
 from ..registry import DRAFTERS, resolve
 from .drafters.base import Drafter
 from .engine.loop import LoopSettings, speculative_decode
@@ -184,7 +186,8 @@ def _run(
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
     models = (model, *drafter.models)
     fuse = config.fused_modules and settings.backend == "triton"
-    with use_sparse_verify_attention(*models), use_fused_modules(*(models if fuse else ())):
+    sparse_ffn = use_sparse_ffn(model) if sparse is not None and sparse.ffn is not None else contextlib.nullcontext()
+    with use_sparse_verify_attention(*models), sparse_ffn, use_fused_modules(*(models if fuse else ())):
         sequences, stats = speculative_decode(
             model,
             input_ids,

@@ -171,15 +171,11 @@ def calibrate(
     attention = cfg.attention or SparseAttention()
     record_cfg = LossySparseVerify(attention=dataclasses.replace(attention, reuse=False))
     similarity = [0.0] * layers
-    ffn_stats = moe_stats = None
+    ffn_stats = None
     if cfg.ffn is not None:
         from .ffn import FFNStats
 
-        ffn_stats = FFNStats(model)
-    if cfg.moe is not None:
-        from .moe import RouterStats
-
-        moe_stats = RouterStats(model)
+        ffn_stats = FFNStats(model, group=verify_tokens)  # the max over a verify row's tokens, as at verify time
     with use_sparse_verify_attention(model):
         for ids in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
             if ids.dim() != 1 or ids.numel() <= verify_tokens:
@@ -192,7 +188,7 @@ def calibrate(
             state = SparseVerifyState(record_cfg, layers, None, runner.cache.layer_devices(device), record=True)
             state.prefill(runner.cache, runner.pad_t, torch.full((1,), cut, device=device))
             start = torch.full((1,), cut, dtype=torch.long, device=device)
-            with _maybe(ffn_stats), _maybe(moe_stats):
+            with _maybe(ffn_stats):
                 runner.forward(ids[:, cut:], start, Phase.VERIFY, kv_len=ids.shape[1], verify_sparsity=state)
             masks = state.attention.recorded
             for layer in range(1, layers):
@@ -205,11 +201,18 @@ def calibrate(
         "similarity": similarity,
     }
     if ffn_stats is not None:
-        calibration.ffn = {"levels": list(FFN_LEVELS), "thresholds": ffn_stats.threshold_table(FFN_LEVELS)}
-    if moe_stats is not None:
+        calibration.ffn = {
+            "levels": list(FFN_LEVELS),
+            "thresholds": [
+                [ffn_stats.threshold(layer, level) for level in FFN_LEVELS] if layer in ffn_stats.mlps else None
+                for layer in range(layers)
+            ],
+        }
+    if cfg.moe is not None:
         from .moe import calibrate_moe
 
-        calibration.moe = calibrate_moe(model, prompts, moe_stats, cfg.moe, progress=progress)
+        batches = [ids.to(device)[None] for ids in prompts]
+        calibration.moe = calibrate_moe(model, batches, cfg.moe, progress=progress).summary
     return calibration
 
 

@@ -187,7 +187,8 @@ def speculative_decode(
     verify_slots = {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity}
 
     # --------------------------------------------------------------------------------------------------- steps
-    with experts_for_decoding(model, *drafter.models):
+    skipping = settings.sparse is not None and settings.sparse.moe is not None
+    with experts_for_decoding(model, *drafter.models, expert_skipping=skipping):
         if target.use_graphs:
             # one graph per verify width 1 .. max_draft_tokens + 1, whatever this call's policy needs: the session
             # keeps them, so a later call with another K or policy captures nothing

@@ -1,0 +1,252 @@
+"""Quality of LOSSY sparse verification on the trained fixtures, against dense (lossless) verification.
+
+For every model, context and setting, each held-out prompt is generated twice with the same drafter and K:
+dense verification and the setting, greedy, ``--new-tokens`` tokens. Per setting:
+
+- ``token_agreement``: share of the new-token positions where the two outputs hold the same token (all prompts);
+- ``first_divergence``: mean index of the first differing token (``new_tokens`` when identical);
+- ``acceptance_ratio``: mean acceptance length with the setting / with dense verification;
+- ``nll_dense_model``: the dense model's mean NLL of the setting's continuation (teacher-forced plain forward), next
+  to that of the dense continuation (``nll_dense_output``);
+- ``verify_ms``: mean verify time per step as the loop measured it (``out.speculation``), dense and sparse;
+- ``verify_flops`` / ``verify_bytes``: the verify pass's FLOPs and bytes per step (papers/000 Table 1), computed from
+  the shapes and the setting's NOMINAL budgets (attention: the budget rule at this context; FFN: the calibrated
+  channel sparsity; MoE: from the calibration's skip statistics), each with the dense figure.
+
+Writes ``--out`` (benchmarks/results/sparse_verify_quality.json: records with model, context, setting,
+token_agreement, acceptance_ratio, ...) and a PNG of quality against verify time next to it.
+
+    python benchmarks/bench_sparse_quality.py --models ../shared/models --out benchmarks/results/sparse_verify_quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+from hf_sparse_verify.sparse.calibration import FILE_NAME, SparseCalibration, calibrate
+
+DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, shared schedule
+
+DENSE_SETTINGS = {
+    "default": DEFAULT,
+    "attn_rho0.05": LossySparseVerify(attention=SparseAttention(rho=0.05)),
+    "attn_L2K": LossySparseVerify(attention=SparseAttention(dense_below=2048)),
+    "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
+    "attn_approx4": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
+    "attn_reuse": LossySparseVerify(attention=SparseAttention(reuse=True)),  # a quarter of the layers select
+    "ffn0.3": LossySparseVerify(attention=None, ffn=SparseFFN(sparsity=0.3)),
+    "ffn0.5": LossySparseVerify(attention=None, ffn=SparseFFN(sparsity=0.5)),
+    "attn+ffn0.5": LossySparseVerify(attention=SparseAttention(), ffn=SparseFFN(sparsity=0.5)),
+}
+MOE_SETTINGS = {
+    "default": DEFAULT,
+    "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(max_skip=1, max_damage=1.0)),
+    "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(max_skip=2, max_damage=1.0)),
+    "moe_budget2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, max_damage=1.0)),
+    "attn+moe_skip1": LossySparseVerify(moe=SparseMoE(max_skip=1, max_damage=1.0)),
+}
+
+
+def _load(path: str, device, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def _prompts(file: str, length: int, count: int, tokenizer) -> list[torch.Tensor]:
+    rows = [json.loads(line) for line in open(file)]
+    texts = [r["text"] for r in rows if r["len"] == length][:count]
+    return [tokenizer(t, return_tensors="pt")["input_ids"][0] for t in texts]
+
+
+def _generate(model, ids, new_tokens: int, speculation: dict, draft=None):
+    out = model.generate(
+        input_ids=ids[None].to(model.device), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, custom_generate=hsv.generate, speculation=speculation, draft_model=draft,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    stats = out.speculation
+    steps = max(stats.steps, 1)
+    return out.sequences[0, ids.numel() :].cpu(), stats.mean_acceptance_length, 1000 * stats.verify_time_s / steps
+
+
+@torch.no_grad()
+def _nll(model, ids: torch.Tensor, continuation: torch.Tensor) -> float:
+    """Mean NLL of ``continuation`` after ``ids`` under the plain (dense) model."""
+    full = torch.cat([ids, continuation])[None].to(model.device)
+    logits = model(full, logits_to_keep=continuation.numel() + 1).logits[0, :-1].float()
+    return float(torch.nn.functional.cross_entropy(logits, continuation.to(model.device)))
+
+
+def verify_cost(model, setting: LossySparseVerify, calibration, context: int, q: int) -> dict:
+    """FLOPs and bytes of one verify step of ``q`` tokens over ``context`` cached tokens, dense and with the
+    setting's nominal budgets (bf16 weights and cache)."""
+    c = model.config.get_text_config()
+    layers, hidden, heads = c.num_hidden_layers, c.hidden_size, c.num_attention_heads
+    kv_heads = c.num_key_value_heads
+    head_dim = getattr(c, "head_dim", None) or hidden // heads
+    attn_proj = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    experts_k = getattr(c, "num_experts_per_tok", None)
+    inter = getattr(c, "moe_intermediate_size", None) if experts_k else c.intermediate_size
+    ffn_params = 3 * hidden * inter * (experts_k or 1)
+    kept_ctx = setting.attention.budget_blocks(context) * setting.attention.block_size if setting.attention else context
+    kept_ctx = min(kept_ctx, context)
+    ffn_keep = 1.0 - setting.ffn.sparsity if setting.ffn is not None else 1.0
+    expert_keep = 1.0
+    if setting.moe is not None and experts_k:
+        expert_keep = (experts_k - 0.5 * setting.moe.max_skip) / experts_k  # median rule: about half the tokens skip
+    def cost(ctx, fkeep, ekeep):
+        attn_flops = 4 * q * ctx * heads * head_dim
+        flops = layers * (2 * q * attn_proj + attn_flops + 2 * q * ffn_params * fkeep * ekeep)
+        weights = layers * (attn_proj + ffn_params * fkeep * ekeep) * 2
+        kv = layers * 2 * ctx * kv_heads * head_dim * 2
+        return flops, weights + kv
+    dense_flops, dense_bytes = cost(context, 1.0, 1.0)
+    flops, nbytes = cost(kept_ctx, ffn_keep, expert_keep)
+    return dict(verify_flops=flops, verify_bytes=nbytes, dense_verify_flops=dense_flops, dense_verify_bytes=dense_bytes)
+
+
+def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, draft=None) -> list[dict]:
+    model, tokenizer = _load(path, device, dtype)
+    calibration = None
+    if any(s.needs_calibration() for s in settings.values()):
+        # calibration windows (2K) are other held-out windows than the evaluated ones (4K, 8K, 16K)
+        cal_prompts = _prompts(os.path.join(args.models, "prompts.jsonl"), 2048, args.calibration_prompts, tokenizer)
+        needs_moe = next((s.moe for s in settings.values() if s.moe is not None), None)
+        needs_ffn = any(s.ffn is not None for s in settings.values())
+        cfg = LossySparseVerify(ffn=SparseFFN() if needs_ffn else None, moe=needs_moe)
+        begin = time.perf_counter()
+        calibration = calibrate(model, cal_prompts, cfg, verify_tokens=args.k + 1, progress=True)
+        folder = os.path.join(args.calibration_dir, name)
+        calibration.save(folder)
+        print(f"{name}: calibrated in {time.perf_counter() - begin:.1f} s -> {folder}/{FILE_NAME}", file=sys.stderr)
+    records = []
+    strategy = "draft_model" if draft is not None else "prompt_lookup"
+    base = dict(strategy=strategy, num_draft_tokens=args.k)
+    for context in contexts:
+        prompts = _prompts(prompt_file, context, args.prompts, tokenizer)
+        dense_runs = []
+        for ids in tqdm(prompts, desc=f"{name} {context} dense", file=sys.stderr):
+            dense_runs.append(_generate(model, ids, args.new_tokens, base, draft))
+        dense_nll = [_nll(model, ids, run[0]) for ids, run in zip(prompts, dense_runs)]
+        for setting_name, setting in settings.items():
+            if setting.needs_calibration():
+                setting = LossySparseVerify(
+                    attention=setting.attention, ffn=setting.ffn, moe=setting.moe,
+                    calibration=os.path.join(args.calibration_dir, name),
+                )  # fmt: skip
+            spec = dict(base, lossy_sparse_verify=setting.to_dict())
+            same = total = 0
+            first, accept, accept_dense, nll, vms, vms_dense = [], [], [], [], [], []
+            for ids, (dense_out, dense_acc, dense_ms) in tqdm(
+                list(zip(prompts, dense_runs)), desc=f"{name} {context} {setting_name}", file=sys.stderr
+            ):
+                out, acc, ms = _generate(model, ids, args.new_tokens, spec, draft)
+                n = min(out.numel(), dense_out.numel())
+                match = out[:n] == dense_out[:n]
+                same += int(match.sum())
+                total += n
+                first.append(int((~match).nonzero()[0]) if not bool(match.all()) else n)
+                accept.append(acc)
+                accept_dense.append(dense_acc)
+                nll.append(_nll(model, ids, out))
+                vms.append(ms)
+                vms_dense.append(dense_ms)
+            record = dict(
+                model=name, context=context, setting=setting_name, setting_detail=setting.to_dict(),
+                strategy=strategy, k=args.k, prompts=len(prompts), new_tokens=args.new_tokens,
+                token_agreement=round(same / max(total, 1), 4), first_divergence=round(sum(first) / len(first), 1),
+                acceptance_length=round(sum(accept) / len(accept), 3),
+                dense_acceptance_length=round(sum(accept_dense) / len(accept_dense), 3),
+                acceptance_ratio=round(sum(accept) / max(sum(accept_dense), 1e-9), 4),
+                nll_dense_model=round(sum(nll) / len(nll), 4), nll_dense_output=round(sum(dense_nll) / len(dense_nll), 4),
+                verify_ms=round(sum(vms) / len(vms), 3), dense_verify_ms=round(sum(vms_dense) / len(vms_dense), 3),
+                **verify_cost(model, setting, calibration, context, args.k + 1),
+            )  # fmt: skip
+            records.append(record)
+            print(json.dumps({k: v for k, v in record.items() if k != "setting_detail"}), flush=True)
+    return records
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["model"], r["context"]) for r in records})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for model, context in groups:
+        rows = [r for r in records if r["model"] == model and r["context"] == context]
+        x = [r["verify_ms"] / r["dense_verify_ms"] for r in rows]
+        for ax, key in zip(axes, ("token_agreement", "acceptance_ratio")):
+            ax.scatter(x, [r[key] for r in rows], label=f"{model} {context // 1024}K")
+            for xi, r in zip(x, rows):
+                ax.annotate(r["setting"], (xi, r[key]), fontsize=6)
+    for ax, key in zip(axes, ("token agreement with dense verify", "acceptance length / dense")):
+        ax.set_xlabel("verify time per step / dense (as measured in the loop)")
+        ax.set_ylabel(key)
+        ax.axhline(0.95, color="grey", lw=0.5, ls="--")
+        ax.legend(fontsize=7)
+    fig.suptitle("LOSSY sparse verification: quality against verify time (fixtures, greedy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", required=True, help="folder with code-target, code-draft, code-moe, prompts")
+    parser.add_argument("--prompts-long", help="prompts_long.jsonl (default: in --models)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384])
+    parser.add_argument("--moe-context", type=int, default=4096)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per context (default: 4)")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--k", type=int, default=6)
+    parser.add_argument("--calibration-prompts", type=int, default=8)
+    parser.add_argument("--calibration-dir", default="calibration")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--only", choices=("dense", "moe"), help="one model only")
+    parser.add_argument("--settings", nargs="+", help="subset of settings by name")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    pick = lambda table: {k: v for k, v in table.items() if not args.settings or k in args.settings}  # noqa: E731
+    records = []
+    if args.only != "moe":
+        draft_path = os.path.join(args.models, "code-draft")
+        draft = _load(draft_path, device, dtype)[0] if os.path.isdir(draft_path) else None
+        long_file = args.prompts_long or os.path.join(args.models, "prompts_long.jsonl")
+        records += run_model(
+            "code-target", os.path.join(args.models, "code-target"), long_file, args.contexts,
+            pick(DENSE_SETTINGS), args, device, dtype, draft,
+        )  # fmt: skip
+    if args.only != "dense" and os.path.isdir(os.path.join(args.models, "code-moe")):
+        records += run_model(
+            "code-moe", os.path.join(args.models, "code-moe"), os.path.join(args.models, "prompts.jsonl"),
+            [args.moe_context], pick(MOE_SETTINGS), args, device, dtype,
+        )  # fmt: skip
+    result = dict(
+        machine=machine_info(device),
+        method="greedy, same drafter and K for dense and sparse verification; agreement is position-wise over the "
+        "new tokens; NLL under the plain dense model; FLOPs/bytes nominal from the setting's budgets",
+        records=records,
+    )
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    plot(records, os.path.splitext(args.out)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()
