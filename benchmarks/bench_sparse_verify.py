@@ -37,6 +37,8 @@ SETTINGS = {
     "attn": LossySparseVerify(attention=ATTENTION),
     "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
     "attn_approx": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
+    "attn_reuse": LossySparseVerify(attention=SparseAttention(reuse=True)),  # anchors: every 4th layer, see _anchors
+    "attn_reuse_ffn": LossySparseVerify(attention=SparseAttention(reuse=True), ffn=SparseFFN(tau=0.0)),
     "attn_ffn": LossySparseVerify(attention=ATTENTION, ffn=SparseFFN(tau=0.0)),  # tau set per shape, see _ffn_tau
     "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5)),
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
@@ -51,6 +53,15 @@ def _ffn_tau(model, share: float = 0.5) -> float:
     x = torch.randn(256, model.config.hidden_size, device=model.device, dtype=model.dtype)
     act = mlp.act_fn(mlp.gate_proj(x)).abs().float()
     return float(act.quantile(share)) if act.numel() < 2**24 else float(act.flatten()[: 2**24 - 1].quantile(share))
+
+
+def _anchors(layers: int):
+    """A stand-in calibration whose anchors are every 4th layer (random weights have nothing to calibrate; the
+    anchor choice does not change the step's work, only which layers select)."""
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+
+    similarity = [0.0 if layer % 4 == 0 else 1.0 for layer in range(layers)]
+    return SparseCalibration("random", layers, attention={"similarity": similarity})
 
 
 def _contexts(model, device):
@@ -99,10 +110,11 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
             cfg = SETTINGS[name]
             if cfg.ffn is not None and cfg.ffn.tau == 0.0:
                 cfg = LossySparseVerify(attention=cfg.attention, ffn=SparseFFN(tau=_ffn_tau(model)))
+            calibration = _anchors(layers) if cfg.attention is not None and cfg.attention.reuse else None
             if cfg.moe is not None and not hasattr(model.config, "num_experts_per_tok"):
                 continue
             devices = runner.cache.layer_devices(device)
-            state = SparseVerifyState(cfg, layers, None, devices)
+            state = SparseVerifyState(cfg, layers, calibration, devices)
             state.prefill(runner.cache, runner.pad_t, start)
             runner.capture([width], Phase.VERIFY, verify_sparsity=state)
             call = functools.partial(

@@ -2,7 +2,7 @@
 # Issue 10 device run (the step spine). Usage on the device machine (repo root), results in $OUT:
 #   bash benchmarks/device/issue10.sh tests acceptance "speed 16x16384"
 #   bash benchmarks/device/issue10.sh "speed 1x16384 4x32768" "speed 4x65536" "transformers 1x16384 16x16384"
-# Fixtures are read from .carry/models (code-target, prompts_long.jsonl). The parts of benchmarks/results/h200_long.json
+# Fixtures are read from .carry/shared/models (code-target, prompts_long.jsonl). The parts of benchmarks/results/h200_long.json
 # are kept in benchmarks/results/parts_h200_long/; assemble them with
 #   python benchmarks/bench_long.py assemble benchmarks/results/parts_h200_long/*.json --vegas-variant vegas_r875 \
 #     --out benchmarks/results/h200_long.json
@@ -17,7 +17,7 @@ for stage in "$@"; do
   case $name in
     tests) python -m pytest tests/test_spine_gpu.py tests/test_kernel_path.py tests/kernels/test_kernel_decode_attention.py \
              tests/kernels/test_kernel_token_sparse.py -q -p no:cacheprovider -x 2>&1 | tail -25 ;;
-    acceptance) python benchmarks/bench_long.py acceptance --models .carry/models --out "$OUT/long_acceptance.json" "$@" 2>&1 \
+    acceptance) python benchmarks/bench_long.py acceptance --models .carry/shared/models --out "$OUT/long_acceptance.json" "$@" 2>&1 \
              | grep -v "it/s\]$" | grep -v "^Loading" | tail -40 ;;
     speed) python benchmarks/bench_long.py speed --cases "$@" --out "$OUT/long_speed_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -60 ;;
     transformers) python benchmarks/bench_long.py transformers --cases "$@" --out "$OUT/long_hf_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -20 ;;

@@ -93,24 +93,37 @@ class BlockSparseVerifyAttention:
             )
 
     # --------------------------------------------------------------------------------------------- selection
-    def _scores(self, query, mean_key, view, q_rows: torch.Tensor) -> torch.Tensor:
-        """``[B, H_kv, R, NB]`` float32 scores of the query rows ``q_rows`` ``[R]``; blocks outside a row's valid
-        range are ``-inf``, the forced blocks ``-inf`` (the kernel adds them), the local blocks ``+inf``."""
+    def _block_masks(self, view, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(drop [B, NB], local [B, NB])`` bool, shared by every layer of the step on this device (memoized on
+        the step's `DeviceView`): blocks outside the row's valid range or forced (the kernel adds those), and the
+        local blocks before the new tokens."""
+        key = ("sparse_verify_blocks", nb)
+        masks = view.extra.get(key)
+        if masks is None:
+            bs = self.cfg.block_size
+            blocks = torch.arange(nb, device=view.device)
+            first_new = (view.start // bs)[:, None]
+            last_new = ((view.start + view.step.q_len - 1) // bs)[:, None]
+            sink = (view.pad // bs)[:, None]
+            valid = (blocks >= sink) & (blocks <= last_new)  # [B, NB]
+            forced = (blocks == sink) | (blocks >= first_new)
+            local = (blocks < first_new) & (blocks >= first_new - self.cfg.local_blocks) & valid & ~forced
+            masks = (~valid | forced, local)
+            view.extra[key] = masks
+        return masks
+
+    def _scores(self, query, mean_key, view, q_rows: torch.Tensor | None) -> torch.Tensor:
+        """``[B, H_kv, R, NB]`` float32 scores of the query rows ``q_rows`` ``[R]`` (None: row 0); blocks outside
+        a row's valid range are ``-inf``, the forced blocks ``-inf`` (the kernel adds them), the local blocks
+        ``+inf``."""
         b, h, _, d = query.shape
         h_kv, nb = mean_key.shape[1], mean_key.shape[2]
-        bs = self.cfg.block_size
-        grouped = query[:, :, q_rows].float().reshape(b, h_kv, h // h_kv, len(q_rows), d).sum(2)
+        rows = query[:, :, :1] if q_rows is None else query[:, :, q_rows]
+        grouped = rows.float().reshape(b, h_kv, h // h_kv, rows.shape[2], d).sum(2)
         scores = torch.einsum("bgrd,bgnd->bgrn", grouped, mean_key)  # [B, H_kv, R, NB]
-        blocks = torch.arange(nb, device=query.device)
-        start, pad = view.start, view.pad
-        first_new = (start // bs)[:, None]
-        last_new = ((start + view.step.q_len - 1) // bs)[:, None]
-        sink = (pad // bs)[:, None]
-        valid = (blocks >= sink) & (blocks <= last_new)  # [B, NB]
-        forced = (blocks == sink) | (blocks >= first_new)
-        local = (blocks < first_new) & (blocks >= first_new - self.cfg.local_blocks) & valid
+        drop, local = self._block_masks(view, nb)
         scores = scores.masked_fill(local[:, None, None], float("inf"))
-        return scores.masked_fill((~valid | forced)[:, None, None], float("-inf"))
+        return scores.masked_fill(drop[:, None, None], float("-inf"))
 
     def _top(self, scores: torch.Tensor, keep: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top ``keep[b]`` blocks per (row, head, query row): ``[B, H_kv, R, k_max]`` ascending ids, counts."""
@@ -127,18 +140,21 @@ class BlockSparseVerifyAttention:
         cfg, q_len = self.cfg, view.step.q_len
         bs, capacity = cfg.block_size, key.shape[2]
         nb = num_blocks(capacity, bs)
-        length = view.start + q_len - view.pad  # [B] tokens of each row after this step
-        forced = 1 + ((view.start + q_len - 1) // bs - view.start // bs + 1)
-        keep = (row_budget(cfg, length) - forced).clamp_min(0)  # [B] blocks picked besides the forced ones
+        keep = view.extra.get("sparse_verify_keep")
+        if keep is None:  # [B] blocks picked besides the forced ones (one per step, shared by the layers)
+            length = view.start + q_len - view.pad  # tokens of each row after this step
+            forced = 1 + ((view.start + q_len - 1) // bs - view.start // bs + 1)
+            keep = (row_budget(cfg, length) - forced).clamp_min(0)
+            view.extra["sparse_verify_keep"] = keep
         k_max = max(1, min(nb, cfg.budget_blocks(capacity)))
-        if cfg.schedule == "exact_merged":
+        if cfg.schedule == "exact_merged" and q_len > 1:
             rows = torch.arange(q_len, device=query.device)
-        elif cfg.schedule == "approx_shared":
+        elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
             rows = torch.arange(0, q_len, cfg.group_size, device=query.device)
         else:
-            rows = torch.arange(1, device=query.device)
+            rows = None  # one selection for the row: its first verify token's
         index, count = self._top(self._scores(query, mean_key, view, rows), keep, k_max)  # [B, H_kv, R, k]
-        if len(rows) == 1:
+        if rows is None:
             return index[:, :, 0], count[:, :, 0], None
         if cfg.schedule == "approx_shared":  # every query takes its group's representative's blocks
             group = torch.arange(q_len, device=query.device) // cfg.group_size

@@ -127,6 +127,7 @@ class DeviceView:
         offsets = torch.arange(step.q_len, device=device)
         self.query_slots = self.start[:, None] + offsets  # [B, q] cache slot of each new token
         self._masks: dict[int | None, torch.Tensor] = {}
+        self.extra: dict = {}  # per-step tensors a slot's owner shares across layers (e.g. block masks)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """Boolean ``[B, 1, q_len, kv_len]``: True where a query may attend to a cache slot.
