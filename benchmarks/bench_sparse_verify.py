@@ -49,9 +49,9 @@ SETTINGS = {
 def _ffn_tau(model, share: float = 0.5) -> float:
     """A tau that skips about ``share`` of the channels of layer 0 on random inputs (random weights: the same
     distribution in every layer)."""
-    mlp = model.model.layers[0].mlp
-    x = torch.randn(256, model.config.hidden_size, device=model.device, dtype=model.dtype)
-    act = mlp.act_fn(mlp.gate_proj(x)).abs().float()
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    x = torch.randn(256, model.config.hidden_size, device=gate.device, dtype=gate.dtype)
+    act = torch.nn.functional.silu(x @ gate.T).abs().float()
     return float(act.quantile(share)) if act.numel() < 2**24 else float(act.flatten()[: 2**24 - 1].quantile(share))
 
 

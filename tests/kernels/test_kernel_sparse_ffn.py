@@ -26,8 +26,10 @@ from hf_sparse_verify.kernels.sparse_ffn import (
 )
 from hf_sparse_verify.kernels.sparse_ffn import kernel as kernel_module
 
+#: compiled kernels on a CUDA GPU, else the interpreter on CPU (TRITON_INTERPRET=1)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 needs_triton = pytest.mark.skipif(
-    not triton_runs_on(torch.device("cpu")), reason="Triton interpreter not set"
+    not triton_runs_on(DEVICE), reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1"
 )
 #: relative to the output's scale. float32: summation order only; bf16: the kernels round gate, up and their
 #: product to bf16 (the float64 reference does not), and the CPU interpreter truncates where the GPU rounds
@@ -49,7 +51,7 @@ def weights(hidden, inter, dtype, seed=0):
     w_gate = torch.randn(inter, hidden, generator=g) / hidden**0.5
     w_up = torch.randn(inter, hidden, generator=g) / hidden**0.5
     w_down = torch.randn(hidden, inter, generator=g) / inter**0.5
-    return w_gate.to(dtype), w_up.to(dtype), w_down.to(dtype)
+    return w_gate.to(DEVICE, dtype), w_up.to(DEVICE, dtype), w_down.to(DEVICE, dtype)
 
 
 def check(out, ref, dtype):
@@ -63,7 +65,7 @@ def check(out, ref, dtype):
 @pytest.mark.parametrize("rows, hidden, inter", [(1, 32, 48), (5, 48, 40), (16, 40, 72), (63, 24, 33)])
 def test_gated_act_matches_reference(poisoned, dtype, rows, hidden, inter):
     g = torch.Generator().manual_seed(rows + hidden)
-    x = (torch.randn(rows, hidden, generator=g) * 2).to(dtype)
+    x = (torch.randn(rows, hidden, generator=g) * 2).to(DEVICE, dtype)
     w_gate, w_up, _ = weights(hidden, inter, dtype, seed=rows)
     out = kernel_module.gated_act_launch(x, w_gate, w_up)
     check(out, gated_act_naive(x.double(), w_gate.double(), w_up.double()), dtype)
@@ -71,7 +73,7 @@ def test_gated_act_matches_reference(poisoned, dtype, rows, hidden, inter):
 
 @needs_triton
 def test_gated_act_op_reshapes_and_strides():
-    x = torch.randn(2, 3, 2 * 24)[..., ::2]  # [2, 3, 24], last dim strided
+    x = torch.randn(2, 3, 2 * 24, device=DEVICE)[..., ::2]  # [2, 3, 24], last dim strided
     w_gate, w_up, _ = weights(24, 40, torch.float32)
     out = gated_act(x, w_gate, w_up)
     assert out.shape == (2, 3, 40)
@@ -81,14 +83,14 @@ def test_gated_act_op_reshapes_and_strides():
 def inputs(batch, q_len, hidden, inter, dtype, skipped, seed=0):
     """``x [B, q, H]``, activations, weights and a threshold that skips about ``skipped`` of the channels."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, q_len, hidden, generator=g).to(dtype)
+    x = torch.randn(batch, q_len, hidden, generator=g).to(DEVICE, dtype)
     w_gate, w_up, w_down = weights(hidden, inter, dtype, seed)
     act = gate_activations(x, w_gate)
     row_max = act.abs().amax(dim=1).float().flatten()
     tau = (
         torch.quantile(row_max, skipped)
         if 0.0 < skipped < 1.0
-        else torch.tensor(0.0 if skipped == 0 else 1e9)
+        else torch.tensor(0.0 if skipped == 0 else 1e9, device=DEVICE)
     )
     return x, act, w_gate, w_up, w_down, tau.float()
 
@@ -140,7 +142,7 @@ def test_sparse_up_down_reads_only_kept_rows(poisoned):
 
 @pytest.mark.parametrize("batch, q_len, inter", [(1, 1, 7), (3, 4, 50), (2, 9, 128)])
 def test_kept_channels_matches_loop_reference(batch, q_len, inter):
-    act = torch.randn(batch, q_len, inter, generator=torch.Generator().manual_seed(inter))
+    act = torch.randn(batch, q_len, inter, generator=torch.Generator().manual_seed(inter)).to(DEVICE)
     for tau in (0.0, 0.8, 1.5, 1e9):
         index, count = kept_channels(act, torch.tensor(tau))
         ref_index, ref_count = compact_naive(channel_mask_naive(act, tau))
