@@ -33,7 +33,7 @@ from tqdm import tqdm
 import hf_sparse_verify as hsv
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
-from hf_sparse_verify.sparse.calibration import FILE_NAME, SparseCalibration, calibrate
+from hf_sparse_verify.sparse.calibration import FILE_NAME, calibrate
 
 DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, shared schedule
 
@@ -52,7 +52,9 @@ MOE_SETTINGS = {
     "default": DEFAULT,
     "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(max_skip=1, max_damage=1.0)),
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(max_skip=2, max_damage=1.0)),
-    "moe_budget2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, max_damage=1.0)),
+    "moe_budget2": LossySparseVerify(
+        attention=None, moe=SparseMoE(rule="budget", max_skip=2, max_damage=1.0)
+    ),
     "attn+moe_skip1": LossySparseVerify(moe=SparseMoE(max_skip=1, max_damage=1.0)),
 }
 
@@ -78,7 +80,11 @@ def _generate(model, ids, new_tokens: int, speculation: dict, draft=None):
     )  # fmt: skip
     stats = out.speculation
     steps = max(stats.steps, 1)
-    return out.sequences[0, ids.numel() :].cpu(), stats.mean_acceptance_length, 1000 * stats.verify_time_s / steps
+    return (
+        out.sequences[0, ids.numel() :].cpu(),
+        stats.mean_acceptance_length,
+        1000 * stats.verify_time_s / steps,
+    )
 
 
 @torch.no_grad()
@@ -100,21 +106,34 @@ def verify_cost(model, setting: LossySparseVerify, calibration, context: int, q:
     experts_k = getattr(c, "num_experts_per_tok", None)
     inter = getattr(c, "moe_intermediate_size", None) if experts_k else c.intermediate_size
     ffn_params = 3 * hidden * inter * (experts_k or 1)
-    kept_ctx = setting.attention.budget_blocks(context) * setting.attention.block_size if setting.attention else context
+    kept_ctx = (
+        setting.attention.budget_blocks(context) * setting.attention.block_size
+        if setting.attention
+        else context
+    )
     kept_ctx = min(kept_ctx, context)
     ffn_keep = 1.0 - setting.ffn.sparsity if setting.ffn is not None else 1.0
     expert_keep = 1.0
     if setting.moe is not None and experts_k:
-        expert_keep = (experts_k - 0.5 * setting.moe.max_skip) / experts_k  # median rule: about half the tokens skip
+        expert_keep = (
+            experts_k - 0.5 * setting.moe.max_skip
+        ) / experts_k  # median rule: about half the tokens skip
+
     def cost(ctx, fkeep, ekeep):
         attn_flops = 4 * q * ctx * heads * head_dim
         flops = layers * (2 * q * attn_proj + attn_flops + 2 * q * ffn_params * fkeep * ekeep)
         weights = layers * (attn_proj + ffn_params * fkeep * ekeep) * 2
         kv = layers * 2 * ctx * kv_heads * head_dim * 2
         return flops, weights + kv
+
     dense_flops, dense_bytes = cost(context, 1.0, 1.0)
     flops, nbytes = cost(kept_ctx, ffn_keep, expert_keep)
-    return dict(verify_flops=flops, verify_bytes=nbytes, dense_verify_flops=dense_flops, dense_verify_bytes=dense_bytes)
+    return dict(
+        verify_flops=flops,
+        verify_bytes=nbytes,
+        dense_verify_flops=dense_flops,
+        dense_verify_bytes=dense_bytes,
+    )
 
 
 def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, draft=None) -> list[dict]:
@@ -122,7 +141,9 @@ def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, 
     calibration = None
     if any(s.needs_calibration() for s in settings.values()):
         # calibration windows (2K) are other held-out windows than the evaluated ones (4K, 8K, 16K)
-        cal_prompts = _prompts(os.path.join(args.models, "prompts.jsonl"), 2048, args.calibration_prompts, tokenizer)
+        cal_prompts = _prompts(
+            os.path.join(args.models, "prompts.jsonl"), 2048, args.calibration_prompts, tokenizer
+        )
         needs_moe = next((s.moe for s in settings.values() if s.moe is not None), None)
         needs_ffn = any(s.ffn is not None for s in settings.values())
         cfg = LossySparseVerify(ffn=SparseFFN() if needs_ffn else None, moe=needs_moe)
@@ -130,7 +151,10 @@ def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, 
         calibration = calibrate(model, cal_prompts, cfg, verify_tokens=args.k + 1, progress=True)
         folder = os.path.join(args.calibration_dir, name)
         calibration.save(folder)
-        print(f"{name}: calibrated in {time.perf_counter() - begin:.1f} s -> {folder}/{FILE_NAME}", file=sys.stderr)
+        print(
+            f"{name}: calibrated in {time.perf_counter() - begin:.1f} s -> {folder}/{FILE_NAME}",
+            file=sys.stderr,
+        )
     records = []
     strategy = "draft_model" if draft is not None else "prompt_lookup"
     base = dict(strategy=strategy, num_draft_tokens=args.k)
@@ -147,36 +171,48 @@ def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, 
                     calibration=os.path.join(args.calibration_dir, name),
                 )  # fmt: skip
             spec = dict(base, lossy_sparse_verify=setting.to_dict())
-            same = total = 0
-            first, accept, accept_dense, nll, vms, vms_dense = [], [], [], [], [], []
-            for ids, (dense_out, dense_acc, dense_ms) in tqdm(
-                list(zip(prompts, dense_runs)), desc=f"{name} {context} {setting_name}", file=sys.stderr
-            ):
-                out, acc, ms = _generate(model, ids, args.new_tokens, spec, draft)
-                n = min(out.numel(), dense_out.numel())
-                match = out[:n] == dense_out[:n]
-                same += int(match.sum())
-                total += n
-                first.append(int((~match).nonzero()[0]) if not bool(match.all()) else n)
-                accept.append(acc)
-                accept_dense.append(dense_acc)
-                nll.append(_nll(model, ids, out))
-                vms.append(ms)
-                vms_dense.append(dense_ms)
-            record = dict(
-                model=name, context=context, setting=setting_name, setting_detail=setting.to_dict(),
-                strategy=strategy, k=args.k, prompts=len(prompts), new_tokens=args.new_tokens,
-                token_agreement=round(same / max(total, 1), 4), first_divergence=round(sum(first) / len(first), 1),
-                acceptance_length=round(sum(accept) / len(accept), 3),
-                dense_acceptance_length=round(sum(accept_dense) / len(accept_dense), 3),
-                acceptance_ratio=round(sum(accept) / max(sum(accept_dense), 1e-9), 4),
-                nll_dense_model=round(sum(nll) / len(nll), 4), nll_dense_output=round(sum(dense_nll) / len(dense_nll), 4),
-                verify_ms=round(sum(vms) / len(vms), 3), dense_verify_ms=round(sum(vms_dense) / len(vms_dense), 3),
-                **verify_cost(model, setting, calibration, context, args.k + 1),
-            )  # fmt: skip
+            try:
+                record = _evaluate(model, name, context, setting_name, setting, spec, prompts, dense_runs, dense_nll,
+                                   calibration, strategy, draft, args)  # fmt: skip
+            except Exception as err:  # noqa: BLE001 - one failing setting is reported, the others still run
+                record = dict(
+                    model=name, context=context, setting=setting_name, error=f"{type(err).__name__}: {err}"
+                )
             records.append(record)
             print(json.dumps({k: v for k, v in record.items() if k != "setting_detail"}), flush=True)
     return records
+
+
+def _evaluate(model, name, context, setting_name, setting, spec, prompts, dense_runs, dense_nll, calibration,
+              strategy, draft, args) -> dict:  # fmt: skip
+    same = total = 0
+    first, accept, accept_dense, nll, vms, vms_dense = [], [], [], [], [], []
+    for ids, (dense_out, dense_acc, dense_ms) in tqdm(
+        list(zip(prompts, dense_runs)), desc=f"{name} {context} {setting_name}", file=sys.stderr
+    ):
+        out, acc, ms = _generate(model, ids, args.new_tokens, spec, draft)
+        n = min(out.numel(), dense_out.numel())
+        match = out[:n] == dense_out[:n]
+        same += int(match.sum())
+        total += n
+        first.append(int((~match).nonzero()[0]) if not bool(match.all()) else n)
+        accept.append(acc)
+        accept_dense.append(dense_acc)
+        nll.append(_nll(model, ids, out))
+        vms.append(ms)
+        vms_dense.append(dense_ms)
+    record = dict(
+        model=name, context=context, setting=setting_name, setting_detail=setting.to_dict(),
+        strategy=strategy, k=args.k, prompts=len(prompts), new_tokens=args.new_tokens,
+        token_agreement=round(same / max(total, 1), 4), first_divergence=round(sum(first) / len(first), 1),
+        acceptance_length=round(sum(accept) / len(accept), 3),
+        dense_acceptance_length=round(sum(accept_dense) / len(accept_dense), 3),
+        acceptance_ratio=round(sum(accept) / max(sum(accept_dense), 1e-9), 4),
+        nll_dense_model=round(sum(nll) / len(nll), 4), nll_dense_output=round(sum(dense_nll) / len(dense_nll), 4),
+        verify_ms=round(sum(vms) / len(vms), 3), dense_verify_ms=round(sum(vms_dense) / len(vms_dense), 3),
+        **verify_cost(model, setting, calibration, context, args.k + 1),
+    )  # fmt: skip
+    return record
 
 
 def plot(records: list[dict], path: str) -> None:
@@ -185,10 +221,10 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["model"], r["context"]) for r in records})
+    groups = sorted({(r["model"], r["context"]) for r in records if "error" not in r})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for model, context in groups:
-        rows = [r for r in records if r["model"] == model and r["context"] == context]
+        rows = [r for r in records if r["model"] == model and r["context"] == context and "error" not in r]
         x = [r["verify_ms"] / r["dense_verify_ms"] for r in rows]
         for ax, key in zip(axes, ("token_agreement", "acceptance_ratio")):
             ax.scatter(x, [r[key] for r in rows], label=f"{model} {context // 1024}K")
@@ -205,8 +241,12 @@ def plot(records: list[dict], path: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", required=True, help="folder with code-target, code-draft, code-moe, prompts")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models", required=True, help="folder with code-target, code-draft, code-moe, prompts"
+    )
     parser.add_argument("--prompts-long", help="prompts_long.jsonl (default: in --models)")
     parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384])
     parser.add_argument("--moe-context", type=int, default=4096)

@@ -37,9 +37,13 @@ SETTINGS = {
     "attn": LossySparseVerify(attention=ATTENTION),
     "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
     "attn_approx": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
-    "attn_reuse": LossySparseVerify(attention=SparseAttention(reuse=True)),  # anchors: every 4th layer, see _anchors
+    "attn_reuse": LossySparseVerify(
+        attention=SparseAttention(reuse=True)
+    ),  # anchors: every 4th layer, see _anchors
     "attn_reuse_ffn": LossySparseVerify(attention=SparseAttention(reuse=True), ffn=SparseFFN(tau=0.0)),
-    "attn_ffn": LossySparseVerify(attention=ATTENTION, ffn=SparseFFN(tau=0.0)),  # tau set per shape, see _ffn_tau
+    "attn_ffn": LossySparseVerify(
+        attention=ATTENTION, ffn=SparseFFN(tau=0.0)
+    ),  # tau set per shape, see _ffn_tau
     "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5)),
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
     "moe_skip4": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=4, budget=0.3)),
@@ -52,7 +56,11 @@ def _ffn_tau(model, share: float = 0.5) -> float:
     gate = model.model.layers[0].mlp.gate_proj.weight
     x = torch.randn(256, model.config.hidden_size, device=gate.device, dtype=gate.dtype)
     act = torch.nn.functional.silu(x @ gate.T).abs().float()
-    return float(act.quantile(share)) if act.numel() < 2**24 else float(act.flatten()[: 2**24 - 1].quantile(share))
+    return (
+        float(act.quantile(share))
+        if act.numel() < 2**24
+        else float(act.flatten()[: 2**24 - 1].quantile(share))
+    )
 
 
 def _anchors(layers: int):
@@ -84,12 +92,18 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
     from hf_sparse_verify.step import Phase
 
     device = torch.device(args.device)
-    model = args.make_model(shape, device) if hasattr(args, "make_model") else random_model(shape, device, torch.bfloat16)
+    model = (
+        args.make_model(shape, device)
+        if hasattr(args, "make_model")
+        else random_model(shape, device, torch.bfloat16)
+    )
     layers = model.config.get_text_config().num_hidden_layers
     vocab = model.config.get_text_config().vocab_size
     records = []
     with _contexts(model, device):
-        runner = ModelRunner(model, batch, context + width, device, "triton" if device.type == "cuda" else "reference")
+        runner = ModelRunner(
+            model, batch, context + width, device, "triton" if device.type == "cuda" else "reference"
+        )
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)
         for layer in runner.cache.layers:
@@ -123,10 +137,18 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
             sparse = 1000 * median(timed(call))
             records.append(
                 dict(
-                    shape=shape, batch=batch, context=context, new_tokens=width, setting=name,
-                    setting_detail=cfg.to_dict(), dense_verify_ms=round(dense, 4), sparse_verify_ms=round(sparse, 4),
-                    speedup=round(dense / sparse, 3), decode_ms=round(decode, 4),
-                    dense_over_decode=round(dense / decode, 3), sparse_over_decode=round(sparse / decode, 3),
+                    shape=shape,
+                    batch=batch,
+                    context=context,
+                    new_tokens=width,
+                    setting=name,
+                    setting_detail=cfg.to_dict(),
+                    dense_verify_ms=round(dense, 4),
+                    sparse_verify_ms=round(sparse, 4),
+                    speedup=round(dense / sparse, 3),
+                    decode_ms=round(decode, 4),
+                    dense_over_decode=round(dense / decode, 3),
+                    sparse_over_decode=round(sparse / decode, 3),
                 )  # fmt: skip
             )
             print(json.dumps(records[-1]), flush=True)
@@ -139,8 +161,12 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", required=True, help="shape:BATCHxCONTEXT, e.g. llama-3.1-8b:1x65536")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cases", nargs="+", required=True, help="shape:BATCHxCONTEXT, e.g. llama-3.1-8b:1x65536"
+    )
     parser.add_argument("--settings", nargs="+", default=["attn"], choices=sorted(SETTINGS))
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=20)

@@ -310,17 +310,34 @@ def _add_calibrate_parser(sub, debug) -> None:
         "models expert-skipping threshold maps, refusing a setting whose NLL damage passes --moe-max-damage.",
     )
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded demo target)")
-    cal.add_argument("--prompt-file", required=True, metavar="FILE", help='text file or .jsonl with {"text": ...}')
-    cal.add_argument("--prompt-len", type=_positive_int, help="keep only .jsonl lines whose 'len' equals this")
+    cal.add_argument(
+        "--prompt-file", required=True, metavar="FILE", help='text file or .jsonl with {"text": ...}'
+    )
+    cal.add_argument(
+        "--prompt-len", type=_positive_int, help="keep only .jsonl lines whose 'len' equals this"
+    )
     cal.add_argument("--max-prompts", type=_positive_int, default=16, help="(default: 16)")
-    cal.add_argument("--max-tokens", type=_positive_int, default=8192, help="cut prompts to this many tokens (default: 8192)")
-    cal.add_argument("--verify-tokens", type=_positive_int, default=8, help="verify tokens per prompt (default: 8)")
-    cal.add_argument("--block-size", type=_positive_int, default=64, help="attention block size (default: 64)")
+    cal.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=8192,
+        help="cut prompts to this many tokens (default: 8192)",
+    )
+    cal.add_argument(
+        "--verify-tokens", type=_positive_int, default=8, help="verify tokens per prompt (default: 8)"
+    )
+    cal.add_argument(
+        "--block-size", type=_positive_int, default=64, help="attention block size (default: 64)"
+    )
     cal.add_argument("--rho", type=_probability, default=0.1, help="attention rho (default: 0.1)")
     cal.add_argument("--dense-below", type=int, default=4096, help="attention L0 (default: 4096)")
     cal.add_argument("--no-ffn", action="store_true", help="skip the FFN thresholds")
-    cal.add_argument("--moe-rule", default="threshold", choices=("threshold", "budget"), help="(default: threshold)")
-    cal.add_argument("--moe-max-skip", type=_positive_int, default=1, help="experts skipped at most (default: 1)")
+    cal.add_argument(
+        "--moe-rule", default="threshold", choices=("threshold", "budget"), help="(default: threshold)"
+    )
+    cal.add_argument(
+        "--moe-max-skip", type=_positive_int, default=1, help="experts skipped at most (default: 1)"
+    )
     cal.add_argument("--moe-max-damage", type=_positive_float, default=0.05, help="NLL bound (default: 0.05)")
     cal.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
     cal.add_argument("--dtype", choices=DTYPES, help="(default: float32 on CPU, bfloat16 on GPU)")

@@ -118,8 +118,12 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.lossy_sparse_verify, dict):
-            object.__setattr__(self, "lossy_sparse_verify", LossySparseVerify.from_dict(self.lossy_sparse_verify))
-        elif self.lossy_sparse_verify is not None and not isinstance(self.lossy_sparse_verify, LossySparseVerify):
+            object.__setattr__(
+                self, "lossy_sparse_verify", LossySparseVerify.from_dict(self.lossy_sparse_verify)
+            )
+        elif self.lossy_sparse_verify is not None and not isinstance(
+            self.lossy_sparse_verify, LossySparseVerify
+        ):
             raise ValueError(
                 "lossy_sparse_verify must be None (dense, lossless), a LossySparseVerify or a dict, got "
                 f"{self.lossy_sparse_verify!r}"

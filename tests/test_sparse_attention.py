@@ -57,7 +57,9 @@ def _dense_masked(query, key, value, view, allowed):
     b, h, q_len, d = query.shape
     h_kv, c = key.shape[1], key.shape[2]
     slots = torch.arange(c)
-    causal = (slots[None, None, :] <= view.query_slots[:, :, None]) & (slots[None, None, :] >= view.pad[:, None, None])
+    causal = (slots[None, None, :] <= view.query_slots[:, :, None]) & (
+        slots[None, None, :] >= view.pad[:, None, None]
+    )
     rep = h // h_kv
     k = key.repeat_interleave(rep, 1)
     v = value.repeat_interleave(rep, 1)
@@ -70,7 +72,9 @@ def _dense_masked(query, key, value, view, allowed):
 @pytest.mark.parametrize("schedule", ["shared", "approx_shared", "exact_merged"])
 def test_selection_and_output_match_naive_definition(schedule):
     bs = 16
-    cfg = SparseAttention(block_size=bs, rho=0.2, dense_below=32, local_blocks=1, schedule=schedule, group_size=2)
+    cfg = SparseAttention(
+        block_size=bs, rho=0.2, dense_below=32, local_blocks=1, schedule=schedule, group_size=2
+    )
     query, key, value, view = _setup()
     b, h, q_len, d = query.shape
     h_kv, c = key.shape[1], key.shape[2]
@@ -92,7 +96,8 @@ def test_selection_and_output_match_naive_definition(schedule):
                 rep = {"shared": 0, "approx_shared": i - i % 2, "exact_merged": i}[schedule]
                 qg = query[row, g * 2 : g * 2 + 2, rep].sum(0)
                 means = [
-                    key[row, g, max(j * bs, pad) : min((j + 1) * bs, start + q_len)].mean(0) for j in range(nb)
+                    key[row, g, max(j * bs, pad) : min((j + 1) * bs, start + q_len)].mean(0)
+                    for j in range(nb)
                 ]
                 candidates = [j for j in range(sink, last_new + 1) if j not in forced]
                 scored = sorted(candidates, key=lambda j: (j not in local, -float(qg @ means[j])))

@@ -10,7 +10,6 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 
 import torch
@@ -186,7 +185,9 @@ def _run(
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
     models = (model, *drafter.models)
     fuse = config.fused_modules and settings.backend == "triton"
-    sparse_ffn = use_sparse_ffn(model) if sparse is not None and sparse.ffn is not None else contextlib.nullcontext()
+    sparse_ffn = (
+        use_sparse_ffn(model) if sparse is not None and sparse.ffn is not None else contextlib.nullcontext()
+    )
     with use_sparse_verify_attention(*models), sparse_ffn, use_fused_modules(*(models if fuse else ())):
         sequences, stats = speculative_decode(
             model,

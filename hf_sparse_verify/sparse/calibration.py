@@ -38,7 +38,9 @@ class SparseCalibration:
     verify_tokens: int = 0
     attention: dict[str, Any] | None = None  # block_size, rho, dense_below, similarity [L]
     ffn: dict[str, Any] | None = None  # levels [n], thresholds [L][n] (None for layers without an FFN)
-    moe: dict[str, Any] | None = None  # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
+    moe: dict[str, Any] | None = (
+        None  # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
+    )
     extra: dict[str, Any] = field(default_factory=dict)
 
     # ---------------------------------------------------------------------------------------------- queries
@@ -46,7 +48,9 @@ class SparseCalibration:
         """The ``cfg.anchors`` layers least similar to their predecessor (default: a quarter of the layers, at least
         one), ascending; layer 0 always comes first (its similarity is 0)."""
         if not self.attention or "similarity" not in self.attention:
-            raise ValueError("the calibration holds no attention similarities: recalibrate with attention enabled")
+            raise ValueError(
+                "the calibration holds no attention similarities: recalibrate with attention enabled"
+            )
         similarity = self.attention["similarity"]
         count = cfg.anchors if cfg.anchors is not None else max(1, self.num_layers // 4)
         if count > self.num_layers:
@@ -57,11 +61,15 @@ class SparseCalibration:
     def ffn_thresholds(self, cfg: SparseFFN) -> list[float | None]:
         """Per-layer tau for ``cfg.sparsity`` (one of `FFN_LEVELS`)."""
         if not self.ffn:
-            raise ValueError("the calibration holds no FFN thresholds: recalibrate with --ffn, or give ffn.tau")
+            raise ValueError(
+                "the calibration holds no FFN thresholds: recalibrate with --ffn, or give ffn.tau"
+            )
         levels = self.ffn["levels"]
         matches = [i for i, level in enumerate(levels) if abs(level - cfg.sparsity) < 1e-6]
         if not matches:
-            raise ValueError(f"ffn.sparsity={cfg.sparsity} was not calibrated: use one of {levels}, or give ffn.tau")
+            raise ValueError(
+                f"ffn.sparsity={cfg.sparsity} was not calibrated: use one of {levels}, or give ffn.tau"
+            )
         return [None if row is None else row[matches[0]] for row in self.ffn["thresholds"]]
 
     @property
@@ -72,10 +80,14 @@ class SparseCalibration:
         """MoE layer -> (rule, values) for `MoESkip`, refusing settings the calibration measured past
         ``cfg.max_damage``."""
         if not self.moe:
-            raise ValueError("the calibration holds no MoE statistics: recalibrate a MoE model, or give moe.budget")
+            raise ValueError(
+                "the calibration holds no MoE statistics: recalibrate a MoE model, or give moe.budget"
+            )
         k = self.moe["k"]
         if cfg.max_skip >= k:
-            raise ValueError(f"moe.max_skip={cfg.max_skip} must be below the model's {k} routed experts per token")
+            raise ValueError(
+                f"moe.max_skip={cfg.max_skip} must be below the model's {k} routed experts per token"
+            )
         damage = self.moe.get("damage", {}).get(f"{cfg.rule}:{cfg.max_skip}")
         if damage is not None and damage > cfg.max_damage:
             raise ValueError(
@@ -83,7 +95,10 @@ class SparseCalibration:
                 f"{100 * damage:.1f}% (bound {100 * cfg.max_damage:.1f}%): lower max_skip or raise max_damage"
             )
         if cfg.rule == "threshold":
-            return {layer: ("threshold", list(row)) for layer, row in zip(self.moe["layers"], self.moe["thresholds"])}
+            return {
+                layer: ("threshold", list(row))
+                for layer, row in zip(self.moe["layers"], self.moe["thresholds"])
+            }
         budgets = self.moe["budgets"].get(str(cfg.max_skip))
         if budgets is None:
             raise ValueError(f"no budgets calibrated for max_skip={cfg.max_skip}")
@@ -175,7 +190,9 @@ def calibrate(
     if cfg.ffn is not None:
         from .ffn import FFNStats
 
-        ffn_stats = FFNStats(model, group=verify_tokens)  # the max over a verify row's tokens, as at verify time
+        ffn_stats = FFNStats(
+            model, group=verify_tokens
+        )  # the max over a verify row's tokens, as at verify time
     with use_sparse_verify_attention(model):
         for ids in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
             if ids.dim() != 1 or ids.numel() <= verify_tokens:
@@ -185,7 +202,9 @@ def calibrate(
             runner.set_padding([0])
             cut = ids.shape[1] - verify_tokens
             runner.prefill(ids[:, :cut])
-            state = SparseVerifyState(record_cfg, layers, None, runner.cache.layer_devices(device), record=True)
+            state = SparseVerifyState(
+                record_cfg, layers, None, runner.cache.layer_devices(device), record=True
+            )
             state.prefill(runner.cache, runner.pad_t, torch.full((1,), cut, device=device))
             start = torch.full((1,), cut, dtype=torch.long, device=device)
             with _maybe(ffn_stats):
@@ -204,7 +223,9 @@ def calibrate(
         calibration.ffn = {
             "levels": list(FFN_LEVELS),
             "thresholds": [
-                [ffn_stats.threshold(layer, level) for level in FFN_LEVELS] if layer in ffn_stats.mlps else None
+                [ffn_stats.threshold(layer, level) for level in FFN_LEVELS]
+                if layer in ffn_stats.mlps
+                else None
                 for layer in range(layers)
             ],
         }

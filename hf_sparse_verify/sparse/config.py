@@ -75,7 +75,9 @@ class SparseAttention:
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 16)
         if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 16 (16, 32, 64, ...), got {self.block_size}")
+            raise ValueError(
+                f"block_size must be a power of two >= 16 (16, 32, 64, ...), got {self.block_size}"
+            )
         _number("rho", self.rho, 0.0, 1.0, low_open=True)
         _int("dense_below", self.dense_below, 0)
         _int("local_blocks", self.local_blocks, 0)
@@ -177,7 +179,9 @@ class LossySparseVerify:
                     raise ValueError(f"unknown lossy_sparse_verify.{name} field(s) {unknown}")
                 object.__setattr__(self, name, cls(**value))
             elif value is not None and not isinstance(value, cls):
-                raise ValueError(f"lossy_sparse_verify.{name} must be a {cls.__name__}, a dict or None, got {value!r}")
+                raise ValueError(
+                    f"lossy_sparse_verify.{name} must be a {cls.__name__}, a dict or None, got {value!r}"
+                )
         if self.attention is None and self.ffn is None and self.moe is None:
             raise ValueError(
                 "lossy_sparse_verify with attention, ffn and moe all None does nothing: set one of them, or leave "

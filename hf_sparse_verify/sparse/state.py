@@ -47,8 +47,12 @@ class SparseVerifyState(VerifySparsity):
             self.attention = BlockSparseVerifyAttention(cfg.attention, num_layers, anchors, record=record)
         self._ffn: dict[int, torch.Tensor] = {}
         if cfg.ffn is not None:
-            taus = [cfg.ffn.tau] * num_layers if cfg.ffn.tau is not None else calibration.ffn_thresholds(cfg.ffn)
-            self._ffn = {i: torch.tensor(float(t), device=devices[i]) for i, t in enumerate(taus) if t is not None}
+            taus = (
+                [cfg.ffn.tau] * num_layers if cfg.ffn.tau is not None else calibration.ffn_thresholds(cfg.ffn)
+            )
+            self._ffn = {
+                i: torch.tensor(float(t), device=devices[i]) for i, t in enumerate(taus) if t is not None
+            }
         self._moe: dict[int, MoESkip] = {}
         if cfg.moe is not None:
             for layer, (rule, values) in calibration_or_budget(cfg, calibration, num_layers).items():
