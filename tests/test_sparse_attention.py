@@ -212,3 +212,18 @@ def test_calibration_anchors_round_trip_and_reuse(tmp_path):
     wrong.save(tmp_path)
     with pytest.raises(ValueError, match="recalibrate"):
         find_calibration(reuse, model)
+
+
+def test_summaries_are_rebuilt_in_place_for_captured_graphs():
+    """A session's captured verify graphs read the mean-key tensors: a later call's prefill must refill them."""
+    query, key, value, view = _setup()
+    cfg = SparseAttention(block_size=16)
+    attn = BlockSparseVerifyAttention(cfg, num_layers=1)
+    cache = types.SimpleNamespace(layers=[types.SimpleNamespace(keys=key)])
+    length = torch.tensor([140, 140])
+    attn.build(cache, view.pad, length)
+    first = attn.mean_key[0]
+    key.normal_()
+    attn.build(cache, view.pad, length)
+    assert attn.mean_key[0] is first
+    torch.testing.assert_close(first, build_block_summaries(key, view.pad, length, 16))

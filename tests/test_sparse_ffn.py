@@ -274,3 +274,17 @@ def test_docstring_examples():
         results = doctest.testmod(module, extraglobs={"torch": torch, "LlamaConfig": LlamaConfig,
                                                       "LlamaForCausalLM": LlamaForCausalLM})  # fmt: skip
         assert results.attempted >= 2 and results.failed == 0
+
+
+def test_transposed_copies_follow_their_weight():
+    from hf_sparse_verify.modules.mlp import _TRANSPOSED, transposed_copy
+
+    a, b = torch.randn(6, 4), torch.randn(6, 4)
+    assert torch.equal(transposed_copy(a), a.T) and torch.equal(transposed_copy(b), b.T)
+    assert transposed_copy(a) is transposed_copy(a)  # built once
+    with torch.no_grad():
+        a.mul_(2)  # changed in place: rebuilt
+    assert torch.equal(transposed_copy(a), a.T)
+    key = id(b)
+    del b
+    assert key not in _TRANSPOSED

@@ -99,13 +99,16 @@ class GatedMLP(torch.nn.Module):
 def transposed_copy(weight: torch.Tensor) -> torch.Tensor:
     """``weight.T`` as a contiguous tensor, built once per weight (rebuilt if the weight is changed in place) and
     freed with it."""
-    entry = _TRANSPOSED.get(weight)
-    if entry is None or entry[0] != weight._version:
+    key = id(weight)
+    entry = _TRANSPOSED.get(key)
+    if entry is None or entry[0]() is not weight or entry[1] != weight._version:
         with torch.no_grad():
-            entry = (weight._version, weight.detach().T.contiguous())
-        _TRANSPOSED[weight] = entry
-    return entry[1]
+            copy = weight.detach().T.contiguous()
+        # tensors compare elementwise, so they cannot key a WeakKeyDictionary: key by id, drop the entry with the weight
+        entry = (weakref.ref(weight, lambda _, key=key: _TRANSPOSED.pop(key, None)), weight._version, copy)
+        _TRANSPOSED[key] = entry
+    return entry[2]
 
 
-#: down weight -> (its version when copied, the contiguous transposed copy)
-_TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: id(down weight) -> (weak reference to it, its version when copied, the contiguous transposed copy)
+_TRANSPOSED: dict[int, tuple] = {}
