@@ -40,6 +40,7 @@ DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, sha
 DENSE_SETTINGS = {
     "default": DEFAULT,
     "attn_rho0.05": LossySparseVerify(attention=SparseAttention(rho=0.05)),
+    "attn_rho0.3": LossySparseVerify(attention=SparseAttention(rho=0.3)),
     "attn_L2K": LossySparseVerify(attention=SparseAttention(dense_below=2048)),
     "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
     "attn_approx4": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
@@ -159,7 +160,10 @@ def run_model(name, path, prompt_file, contexts, settings, args, device, dtype, 
     strategy = "draft_model" if draft is not None else "prompt_lookup"
     base = dict(strategy=strategy, num_draft_tokens=args.k)
     for context in contexts:
-        prompts = _prompts(prompt_file, context, args.prompts, tokenizer)
+        # the fixtures are trained on windows of at most 16K positions: keep prompt + new tokens + drafts inside
+        # the window (the last tokens of each prompt), or both verifications run past what the model knows
+        keep = context - args.new_tokens - args.k - 1
+        prompts = [ids[-keep:] for ids in _prompts(prompt_file, context, args.prompts, tokenizer)]
         dense_runs = []
         for ids in tqdm(prompts, desc=f"{name} {context} dense", file=sys.stderr):
             dense_runs.append(_generate(model, ids, args.new_tokens, base, draft))
