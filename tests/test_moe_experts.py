@@ -39,7 +39,8 @@ def test_restores_after_an_error():
 
 
 @pytest.mark.parametrize(
-    "device, impl", [("cpu", {"": "grouped_mm"}), ("cpu", {"": "eager"}), ("meta", {"": "batched_mm"}), ("meta", {})]
+    "device, impl",
+    [("cpu", {"": "grouped_mm"}), ("cpu", {"": "eager"}), ("meta", {"": "batched_mm"}), ("meta", {})],
 )
 def test_leaves_other_cases_alone(device, impl):
     model = _StubMoE(device, impl)

@@ -131,7 +131,9 @@ def test_user_choices_and_cpu_default_are_kept():
     model.set_experts_implementation("batched_mm")
     with experts_for_decoding(model, use_fused=True):  # an explicit batched_mm is kept
         assert model.get_experts_implementation() == {"": "batched_mm"}
-    model.set_experts_implementation("eager")  # transformers' fallback default where grouped_mm cannot dispatch
+    model.set_experts_implementation(
+        "eager"
+    )  # transformers' fallback default where grouped_mm cannot dispatch
     with experts_for_decoding(model, use_fused=True):
         assert model.get_experts_implementation() == {"": FUSED_EXPERTS}
     model = make_moe("mixtral")

@@ -28,4 +28,10 @@ for context in (8192, 16384):
             n = min(ours.shape[1], plain.shape[1])
             diff = (ours[0, :n] != plain[0, :n]).nonzero()
             first = int(diff[0]) - ids.shape[1] if len(diff) else None
-            print(json.dumps(dict(context=context, prompt=ids.shape[1], path=name, equal=first is None, first_diff=first)))
+            print(
+                json.dumps(
+                    dict(
+                        context=context, prompt=ids.shape[1], path=name, equal=first is None, first_diff=first
+                    )
+                )
+            )

@@ -88,7 +88,9 @@ class BlockSparseVerifyAttention:
         """Mean keys of the selecting layers from a prefilled `SpecCache` (rows hold ``pad <= slot < length``)."""
         for layer in self.selecting_layers():
             keys = cache.layers[layer].keys
-            fresh = build_block_summaries(keys, pad.to(keys.device), length.to(keys.device), self.cfg.block_size)
+            fresh = build_block_summaries(
+                keys, pad.to(keys.device), length.to(keys.device), self.cfg.block_size
+            )
             if layer in self.mean_key:  # in place: verify graphs captured in an earlier call read this tensor
                 self.mean_key[layer].copy_(fresh)
             else:
