@@ -744,6 +744,7 @@ def cmd_bench(args) -> int:
 def cmd_calibrate(args) -> int:
     from .tune import read_prompts
 
+    read_prompt_file(args.prompt_file)  # format errors as one line, before anything loads
     try:
         prompts = read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
     except ValueError as err:

@@ -153,7 +153,10 @@ def test_cuda_device_without_cuda(capsys, no_model_loads):
             ["bench", "step", "--shape", "tiny-llama", "--new-tokens", "40"],
             "--new-tokens takes values in 1..32",
         ),
-        (["frobnicate"], "invalid choice: 'frobnicate' (choose from 'generate', 'tune', 'bench')"),
+        (
+            ["frobnicate"],
+            "invalid choice: 'frobnicate' (choose from 'generate', 'tune', 'bench', 'calibrate')",
+        ),
     ],
 )
 def test_tune_and_bench_mistakes_are_one_line(argv, message, tmp_path, monkeypatch, capsys, no_model_loads):
@@ -264,3 +267,35 @@ def test_entry_point_process_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr == "hf-sparse-verify generate: error: --prompt-file 'nope.jsonl': no such file\n"
     assert proc.stdout == ""
+
+
+def test_calibrate_writes_a_loadable_calibration(tmp_path, capsys):
+    from hf_sparse_verify.sparse import SparseFFN
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "cal"
+    argv = [
+        "calibrate",
+        "--prompt-file",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-tokens",
+        "200",
+        "--device",
+        "cpu",
+    ]
+    assert main(argv) == 0
+    calibration = SparseCalibration.load(out)
+    assert len(calibration.attention["similarity"]) == calibration.num_layers
+    taus = calibration.ffn_thresholds(SparseFFN(sparsity=0.5))
+    assert len(taus) == calibration.num_layers and all(t is None or t >= 0 for t in taus)
+    assert "saved" in capsys.readouterr().out
+
+
+def test_calibrate_mistakes_are_one_line(tmp_path, capsys):
+    assert main(["calibrate", "--prompt-file", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-sparse-verify calibrate: error:") and "\n" not in err

@@ -13,6 +13,7 @@ from conftest import BOS, EOS, PAD, make_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import hf_sparse_verify
+from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN
 import hf_sparse_verify.config
 from hf_sparse_verify import SpeculationConfig
 from hf_sparse_verify.config import CONFIG_NAME
@@ -44,6 +45,9 @@ CUSTOM = dict(
     utility_baseline_steps=6,
     utility_baseline_refresh=50,
     utility_tolerance=0.25,
+    lossy_sparse_verify=LossySparseVerify(
+        attention=SparseAttention(rho=0.2), ffn=SparseFFN(tau=0.1)
+    ).to_dict(),
 )
 
 
