@@ -13,10 +13,10 @@ from conftest import BOS, EOS, PAD, make_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import hf_sparse_verify
-from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN
 import hf_sparse_verify.config
 from hf_sparse_verify import SpeculationConfig
 from hf_sparse_verify.config import CONFIG_NAME
+from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN
 
 #: every field set away from its default
 CUSTOM = dict(
