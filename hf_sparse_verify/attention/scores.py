@@ -13,11 +13,18 @@ import torch
 from ..step import ScoreCollection
 
 
-def collected_rows(q_len: int, rows: str) -> list[int]:
-    """Query rows a verify step of ``q_len`` tokens reduces: first and last (``"two_rows"``) or all."""
+def collected_rows(q_len: int, rows: str) -> slice:
+    """Query rows a verify step of ``q_len`` tokens reduces: first and last (``"two_rows"``) or all, as a slice
+    (indexing with a list would copy a host index tensor to the device: a sync, and an error inside CUDA-graph
+    capture).
+
+    Example:
+        >>> list(range(7))[collected_rows(7, "two_rows")], list(range(1))[collected_rows(1, "two_rows")]
+        ([0, 6], [0])
+    """
     if rows == "two_rows":
-        return [0, q_len - 1] if q_len > 1 else [0]
-    return list(range(q_len))
+        return slice(0, q_len, q_len - 1) if q_len > 1 else slice(0, 1)
+    return slice(None)
 
 
 def reduce_scores(
