@@ -60,9 +60,9 @@ class SpeculationConfig:
             recaptures. None (default): on wherever it can run (CUDA with the ``triton`` backend), silently off
             elsewhere. True: asked for; where it cannot run (CPU, another backend) or capture fails (an unsupported
             module) the loop warns once and runs eagerly. False: always eager.
-        fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms on a fused Triton
-            kernel during the call (module replacement, undone on exit; the same float32 statistics, summed in a
-            different order). Default True.
+        fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms and bias-free SiLU
+            gated MLPs on fused Triton kernels during the call (module replacement, undone on exit; the same
+            arithmetic, summed in a different order). Default True.
         max_cache_len: fixed KV-cache slots per row (for example to keep buffer shapes stable across calls);
             None sizes the cache from prompt + max_new_tokens + max_draft_tokens. A call that needs more fails.
         ratio / min_tokens: self-speculative strategies (``vegas``, ``streaming``, ``quest``) draft with
