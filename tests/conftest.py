@@ -114,3 +114,18 @@ def shared_models() -> Path:
             f"trained fixtures not found at {SHARED_MODELS} (../shared/models); skipping fixture tests"
         )
     return SHARED_MODELS
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Token counts of the fused kernel's launches (so a test fails if the model silently ran something else)."""
+    from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
+
+    calls, launch = [], kernel_module.launch
+
+    def spy(hidden, *args, **kwargs):
+        calls.append(hidden.shape[0])
+        return launch(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_module, "launch", spy)
+    return calls

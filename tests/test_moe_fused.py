@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.kernels._triton import triton_runs_on
-from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
 from hf_sparse_verify.moe import FUSED_EXPERTS, experts, experts_for_decoding, fused_experts_forward, supports
 
 MOE_ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
@@ -39,19 +38,6 @@ def make_moe(arch: str, seed: int = 0) -> torch.nn.Module:
             if p.ndim == 2 and "norm" not in name:
                 p.mul_(4.0)
     return model.eval()
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Token counts of the fused kernel's launches (so a test fails if the model silently ran something else)."""
-    calls, launch = [], kernel_module.launch
-
-    def spy(hidden, *args, **kwargs):
-        calls.append(hidden.shape[0])
-        return launch(hidden, *args, **kwargs)
-
-    monkeypatch.setattr(kernel_module, "launch", spy)
-    return calls
 
 
 @needs_triton

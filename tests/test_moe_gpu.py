@@ -20,18 +20,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda")
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    calls, launch = [], kernel_module.launch
-
-    def spy(hidden, *args, **kwargs):
-        calls.append(hidden.shape[0])
-        return launch(hidden, *args, **kwargs)
-
-    monkeypatch.setattr(kernel_module, "launch", spy)
-    return calls
-
-
 def test_fused_is_the_cuda_default():
     assert decoding_implementation(CUDA) == FUSED_EXPERTS
     assert decoding_implementation(CUDA, use_fused=True) == FUSED_EXPERTS

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.block_sparse import block_sparse_attention, merge_query_blocks
+from ..kernels.block_sparse.naive import selected_block_mask
 from ..kernels.block_summary import build_block_summaries, update_block_summaries
 from ..kernels.block_summary.naive import num_blocks
 from .config import SparseAttention
@@ -180,7 +181,10 @@ class BlockSparseVerifyAttention:
             selection = self._select(query, key, mean_key, view)
             self._selection[layer] = selection
             if self.record:
-                self.recorded[layer] = _as_mask(selection, mean_key.shape[2])
+                # [B, H_kv, NB]: the blocks of the selection (the union over queries for merged schedules)
+                self.recorded[layer] = selected_block_mask(selection[0], selection[1], mean_key.shape[2])[
+                    :, :, 0
+                ]
         if self.record:
             return None
         index, count, query_mask = (t.to(query.device) if t is not None else None for t in selection)
@@ -196,17 +200,3 @@ class BlockSparseVerifyAttention:
             scale=scaling,
             query_mask=query_mask,
         )
-
-    def end_forward(self) -> None:
-        """Forget the running forward's selections (the next forward selects again)."""
-        self._selection.clear()
-
-
-def _as_mask(selection: tuple, nb: int) -> torch.Tensor:
-    """``[B, H_kv, NB]`` bool: the blocks of a selection (union over queries for merged schedules)."""
-    index, count, _ = selection
-    entries = torch.arange(index.shape[-1], device=index.device)
-    valid = entries < count[..., None]
-    ids = torch.where(valid, index.long(), nb)
-    out = torch.zeros(*index.shape[:-1], nb + 1, dtype=torch.bool, device=index.device)
-    return out.scatter_(-1, ids, True)[..., :nb]

@@ -13,10 +13,11 @@ Hub.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,10 +39,8 @@ class SparseCalibration:
     verify_tokens: int = 0
     attention: dict[str, Any] | None = None  # block_size, rho, dense_below, similarity [L]
     ffn: dict[str, Any] | None = None  # levels [n], thresholds [L][n] (None for layers without an FFN)
-    moe: dict[str, Any] | None = (
-        None  # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
-    )
-    extra: dict[str, Any] = field(default_factory=dict)
+    # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
+    moe: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------------------------------------- queries
     def anchor_layers(self, cfg: SparseAttention) -> list[int]:
@@ -207,7 +206,7 @@ def calibrate(
             )
             state.prefill(runner.cache, runner.pad_t, torch.full((1,), cut, device=device))
             start = torch.full((1,), cut, dtype=torch.long, device=device)
-            with _maybe(ffn_stats):
+            with ffn_stats if ffn_stats is not None else contextlib.nullcontext():
                 runner.forward(ids[:, cut:], start, Phase.VERIFY, kv_len=ids.shape[1], verify_sparsity=state)
             masks = state.attention.recorded
             for layer in range(1, layers):
@@ -235,16 +234,3 @@ def calibrate(
         batches = [ids.to(device)[None] for ids in prompts]
         calibration.moe = calibrate_moe(model, batches, cfg.moe, progress=progress).summary
     return calibration
-
-
-class _maybe:
-    """``with _maybe(x)``: ``with x`` when ``x`` is not None."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-
-    def __enter__(self):
-        return self.ctx.__enter__() if self.ctx is not None else None
-
-    def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc) if self.ctx is not None else False
