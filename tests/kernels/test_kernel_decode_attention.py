@@ -94,6 +94,18 @@ def test_weight_scores(collect, q_len, per_kv_head):
            per_kv_head=per_kv_head)  # fmt: skip
 
 
+@pytest.mark.parametrize("row_dot", [True, False])
+@pytest.mark.parametrize("group, q_len, dtype", [(4, 6, torch.float32), (8, 3, torch.float32), (4, 9, torch.bfloat16)])
+def test_weight_scores_row_dot(monkeypatch, row_dot, group, q_len, dtype):
+    """More than 16 query rows: the first and last rows' logits from their own 16-row dot (``group x 2 <= 16``)
+    or stored from the step's logits tile; both match the reference (8 x 2 = 16 fills the small tile)."""
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    monkeypatch.setattr(kernel, "WEIGHT_ROW_DOT", row_dot)
+    _check(2, 2 * group, 2, q_len, 16, 75, dtype, window=11 if dtype != torch.float32 else 0,
+           collect="two_rows", splits=3, seed=group + q_len, weights=True)  # fmt: skip
+
+
 def test_weight_scores_window_and_bf16():
     _check(2, 6, 3, 4, 24, 90, torch.bfloat16, window=9, collect="two_rows", splits=2, seed=8, weights=True)
 

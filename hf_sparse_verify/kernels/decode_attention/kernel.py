@@ -38,8 +38,8 @@ def _split_kernel(
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, IEEE: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
+    IEEE: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -75,6 +75,19 @@ def _split_kernel(
     else:
         scored = row_ok
         r_idx = offs_m
+    if ROW_DOT:
+        # the scored rows' own queries (first and last row of each head of the group) in a 16-row tile: their
+        # logits come from one small extra dot per key tile, stored from 16 rows instead of the BLOCK_M-row
+        # logits tile (a store from the large tile cost +47% of a 5-token verify step at 16 x 16K)
+        r16 = tl.arange(0, 16)
+        n_scored = group * rows_per_group
+        g_r = r16 // rows_per_group
+        i_r = (r16 % rows_per_group) * (q_len - 1)
+        r_ok = r16 < n_scored
+        p_qr = Q + b * s_qb + (kvh * group + g_r)[:, None] * s_qh + i_r[:, None] * s_qt + offs_d[None, :] * s_qd
+        b_qr = tl.load(p_qr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # [16, BLOCK_D]
+        if DOT_F32:
+            b_qr = b_qr.to(tl.float32)
     if SCORE_DOT:
         # many query rows: one extra 16-row dot whose first row is the sum of the scored queries (so the per-tile
         # reduction runs over 16 rows, not BLOCK_M)
@@ -98,7 +111,14 @@ def _split_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         else:
             b_s = tl.dot(b_q, tl.trans(b_k)) * scale
-        if WEIGHTS:
+        if ROW_DOT:
+            if IEEE:
+                b_sr = tl.dot(b_qr, tl.trans(b_k), input_precision="ieee") * scale  # [16, BLOCK_N]
+            else:
+                b_sr = tl.dot(b_qr, tl.trans(b_k)) * scale
+            p_s = S_PART + ((b * kv_heads + kvh) * n_scored + r16[:, None]) * capacity + offs_n[None, :]
+            tl.store(p_s, b_sr, mask=r_ok[:, None] & n_ok[None, :])
+        elif WEIGHTS:
             # the scored rows' raw logits; the merge gives their log-sum-exp and `_weights_kernel` normalises
             n_rows = group * rows_per_group
             p_s = S_PART + ((b * kv_heads + kvh) * n_rows + r_idx[:, None]) * capacity + offs_n[None, :]
@@ -208,6 +228,9 @@ def _weights_kernel(
 
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
 TILES = {"block_n": 64, "num_stages": 3}
+#: softmax-weight scores of first and last rows (``group x 2 <= 16``) from a 16-row dot of those rows' queries
+#: when the step has more than 16 query rows (False: store them from the step's logits tile)
+WEIGHT_ROW_DOT = True
 #: score collection for 17..32 query rows through a 16-row dot (False: reduce the logits tile's rows). Measured on
 #: an H200 (8B heads, 64K): 87 vs 96 us at 8 new tokens (32 rows); at 16 (64 rows) the row reduction is faster.
 SCORE_DOT_ROWS = True
@@ -252,13 +275,15 @@ def launch(
     else:
         s_part = lse = m_part
     out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
+    score_dot = not weights and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
+    row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
         o_part, m_part, l_part, s_part,
         scale, score_scale, window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=bool(collect) and block_m == 32 and SCORE_DOT_ROWS,
+        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip

@@ -1,0 +1,61 @@
+"""Where a strategy's host synchronisations come from: the Python stack of every one in a warm call (device only).
+
+    python benchmarks/device/sync_sites.py plain prompt_lookup --new-tokens 40
+
+Runs the toy Llama of ``tests/test_spine_gpu.py`` (same prompts and settings), one warm-up call, then a call under
+``torch.cuda.set_sync_debug_mode("warn")`` with every warning's stack printed, grouped by stack, most frequent
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from test_spine_gpu import STRATEGIES, _run  # noqa: E402
+from conftest import ragged_batch  # noqa: E402
+
+
+def stacks_of(fn) -> collections.Counter:
+    seen: collections.Counter = collections.Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            seen["".join(traceback.format_stack(limit=14)[:-1])] += 1
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("names", nargs="+", choices=list(STRATEGIES))
+    parser.add_argument("--new-tokens", type=int, default=40)
+    args = parser.parse_args()
+    ids, mask = (t.cuda() for t in ragged_batch(3, 40))
+    for name in args.names:
+        _run(name, ids, mask, 8)
+        seen = stacks_of(lambda: _run(name, ids, mask, args.new_tokens))
+        out = _run(name, ids, mask, args.new_tokens)
+        print(f"=== {name}: {sum(seen.values())} syncs, {out.speculation.steps} steps")
+        for stack, count in seen.most_common():
+            print(f"--- {count}x\n{stack}")
+
+
+if __name__ == "__main__":
+    main()
