@@ -100,7 +100,11 @@ def run_case(name, model, inputs, device, repeats, new_tokens, plain_s, plain_ou
 def suite_fixtures(args, device, dtype) -> list[dict]:
     shared = Path(args.shared) / "models"
     target = AutoModelForCausalLM.from_pretrained(shared / "code-target", dtype=dtype).to(device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(shared / "code-draft", dtype=dtype).to(device).eval()
+    draft = (
+        None  # the draft-model cases run only where code-draft is present (device copies may leave it out)
+    )
+    if (shared / "code-draft").is_dir():
+        draft = AutoModelForCausalLM.from_pretrained(shared / "code-draft", dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(shared / "code-target")
     prompts = [json.loads(line) for line in open(shared / "prompts.jsonl")]
     records = []
@@ -121,12 +125,15 @@ def suite_fixtures(args, device, dtype) -> list[dict]:
             ("k0_plain_policy", dict(speculation=dict(k_policy="plain"))),
             ("prompt_lookup_k4", dict(speculation=dict(strategy="prompt_lookup", num_draft_tokens=4))),
             ("prompt_lookup_k8", dict(speculation=dict(strategy="prompt_lookup", num_draft_tokens=8))),
+            ("prompt_lookup_utility", dict(speculation=dict(strategy="prompt_lookup", k_policy="utility"))),
             (
                 "draft_model_k4",
                 dict(speculation=dict(strategy="draft_model", num_draft_tokens=4), draft_model=draft),
             ),
             ("vegas_k6", dict(speculation=dict(strategy="vegas", num_draft_tokens=6))),
         ]:
+            if name.startswith("draft_model") and draft is None:
+                continue
             record = run_case(name, *common, **kwargs)
             record.update(
                 model="code-target", context=int(inputs["input_ids"].shape[1]), prompt_len_class=length
@@ -139,12 +146,12 @@ def suite_fixtures(args, device, dtype) -> list[dict]:
 
 def fp32_equality(target, draft, tok, selected, device, new_tokens) -> list[dict]:
     target32 = target.float()
-    draft32 = draft.float()
+    draft32 = draft.float() if draft is not None else None
     out = []
     for length, text in selected[:4]:
         inputs = tok(text, return_tensors="pt").to(device)
         plain = target32.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
-        for strategy in ("prompt_lookup", "draft_model"):
+        for strategy in ("prompt_lookup", "draft_model") if draft is not None else ("prompt_lookup",):
             ours = target32.generate(
                 **inputs,
                 max_new_tokens=new_tokens,
@@ -161,7 +168,8 @@ def fp32_equality(target, draft, tok, selected, device, new_tokens) -> list[dict
                 }
             )
     target.to(torch.bfloat16)
-    draft.to(torch.bfloat16)
+    if draft is not None:
+        draft.to(torch.bfloat16)
     return out
 
 

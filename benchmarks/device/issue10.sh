@@ -24,6 +24,11 @@ for stage in "$@"; do
     synctest) python -m pytest tests/test_spine_gpu.py -q -p no:cacheprovider -k synchronisation 2>&1 | grep -E "^E  .*AssertionError|passed|failed" | cut -c1-900 ;;
     stepdiag) python -m hf_sparse_verify.cli bench step --shape llama-3.1-8b --context 16384 --batch 16 --new-tokens 1,5,7,9 \
              --vegas-scores --json "$OUT/step_diag.json" 2>&1 | grep -v "it/s" | tail -12 ;;
+    syncsites) python benchmarks/device/sync_sites.py "$@" 2>&1 | grep -v "it/s\]$" | tail -80 ;;
+    kerneltests) python -m pytest tests/kernels/test_kernel_decode_attention.py -q -p no:cacheprovider 2>&1 | tail -4 ;;
+    memtest) python -m pytest tests/test_spine_gpu.py -q -p no:cacheprovider -k "memory or graphs_kept" 2>&1 | tail -6 ;;
+    e2efix) python benchmarks/bench_generate.py --suite fixtures --shared .carry/shared --fixture-lengths "$@" \
+             --json "$OUT/h200_e2e_fixtures.json" 2>&1 | grep -v "it/s\]$" | tail -8 ;;
     *) echo "unknown stage $name" ;;
   esac
 done

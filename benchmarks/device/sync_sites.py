@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from test_spine_gpu import STRATEGIES, _run  # noqa: E402
 from conftest import ragged_batch  # noqa: E402
+from test_spine_gpu import STRATEGIES, _run  # noqa: E402
 
 
 def stacks_of(fn) -> collections.Counter:
@@ -50,7 +50,7 @@ def main() -> None:
     ids, mask = (t.cuda() for t in ragged_batch(3, 40))
     for name in args.names:
         _run(name, ids, mask, 8)
-        seen = stacks_of(lambda: _run(name, ids, mask, args.new_tokens))
+        seen = stacks_of(lambda name=name: _run(name, ids, mask, args.new_tokens))
         out = _run(name, ids, mask, args.new_tokens)
         print(f"=== {name}: {sum(seen.values())} syncs, {out.speculation.steps} steps")
         for stack, count in seen.most_common():

@@ -95,7 +95,9 @@ def test_weight_scores(collect, q_len, per_kv_head):
 
 
 @pytest.mark.parametrize("row_dot", [True, False])
-@pytest.mark.parametrize("group, q_len, dtype", [(4, 6, torch.float32), (8, 3, torch.float32), (4, 9, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "group, q_len, dtype", [(4, 6, torch.float32), (8, 3, torch.float32), (4, 9, torch.bfloat16)]
+)
 def test_weight_scores_row_dot(monkeypatch, row_dot, group, q_len, dtype):
     """More than 16 query rows: the first and last rows' logits from their own 16-row dot (``group x 2 <= 16``)
     or stored from the step's logits tile; both match the reference (8 x 2 = 16 fills the small tile)."""

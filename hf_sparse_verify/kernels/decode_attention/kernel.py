@@ -84,7 +84,9 @@ def _split_kernel(
         g_r = r16 // rows_per_group
         i_r = (r16 % rows_per_group) * (q_len - 1)
         r_ok = r16 < n_scored
-        p_qr = Q + b * s_qb + (kvh * group + g_r)[:, None] * s_qh + i_r[:, None] * s_qt + offs_d[None, :] * s_qd
+        p_qr = (
+            Q + b * s_qb + (kvh * group + g_r)[:, None] * s_qh + i_r[:, None] * s_qt + offs_d[None, :] * s_qd
+        )
         b_qr = tl.load(p_qr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # [16, BLOCK_D]
         if DOT_F32:
             b_qr = b_qr.to(tl.float32)
