@@ -28,7 +28,8 @@ def stacks_of(fn) -> collections.Counter:
 
     def show(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            seen["".join(traceback.format_stack(limit=14)[:-1])] += 1
+            frames = [f for f in traceback.format_stack()[:-1] if "warnings.py" not in f]
+            seen["".join(frames[-7:])] += 1  # the innermost frames: who called what synchronised
 
     torch.cuda.synchronize()
     with warnings.catch_warnings():

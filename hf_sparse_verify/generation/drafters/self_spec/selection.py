@@ -62,12 +62,16 @@ def topk_index(
     """
     length = scores.shape[-1]
     valid = prefix_valid(pad, recent_start, length)  # [B, L]
-    ranked = scores.float().masked_fill(~valid, float("-inf"))
+    fill = torch.full((1, length), float("-inf"), device=scores.device)
     if recent is not None:
         slots = torch.arange(length, device=scores.device)
         window = valid & (slots[None, :] >= (recent_start - recent)[:, None])
-        ranked = ranked.masked_fill(window, float("inf"))
-    top = ranked.topk(k_slots, dim=-1).indices  # [N, B, k]
+        fill = torch.where(
+            window, float("inf"), fill
+        )  # [B, L]: the window ranks first, non-prefix slots last
+        valid = valid & ~window
+    ranked = torch.where(valid, scores.float(), fill)  # one pass over the [N, B, L] scores
+    top = ranked.topk(k_slots, dim=-1).indices  # [N, B, k], best first: a row keeps its first count[b]
     keep = torch.arange(k_slots, device=scores.device)[None, :] < count[:, None]  # [B, k]
     ordered = torch.where(keep, top, length).sort(dim=-1).values  # selected slots first, ascending
     return torch.where(ordered < length, ordered, 0)
