@@ -189,9 +189,11 @@ def set_attn_implementation(model, name: str) -> None:
     for model types in `ATTENTION_REPLACED_MODEL_TYPES` (there that method only warns), whose
     ``config._attn_implementation`` is written directly. Call it for those only while their attention modules are
     replaced (`hf_sparse_verify.modules.use_dispatching_attention`): their own modules do not run under a
-    registered name."""
-    if model.config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not _dispatches_attention(type(model)):
-        model.config._attn_implementation = name
+    registered name (ALiBi models, whose modules are never replaced, keep transformers' behaviour)."""
+    config = model.config
+    replaced = config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not getattr(config, "alibi", False)
+    if replaced and not _dispatches_attention(type(model)):
+        config._attn_implementation = name
     else:
         model.set_attn_implementation(name)
 

@@ -189,6 +189,8 @@ def test_alibi_is_refused():
         model.generate(**_common(), custom_generate=hsv.generate, speculation=STRATEGIES["prompt_lookup"])
     with use_dispatching_attention(model) as count:  # never replaced
         assert count == 0
+    with use_sparse_verify_attention(model):  # its own attention modules cannot run under "sparse_verify"
+        assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="ALiBi"):
         FalconAttentionDispatch(model.transformer.h[0].self_attention)
 
