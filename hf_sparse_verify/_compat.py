@@ -11,6 +11,14 @@
   `AttentionInterface` (``PreTrainedModel._can_set_attn_implementation``), and whose cache layers are all attention
   layers (``transformers.cache_utils.get_layer_types_and_kwargs``, the function `DynamicCache` builds its layers
   from). Checked on 5.23.0 (the survey of `tests/test_architectures.py`).
+- Falcon's attention modules call SDPA themselves (its modelling source has no
+  ``ALL_ATTENTION_FUNCTIONS.get_interface(``, so ``_can_set_attn_implementation`` is False and
+  ``set_attn_implementation`` only warns). Model types in `ATTENTION_REPLACED_MODEL_TYPES` are admitted anyway:
+  `hf_sparse_verify.modules.use_dispatching_attention` replaces their attention modules for the call, and
+  `set_attn_implementation` below writes ``config._attn_implementation`` itself (the property transformers' own
+  setter recurses into sub-configs with), which the replacements and the model's ``create_causal_mask`` read.
+  ALiBi models (``config.alibi=True``) are refused. Checked on 5.17.0 and 5.23.0 (``modeling_falcon.py``'s attention
+  and decoder layer are the same in both).
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
 - Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
@@ -71,6 +79,10 @@ MISMATCHED_MODEL_TYPES = {
     "calls the attention function registered with AttentionInterface",
 }
 
+#: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
+#: rotary attention `hf_sparse_verify.modules.use_dispatching_attention` replaces, for the call, with modules that do
+ATTENTION_REPLACED_MODEL_TYPES = frozenset({"falcon"})
+
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (
     "attn_layer_indices",
@@ -100,9 +112,9 @@ def check_architecture(model) -> None:
     goes through `AttentionInterface` over a standard KV cache; return None otherwise.
 
     The checks, in order: encoder-decoder; bidirectional attention; recurrent models (by name, or a class that
-    keeps a custom cache); hybrid recurrent/attention layers; a forward without ``position_ids``; attention modules
-    that do not dispatch through `AttentionInterface`; cache layer kinds other than full and sliding-window
-    attention.
+    keeps a custom cache); hybrid recurrent/attention layers; a forward without ``position_ids``; ALiBi position biases;
+    attention modules that do not dispatch through `AttentionInterface` (unless we replace them:
+    `ATTENTION_REPLACED_MODEL_TYPES`); cache layer kinds other than full and sliding-window attention.
     """
     reason = architecture_refusal(model)
     if reason is not None:
@@ -143,8 +155,17 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
             f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
         )
+    if getattr(text, "alibi", False) is True:
+        return (
+            f"{prefix} it adds ALiBi position biases to the attention logits (config.alibi=True), which the "
+            f"'sparse_verify' attention does not implement; only its rotary variant (config.alibi=False) is supported"
+        )
     for module in model.modules():
-        if isinstance(module, PreTrainedModel) and not _dispatches_attention(type(module)):
+        if (
+            isinstance(module, PreTrainedModel)
+            and not _dispatches_attention(type(module))
+            and module.config.model_type not in ATTENTION_REPLACED_MODEL_TYPES
+        ):
             return (
                 f"{prefix} the attention of {type(module).__name__} does not dispatch through transformers' "
                 f"AttentionInterface (ALL_ATTENTION_FUNCTIONS), so the 'sparse_verify' attention cannot run it"
@@ -161,6 +182,20 @@ def architecture_refusal(model) -> str | None:
         )
         return f"{prefix} it has cache layers of kind {why}"
     return None
+
+
+def set_attn_implementation(model, name: str) -> None:
+    """Switch ``model`` to the attention implementation ``name``: transformers' ``set_attn_implementation``, except
+    for model types in `ATTENTION_REPLACED_MODEL_TYPES` (there that method only warns), whose
+    ``config._attn_implementation`` is written directly. Call it for those only while their attention modules are
+    replaced (`hf_sparse_verify.modules.use_dispatching_attention`): their own modules do not run under a
+    registered name (ALiBi models, whose modules are never replaced, keep transformers' behaviour)."""
+    config = model.config
+    replaced = config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not getattr(config, "alibi", False)
+    if replaced and not _dispatches_attention(type(model)):
+        config._attn_implementation = name
+    else:
+        model.set_attn_implementation(name)
 
 
 def layer_sliding_window(module, passed: int | None) -> int | None:
@@ -254,6 +289,7 @@ def recover_assistant_model():
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
+    "ATTENTION_REPLACED_MODEL_TYPES",
     "MISMATCHED_MODEL_TYPES",
     "RECURRENT_MODEL_TYPES",
     "layer_sliding_window",
@@ -265,6 +301,7 @@ __all__ = [
     "is_experts_module",
     "recover_assistant_model",
     "recover_streamer",
+    "set_attn_implementation",
     "transformers",
 ]
 

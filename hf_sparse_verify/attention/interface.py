@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _compat
+from ..modules import use_dispatching_attention
 from ..step import current_step
 from . import reference as _reference  # noqa: F401 - registers the "reference" backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
@@ -85,17 +86,18 @@ SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 @contextlib.contextmanager
 def use_sparse_verify_attention(*models: torch.nn.Module) -> Iterator[None]:
     """Switch ``models`` to the ``"sparse_verify"`` attention (through transformers' public
-    ``set_attn_implementation``) and restrict SDPA to `SDPA_BACKENDS` for the duration of the block; both are
-    restored on exit, also on errors."""
+    ``set_attn_implementation``; `_compat.set_attn_implementation` says where not) and restrict SDPA to
+    `SDPA_BACKENDS` for the duration of the block; attention modules that would not call it (rotary Falcon's) are
+    replaced by ones that do (`use_dispatching_attention`). Everything is restored on exit, also on errors."""
     register()
     switched = []
-    try:
-        with sdpa_kernel(list(SDPA_BACKENDS)):
+    with sdpa_kernel(list(SDPA_BACKENDS)), use_dispatching_attention(*models):
+        try:
             for model in models:
                 previous = model.config._attn_implementation
-                model.set_attn_implementation(NAME)
+                _compat.set_attn_implementation(model, NAME)
                 switched.append((model, previous))
             yield
-    finally:
-        for model, previous in reversed(switched):
-            model.set_attn_implementation(previous)
+        finally:  # the configs go back before the replaced modules do
+            for model, previous in reversed(switched):
+                _compat.set_attn_implementation(model, previous)

@@ -4,6 +4,10 @@ duration of a call, log it, and put the originals back on exit (also on errors).
 Only modules whose ``forward`` arithmetic we have checked are replaced (`REPLACEABLE` RMSNorms, `MLP_REPLACEABLE`
 MLPs); each replacement reads the attributes it declares (``reads``) and holds no state of its own beyond a
 lazily built transposed weight (`GatedMLP`).
+
+`use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
+``forward`` never calls the function registered with `AttentionInterface` (Falcon's, `ATTENTION_REPLACEABLE`) by
+modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import triton_runs_on
+from .falcon import REPLACEABLE as ATTENTION_REPLACEABLE
+from .falcon import FalconAttentionDispatch, replaceable_attention
 from .mlp import REPLACEABLE as MLP_REPLACEABLE
 from .mlp import GatedMLP, replaceable_mlp
 from .rms_norm import REPLACEABLE, TritonRMSNorm
@@ -23,11 +29,15 @@ from .rms_norm import REPLACEABLE, TritonRMSNorm
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ATTENTION_REPLACEABLE",
     "MLP_REPLACEABLE",
     "REPLACEABLE",
+    "FalconAttentionDispatch",
     "GatedMLP",
     "TritonRMSNorm",
+    "replaceable_attention",
     "replaceable_mlp",
+    "use_dispatching_attention",
     "use_fused_modules",
     "use_sparse_ffn",
 ]
@@ -41,6 +51,15 @@ def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
         if type(child).__name__ in REPLACEABLE
+    ]
+
+
+def _attention_swaps(model: torch.nn.Module) -> list[Swap]:
+    return [
+        (parent, name, child, FalconAttentionDispatch(child))
+        for parent in list(model.modules())
+        for name, child in list(parent.named_children())
+        if replaceable_attention(child)
     ]
 
 
@@ -78,6 +97,34 @@ def _swapped(swaps: list[Swap]) -> Iterator[None]:
     finally:
         for parent, name, original, _ in reversed(done):
             setattr(parent, name, original)
+
+
+@contextlib.contextmanager
+def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
+    """Within the block, every attention module of ``models`` for which `replaceable_attention` holds (rotary
+    Falcon's) is a `FalconAttentionDispatch` sharing its projections, which calls the attention function named by
+    ``config._attn_implementation`` through `AttentionInterface`; yields how many modules were replaced. The
+    originals are back on exit, also on errors.
+
+    Example:
+        >>> from transformers import FalconConfig, FalconForCausalLM
+        >>> model = FalconForCausalLM(FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        ...     vocab_size=50))
+        >>> with use_dispatching_attention(model) as count:
+        ...     print(count, type(model.transformer.h[1].self_attention).__name__)
+        2 FalconAttentionDispatch
+        >>> type(model.transformer.h[1].self_attention).__name__
+        'FalconAttention'
+    """
+    swaps = [swap for model in models for swap in _attention_swaps(model)]
+    with _swapped(swaps):
+        if swaps:
+            logger.info(
+                "hf_sparse_verify: %d attention modules (%s) dispatch through AttentionInterface",
+                len(swaps),
+                ", ".join(sorted({type(original).__name__ for _, _, original, _ in swaps})),
+            )
+        yield len(swaps)
 
 
 @contextlib.contextmanager
