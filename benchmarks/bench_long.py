@@ -121,6 +121,12 @@ def run_speed(args) -> dict:
             hsv.clear_graph_cache()
             ks = [0] if strategy in ("k0", "vegas_utility") else args.ks
             captures = []
+            cold = None
+            if strategy == "vegas_utility":
+                # the policy's first request on a model tests K > 0; later requests start from what it learnt (its
+                # best K, or its back-off when speculation did not pay): the record is the second call, the first
+                # is kept beside it
+                cold = _generate(model, ids, args.new_tokens, _speculation(strategy, 0))
             for k in ks:
                 begin = time.perf_counter()
                 try:
@@ -141,6 +147,11 @@ def run_speed(args) -> dict:
                     decode_tokens_per_s=(sum(stats.new_tokens) - batch) / max(1e-9, sum(stats.step_times_s)),
                     mean_k=sum(stats.draft_tokens) / max(1, stats.steps),
                 )  # fmt: skip
+                if cold is not None:
+                    record.update(
+                        cold_call_decode_tokens_per_s=(sum(cold.new_tokens) - batch) / max(1e-9, sum(cold.step_times_s)),
+                        cold_call_mean_k=sum(cold.draft_tokens) / max(1, cold.steps),
+                    )  # fmt: skip
                 records.append(record)
                 bar.update(1)
                 print(json.dumps(record), flush=True)
@@ -279,6 +290,8 @@ def assemble(args) -> dict:
         out = dict(r, k0_step_ms=k0.get(key), transformers_step_ms=plain.get(key))
         if r["strategy"] == "vegas_utility" and r.get("decode_tokens_per_s") and k0_rate.get(key):
             out["utility_over_k0"] = r["decode_tokens_per_s"] / k0_rate[key]  # measured, random weights
+            if r.get("cold_call_decode_tokens_per_s"):
+                out["utility_over_k0_cold_call"] = r["cold_call_decode_tokens_per_s"] / k0_rate[key]
         if r["strategy"] in variant_of and fixture_contexts:
             at = max((c for c in fixture_contexts if c <= r["context"]), default=fixture_contexts[0])
             acc = acceptance.get((variant_of[r["strategy"]], at, r["k"]))

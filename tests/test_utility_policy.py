@@ -438,3 +438,33 @@ def test_warm_start_from_the_previous_request():
     assert run.ks[4] == 3  # the cold request started at K_start
     second.warm_start(0)  # out of range: ignored
     assert second.start_k == best
+
+
+def test_switched_off_back_off_carries_to_the_next_request():
+    """A request that ends with speculation switched off (nothing accepted, each draft token costs time) hands its
+    back-off to the next one: after the baseline it stays at K = 0 for that many steps before testing again (K = 1
+    first), instead of paying for a fresh test at K_start."""
+    never = lambda k, i: 0  # noqa: E731
+    cost = lambda k, i: 1.0 + 0.3 * k  # noqa: E731
+    first = UtilityKPolicy(max_k=8)
+    cold = simulate(first, cost, never, steps=24)
+    assert any(k > 0 for k in cold.ks)  # the cold request tested
+    off = first.switched_off_steps()
+    assert off is not None and off >= 2 * first.set_steps
+    assert first.recent_best_k() is not None  # measured, though not worth it
+
+    second = UtilityKPolicy(max_k=8)
+    second.warm_start(first.recent_best_k(), off)
+    warm = simulate(second, cost, never, steps=4 + off + 1)
+    assert warm.ks[: 4 + off] == [0] * (4 + off)
+    assert warm.ks[4 + off] == 1  # then the cheapest test
+    assert warm.time / len(warm.ks) < cold.time / len(cold.ks)
+
+
+def test_speculation_that_pays_is_not_switched_off_next_time():
+    first = UtilityKPolicy(max_k=8)
+    simulate(first, lambda k, i: 1.0 + 0.1 * k, lambda k, i: k, steps=60)
+    assert first.switched_off_steps() is None
+    second = UtilityKPolicy(max_k=8)
+    second.warm_start(first.recent_best_k(), first.switched_off_steps())
+    assert [second.next_k() for _ in range(5)][4] > 0

@@ -72,11 +72,17 @@ class KPolicy(ABC):
         """Numbers worth recording in `SpeculationStats` for this step (phase, utilities, ...)."""
         return {}
 
-    def warm_start(self, k: int | None) -> None:  # noqa: B027 - optional hook
-        """Start from the K that served the previous request best (learning policies); default: ignore it."""
+    def warm_start(self, k: int | None, switched_off_steps: int | None = None) -> None:  # noqa: B027
+        """Start from what served the previous request best (learning policies): its best K, and, when it ended
+        with speculation switched off, the K = 0 steps to run before testing again. Default: ignore both."""
 
     def recent_best_k(self) -> int | None:
         """The K to remember for the next request (learning policies); default: nothing."""
+        return None
+
+    def switched_off_steps(self) -> int | None:
+        """When the request ended with speculation switched off, the K = 0 steps its next test was waiting for
+        (learning policies; remembered for the next request); default: None."""
         return None
 
 

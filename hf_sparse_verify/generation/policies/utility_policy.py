@@ -227,6 +227,7 @@ class UtilityKPolicy(KPolicy):
         self._plain_times: deque[float] = deque(maxlen=self.baseline_steps)
         self._last_plain_step = 0
         self._set_len = self.set_steps
+        self._off = False  # the last set phase entered runs at K = 0 (speculation switched off)
         self._trials: list[tuple[Window, float | None]] = []  # this (or the last) test phase
         self._last_set: Window | None = None
         self._paused: tuple[str, Window, int] | None = None  # set phase interrupted by a baseline refresh
@@ -234,6 +235,7 @@ class UtilityKPolicy(KPolicy):
         self._best_k: int | None = None
         self._exit: str | None = None
         self._issued = (BASELINE, 0)
+        self._warm_off: int | None = None  # `warm_start`: K = 0 steps before the first test
         self._begin(BASELINE, Window(0), self.baseline_steps)
 
     # ------------------------------------------------------------------------------------------- loop interface
@@ -303,6 +305,9 @@ class UtilityKPolicy(KPolicy):
         elif self._paused is not None:
             self._begin(*self._paused)
             self._paused = None
+        elif self._warm_off:  # the previous request ended switched off: stay off as long as it would have
+            self._set_len, self._off, self._warm_off = self._warm_off, True, None
+            self._begin(SET, Window(0), self._set_len)
         else:
             self._start_test()
 
@@ -332,10 +337,20 @@ class UtilityKPolicy(KPolicy):
             return None
         return max(scored, key=lambda trial: (trial[1], -trial[0]))[0]
 
-    def warm_start(self, k: int | None) -> None:
-        """Start the first test phase at ``k`` (for example the previous request's `recent_best_k`)."""
+    def switched_off_steps(self) -> int | None:
+        """The length of the last set phase entered when it runs at K = 0 (speculation switched off, its back-off
+        already doubled), else None."""
+        return self._set_len if self._off else None
+
+    def warm_start(self, k: int | None, switched_off_steps: int | None = None) -> None:
+        """Start the first test phase at ``k`` (for example the previous request's `recent_best_k`); with
+        ``switched_off_steps`` (the previous request's `switched_off_steps`), run that many K = 0 steps after the
+        baseline before the first test, so a model or workload where speculation does not pay stops paying for
+        tests on every new request (the back-off carries over; it doubles again if the next test fails too)."""
         if k is not None and 1 <= k <= self.max_k:
             self.start_k = k
+        if switched_off_steps is not None and switched_off_steps >= 1:
+            self._warm_off = int(switched_off_steps)
 
     def _end_trial(self) -> None:
         window = self._window
@@ -359,4 +374,5 @@ class UtilityKPolicy(KPolicy):
             self._begin(TEST, Window(next_k), self.trial_steps)
             return
         self._set_len = 2 * self._set_len if set_k == 0 else self.set_steps
+        self._off = set_k == 0
         self._begin(SET, Window(set_k), self._set_len)
