@@ -194,7 +194,11 @@ def test_greedy_equals_plain_generate(monkeypatch, arch, batch, k, name):
     assert out.speculation.strategy == STRATEGIES[name]["strategy"]
     assert max(out.speculation.draft_tokens) == k
     _assert_sparse(calls, STRATEGIES[name]["strategy"])
-    assert len(calls) == 1 + out.speculation.steps  # the prefill seed, then one selection per verify step
+    # the prefill seed, then one selection per verify step; vegas and streaming skip plain steps (they keep the
+    # selection: `idle_at_k0`), and the last step of a call drafts nothing when one token is left
+    idle = STRATEGIES[name]["strategy"] in ("vegas", "streaming")
+    updates = sum(k > 0 for k in out.speculation.draft_tokens) if idle else out.speculation.steps
+    assert len(calls) == 1 + updates
 
 
 @pytest.fixture(scope="module")
@@ -634,9 +638,12 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
             )
             assert seed["selected"][layer][row] == want, (layer, row)
 
-    # every verify pass filled every layer's scores; each selection is the top-k of them
+    # every verify pass that checked drafts filled every layer's scores; each selection is the top-k of them (a
+    # plain step, here the call's last one with one token left, neither collects nor selects)
     verify_calls = calls[1:]
-    assert len(verify_calls) == stats.steps and seen["verify"] == stats.steps * layers
+    drafted = sum(k > 0 for k in stats.draft_tokens)
+    assert drafted >= stats.steps - 1
+    assert len(verify_calls) == drafted and seen["verify"] == drafted * layers
     for call in verify_calls:
         for layer in range(layers):
             scores = call["scores"][layer]  # [B, capacity] (the accepted row's, for last_token)

@@ -57,6 +57,10 @@ class Drafter(CandidateGenerator):
 
     #: the drafter's own models (moved to the decoding experts setting, switched to our attention)
     models: tuple = ()
+    #: plain steps (K = 0) skip this drafter's verify slots and `after_verify`: its state stays valid without them
+    #: (a self-speculative selection whose prefix end falls behind attends the tokens after it in full), so a K
+    #: policy that switches speculation off pays what our K = 0 path pays
+    idle_at_k0: bool = False
 
     def session_key(self) -> tuple:
         """What decides the graphs and buffers this drafter keeps in a session (with the target's key)."""

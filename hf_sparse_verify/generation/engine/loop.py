@@ -185,6 +185,7 @@ def speculative_decode(
     drafter.prefill(state)
     sparsity = _verify_sparsity(model, target, session, settings, prompt_len)
     verify_slots = {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity}
+    plain_slots = {"verify_sparsity": sparsity} if drafter.idle_at_k0 else verify_slots  # K = 0 steps
 
     # --------------------------------------------------------------------------------------------------- steps
     skipping = settings.sparse is not None and settings.sparse.moe is not None
@@ -194,7 +195,9 @@ def speculative_decode(
             # keeps them, so a later call with another K or policy captures nothing
             before_s = target.graphs.capture_s if target.graphs else 0.0
             widths = range(1, max_k + 2)
-            if target.capture(widths, Phase.VERIFY, **verify_slots):
+            if target.capture(widths, Phase.VERIFY, **verify_slots) and target.capture(
+                [1], Phase.VERIFY, **plain_slots
+            ):
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s
             stats.graph_capture_s += drafter.capture_seconds()
@@ -208,9 +211,10 @@ def speculative_decode(
             timer.mark("verify_start")
             start = state.pending_slots()
             ids = torch.cat([state.pending_tokens(), draft.tokens], dim=1)  # [B, K+1]
+            slots = verify_slots if k > 0 else plain_slots
             logits = target.forward(
                 ids, start, Phase.VERIFY, kv_len=state.max_pending() + k + 1, uniform_start=state.uniform(),
-                **verify_slots,
+                **slots,
             )  # fmt: skip
             scores = process_window(
                 processors, state.tokens, state.committed, state.active, draft.tokens, logits
@@ -218,7 +222,8 @@ def speculative_decode(
             accepted, new_tokens = _select(scores, draft, settings.do_sample)
             timer.mark("verify_end")
             state.advance(accepted, new_tokens)
-            drafter.after_verify(start, accepted)
+            if k > 0 or not drafter.idle_at_k0:
+                drafter.after_verify(start, accepted)
             active_before = list(state.active)
             accepted_rows, before, proposed = settle(accepted, new_tokens, draft.counts)
             drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))

@@ -83,6 +83,7 @@ class SelfSpecDrafter(Drafter):
         self.session = None
         self.buffers: _Buffers | None = None
         self.capture_s = 0.0
+        self._updated = False  # `after_verify` ran for the step being settled
 
     @classmethod
     def from_config(cls, config, target=None, draft_model=None) -> SelfSpecDrafter:
@@ -171,9 +172,14 @@ class SelfSpecDrafter(Drafter):
             self.buffers.update()
         else:
             self._update()
+        self._updated = True
 
     def on_verify(self, feedback: VerifyFeedback) -> None:
-        self._set_host_bounds([c - 1 for c in feedback.committed_before])
+        if (
+            self._updated
+        ):  # a plain step skipped the update (`idle_at_k0`): the selection keeps its prefix end
+            self._set_host_bounds([c - 1 for c in feedback.committed_before])
+        self._updated = False
 
     # ------------------------------------------------------------------------------------------------ selection
     def _make_buffers(self, state: DecodeState) -> _Buffers:
@@ -269,6 +275,7 @@ class VegasDrafter(SelfSpecDrafter):
 
     policy = "vegas"
     collects_scores = True
+    idle_at_k0 = True
 
     def _fill(self, group, layers, pad, recent, count) -> None:
         selection = self.buffers.selection
@@ -284,6 +291,7 @@ class StreamingDrafter(SelfSpecDrafter):
     """StreamingLLM: sink tokens and the most recent ones."""
 
     policy = "streaming"
+    idle_at_k0 = True
 
     def _fill(self, group, layers, pad, recent, count) -> None:
         selection = self.buffers.selection
