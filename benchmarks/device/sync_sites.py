@@ -47,15 +47,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("names", nargs="+", choices=list(STRATEGIES))
     parser.add_argument("--new-tokens", type=int, default=40)
+    parser.add_argument("--short", type=int, default=12, help="a shorter call: stacks whose counts differ")
     args = parser.parse_args()
     ids, mask = (t.cuda() for t in ragged_batch(3, 40))
     for name in args.names:
         _run(name, ids, mask, 8)
         seen = stacks_of(lambda name=name: _run(name, ids, mask, args.new_tokens))
         out = _run(name, ids, mask, args.new_tokens)
+        short = stacks_of(lambda name=name: _run(name, ids, mask, args.short))
+        out_short = _run(name, ids, mask, args.short)
         print(f"=== {name}: {sum(seen.values())} syncs, {out.speculation.steps} steps")
         for stack, count in seen.most_common():
             print(f"--- {count}x\n{stack}")
+        print(f"=== {name}, {args.short} tokens: {sum(short.values())} syncs, {out_short.speculation.steps} steps")
+        for stack in set(seen) | set(short):
+            if seen[stack] != short[stack]:
+                print(f"--- {seen[stack]}x long, {short[stack]}x short\n{stack}")
 
 
 if __name__ == "__main__":
