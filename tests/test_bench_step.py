@@ -63,3 +63,21 @@ def test_shape_presets_build_and_count_bytes():
     assert weight_bytes_per_step(model, 64, 1) - weight_bytes_per_step(model, 16, 1) == 48 * row
     with pytest.raises(ValueError, match="unknown shape"):
         shape_config("llama-5")
+
+
+def test_sync_counter_attributes_syncs_to_library_frames_only():
+    """`count_syncs` counts a synchronisation only when a library frame (outside the bench harness) is on its
+    stack: transformers' own per-call syncs in ``generate`` are not the library's."""
+    import traceback
+
+    from hf_sparse_verify.bench.syncs import _ours
+
+    def frame(path, line=1):
+        return traceback.FrameSummary(path, line, "f")
+
+    loop = frame("/x/hf_sparse_verify/generation/engine/loop.py", 170)
+    harness = frame("/x/hf_sparse_verify/bench/syncs.py", 40)
+    theirs = frame("/venv/transformers/generation/utils.py", 99)
+    assert _ours([harness, loop, theirs]) is loop
+    assert _ours([harness, theirs]) is None
+    assert _ours([frame("/x/tests/test_spine_gpu.py"), theirs]) is None
