@@ -293,6 +293,11 @@ def workloads(shared: Path, tok, sizes: Sizes, vocab_size: int) -> dict[str, lis
     texts = [p["text"] for p in read_prompts(shared) if p["len"] == sizes.prompt_len_class]
     good = [tok(t, return_tensors="pt").input_ids[:, : sizes.context] for t in texts]
     good = good[: sizes.prompts_per_workload]
+    if not good:
+        raise ValueError(
+            f"{shared / 'prompts.jsonl'} has no prompt of length class {sizes.prompt_len_class}: pass "
+            "--prompt-len-class with one it has"
+        )
     gen = torch.Generator().manual_seed(0)
     poor = [g[:, torch.randperm(g.shape[1], generator=gen)] for g in good]
     low = max(tok.all_special_ids, default=-1) + 1
@@ -559,11 +564,22 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="prompts per workload (default 4, quick 2)")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 128, quick 48")
     parser.add_argument(
+        "--prompt-len-class",
+        type=int,
+        default=None,
+        help="prompts.jsonl windows of this length, cut to the context (default 1024, quick 512)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads (default: 1 with --quick on CPU)"
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    overrides = {"repeats": args.repeats, "prompts_per_workload": args.prompts, "new_tokens": args.new_tokens}
+    overrides = {
+        "repeats": args.repeats,
+        "prompts_per_workload": args.prompts,
+        "new_tokens": args.new_tokens,
+        "prompt_len_class": args.prompt_len_class,
+    }
     sizes = Sizes(**{**asdict(sizes), **{k: v for k, v in overrides.items() if v is not None}})
     if args.device == "cpu" and (args.threads or args.quick):
         torch.set_num_threads(args.threads or 1)
@@ -595,6 +611,8 @@ def main() -> None:
     with tqdm(total=cases, desc="cascade", mininterval=5.0) as bar:
         if args.suite in ("steps", "all"):
             result["steps"] = suite_steps(args, sizes, dtype, bar)
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result, indent=1))  # kept if the e2e suite does not finish
         if args.suite in ("e2e", "all"):
             records, traces = suite_e2e(args, sizes, dtype, bar)
             rows, targets = summarize_e2e(records)

@@ -59,7 +59,9 @@ def main() -> None:
         print(f"=== {name}: {sum(seen.values())} syncs, {out.speculation.steps} steps")
         for stack, count in seen.most_common():
             print(f"--- {count}x\n{stack}")
-        print(f"=== {name}, {args.short} tokens: {sum(short.values())} syncs, {out_short.speculation.steps} steps")
+        print(
+            f"=== {name}, {args.short} tokens: {sum(short.values())} syncs, {out_short.speculation.steps} steps"
+        )
         for stack in set(seen) | set(short):
             if seen[stack] != short[stack]:
                 print(f"--- {seen[stack]}x long, {short[stack]}x short\n{stack}")
