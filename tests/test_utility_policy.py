@@ -440,6 +440,24 @@ def test_warm_start_from_the_previous_request():
     assert second.start_k == best
 
 
+def test_warm_start_speculating_skips_the_relearning():
+    """A request whose predecessor ended speculating at K starts there for a set phase, then measures its K = 0
+    baseline and tests (from that K); a K the predecessor did not end speculating at (None) starts cold."""
+    first = UtilityKPolicy(max_k=8)
+    simulate(first, lambda k, i: 1.0 + 0.05 * k, lambda k, i: k, steps=80)  # every draft accepted: K = 8 pays
+    set_k = first.speculating_k()
+    assert set_k is not None and set_k >= 4 and first.switched_off_steps() is None
+    second = UtilityKPolicy(max_k=8)
+    second.warm_start(first.recent_best_k(), first.switched_off_steps(), set_k)
+    run = simulate(second, lambda k, i: 1.0 + 0.05 * k, lambda k, i: k, steps=second.set_steps + 5)
+    assert run.ks[: second.set_steps] == [set_k] * second.set_steps
+    assert run.ks[second.set_steps : second.set_steps + 4] == [0, 0, 0, 0]  # the baseline the test needs
+    assert run.ks[second.set_steps + 4] > 0
+    cold = UtilityKPolicy(max_k=8)
+    cold.warm_start(first.recent_best_k(), None, None)
+    assert [cold.next_k() for _ in range(4)] == [0, 0, 0, 0]
+
+
 def test_switched_off_back_off_carries_to_the_next_request():
     """A request that ends with speculation switched off (nothing accepted, each draft token costs time) hands its
     back-off to the next one: after the baseline it stays at K = 0 for that many steps before testing again (K = 1

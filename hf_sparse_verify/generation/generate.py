@@ -29,9 +29,10 @@ from .engine.stats import SpeculationStats
 from .policies.k_policy import make_k_policy
 
 #: K policies that learn (``utility``) start a request from what the previous request on the same model and
-#: strategy learnt: (id(model), strategy, k_policy) -> (best K, K = 0 steps still due when it ended switched off).
+#: strategy learnt: (id(model), strategy, k_policy) -> (best K, K = 0 steps still due when it ended switched off,
+#: the K it ended speculating at).
 #: The K never changes the output.
-_POLICY_MEMORY: dict[tuple, tuple[int | None, int | None]] = {}
+_POLICY_MEMORY: dict[tuple, tuple[int | None, int | None, int | None]] = {}
 
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
 _PREPARED_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
@@ -180,7 +181,7 @@ def _run(
     drafter = build_drafter(config, strategy, model, draft_model)
     policy = make_k_policy(config)
     memory_key = (id(model), strategy, config.k_policy)
-    policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None)))
+    policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None, None)))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
@@ -203,7 +204,7 @@ def _run(
             streamer=streamer,
             stats=stats,
         )
-    _POLICY_MEMORY[memory_key] = (policy.recent_best_k(), policy.switched_off_steps())
+    _POLICY_MEMORY[memory_key] = (policy.recent_best_k(), policy.switched_off_steps(), policy.speculating_k())
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculation=stats)
     return sequences

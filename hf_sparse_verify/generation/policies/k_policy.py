@@ -72,12 +72,20 @@ class KPolicy(ABC):
         """Numbers worth recording in `SpeculationStats` for this step (phase, utilities, ...)."""
         return {}
 
-    def warm_start(self, k: int | None, switched_off_steps: int | None = None) -> None:  # noqa: B027
-        """Start from what served the previous request best (learning policies): its best K, and, when it ended
-        with speculation switched off, the K = 0 steps to run before testing again. Default: ignore both."""
+    def warm_start(  # noqa: B027 - optional hook
+        self, k: int | None, switched_off_steps: int | None = None, set_k: int | None = None
+    ) -> None:
+        """Start from what served the previous request best (learning policies): its best K; when it ended with
+        speculation switched off, the K = 0 steps to run before testing again; when it ended speculating, that K.
+        Default: ignore them."""
 
     def recent_best_k(self) -> int | None:
         """The K to remember for the next request (learning policies); default: nothing."""
+        return None
+
+    def speculating_k(self) -> int | None:
+        """The K the request ended speculating at (learning policies; remembered for the next request); default:
+        None."""
         return None
 
     def switched_off_steps(self) -> int | None:

@@ -236,6 +236,7 @@ class UtilityKPolicy(KPolicy):
         self._exit: str | None = None
         self._issued = (BASELINE, 0)
         self._warm_off: int | None = None  # `warm_start`: K = 0 steps before the first test
+        self._baseline_ran = False
         self._begin(BASELINE, Window(0), self.baseline_steps)
 
     # ------------------------------------------------------------------------------------------- loop interface
@@ -289,6 +290,7 @@ class UtilityKPolicy(KPolicy):
     # ----------------------------------------------------------------------------------------- state machine
     def _begin(self, phase: str, window: Window, steps: int) -> None:
         self._phase, self._window, self._left, self._extended = phase, window, steps, 0
+        self._baseline_ran = self._baseline_ran or phase == BASELINE
 
     def _baseline_s(self) -> float | None:
         return median(self._plain_times) if self._plain_times else None
@@ -312,7 +314,7 @@ class UtilityKPolicy(KPolicy):
             self._start_test()
 
     def _start_test(self) -> None:
-        if self._refresh_due():
+        if self._refresh_due() or not self._baseline_ran:  # a test needs the K = 0 step time
             self._begin(BASELINE, Window(0), self.baseline_steps)
             return
         k = self._first_trial_k()
@@ -337,20 +339,41 @@ class UtilityKPolicy(KPolicy):
             return None
         return max(scored, key=lambda trial: (trial[1], -trial[0]))[0]
 
+    def speculating_k(self) -> int | None:
+        """The K of the last set phase entered when it speculates (K > 0: its test found utility >= 1), else
+        None."""
+        if self._phase == SET and self._window.k > 0:
+            return self._window.k
+        if self._phase != SET and self._last_set is not None and self._last_set.k > 0 and not self._off:
+            return self._last_set.k
+        return None
+
     def switched_off_steps(self) -> int | None:
         """The length of the last set phase entered when it runs at K = 0 (speculation switched off, its back-off
         already doubled), else None."""
         return self._set_len if self._off else None
 
-    def warm_start(self, k: int | None, switched_off_steps: int | None = None) -> None:
-        """Start the first test phase at ``k`` (for example the previous request's `recent_best_k`); with
-        ``switched_off_steps`` (the previous request's `switched_off_steps`), run that many K = 0 steps after the
-        baseline before the first test, so a model or workload where speculation does not pay stops paying for
-        tests on every new request (the back-off carries over; it doubles again if the next test fails too)."""
+    def warm_start(
+        self, k: int | None, switched_off_steps: int | None = None, set_k: int | None = None
+    ) -> None:
+        """Start from the previous request (call before the first `next_k`): ``k`` its `recent_best_k` (the
+        first trial's K), ``switched_off_steps`` its `switched_off_steps`, ``set_k`` its `speculating_k`.
+
+        - switched off: the baseline, then that many K = 0 steps before the first test, so a model or workload
+          where speculation does not pay stops paying for tests on every new request (the back-off carries over;
+          it doubles again if the next test fails too);
+        - speculating at ``set_k``: a set phase at ``set_k`` first (``set_steps`` steps), then the baseline and a
+          test phase, so a request does not spend its first steps re-learning what the last one found.
+        """
         if k is not None and 1 <= k <= self.max_k:
             self.start_k = k
         if switched_off_steps is not None and switched_off_steps >= 1:
             self._warm_off = int(switched_off_steps)
+        elif set_k is not None and 1 <= set_k <= self.max_k and self._step == 0:
+            # the previous request was speculating at set_k: start there (a set phase), and measure the K = 0
+            # baseline before the first test rather than before the first token
+            self._begin(SET, Window(set_k), self.set_steps)
+            self._baseline_ran = False
 
     def _end_trial(self) -> None:
         window = self._window
