@@ -1,8 +1,9 @@
 """A dozen popular architectures on the GPU fast path (triton backend + CUDA graphs), float32, random weights:
-greedy output equal to plain ``generate`` with prompt_lookup and vegas. Layers with soft-capping (gemma3, cohere2),
-sinks (gpt_oss) or MLA head sizes (deepseek_v3) run the reference attention inside the captured steps; Falcon's
-attention modules are replaced for the call by ones that dispatch through AttentionInterface. Skipped without a
-CUDA GPU; not yet run on the H200 (written in a CPU-only session)."""
+greedy output equal to plain ``generate`` with prompt_lookup and vegas. Soft-capped (gemma3, cohere2) and sink
+(gpt_oss) layers run the decode-attention kernel with their logit modifications in decode and verify steps (the
+reference attention in prefill and draft steps); MLA head sizes (deepseek_v3) run the reference attention inside
+the captured steps; Falcon's attention modules are replaced for the call by ones that dispatch through
+AttentionInterface. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 

@@ -8,10 +8,12 @@ Vegas score collection (first and last rows, or all rows; softmax weights or raw
 kernel. Draft steps with an index selection run the token-sparse kernel; prefill and other steps go to the
 ``token_sparse``/``reference`` backends.
 
-The kernels compute plain ``softmax(q . k * scale)`` with equal key and value head sizes. Layers with logit
-soft-capping (Gemma 2, Cohere 2), attention sinks (GPT-OSS) or a value head size other than the key's (multi-head
-latent attention: DeepSeek V2/V3, MiniCPM3) run the reference backend instead at every step: exact, slower, and
-capturable in CUDA graphs like the rest (it reads the same device-side slots and never syncs).
+The decode-attention kernel also applies logit soft-capping (Gemma 2/3, Cohere 2) and per-head sink logits
+(GPT-OSS), so those layers' decode and verify steps run it too; their prefill and self-speculative draft steps run
+the reference backend (the token-sparse kernel computes plain softmax). Layers whose value head size differs from
+the key's (multi-head latent attention: DeepSeek V2/V3, MiniCPM3) run the reference backend at every step. The
+reference backend is exact, slower, and capturable in CUDA graphs like the rest (it reads the same device-side
+slots and never syncs).
 """
 
 from __future__ import annotations
@@ -42,15 +44,18 @@ def triton_attention(
     """As `reference_attention` (``query`` ``[B, H, q, D]``, cache ``[B, H_kv, C, D]``; returns ``[B, q, H, D]``)."""
     step = view.step
     layer = module.layer_idx
-    if not mods.plain or key.shape[-1] != value.shape[-1]:
+    selection = step.draft_selection()
+    too_many_rows = step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS
+    if key.shape[-1] != value.shape[-1] or (
+        not mods.plain and (step.phase is Phase.PREFILL or too_many_rows or selection is not None)
+    ):
         return reference_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods
         )
-    if step.phase is Phase.PREFILL or step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS:
+    if step.phase is Phase.PREFILL or too_many_rows:
         return token_sparse_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window
         )
-    selection = step.draft_selection()
     if selection is not None:
         gathered = selection.gather_index(layer, query) if not sliding_window else None
         if gathered is None or gathered[0].dim() != 2:  # mask-only or per-KV-head selections: reference path
@@ -77,6 +82,8 @@ def triton_attention(
         collect=collection.rows if collection is not None else None,
         weights=collection is not None and collection.weights,
         per_kv_head=collection is not None and collection.per_kv_head,
+        softcap=mods.softcap or 0.0,
+        sinks=mods.sinks,
     )
     if collection is not None:
         collection.write(layer, scores)

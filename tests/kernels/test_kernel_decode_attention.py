@@ -108,6 +108,33 @@ def test_weight_scores_row_dot(monkeypatch, row_dot, group, q_len, dtype):
            collect="two_rows", splits=3, seed=group + q_len, weights=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_len", [1, 6])
+@pytest.mark.parametrize("softcap, with_sinks", [(5.0, False), (0.0, True), (3.0, True)])
+def test_soft_cap_and_sinks(dtype, q_len, softcap, with_sinks):
+    """Logit soft-capping (Gemma 2, Cohere 2) and per-head sink logits (GPT-OSS), also with softmax-weight scores
+    of first and last rows (through the 16-row scored-query dot at 6 new tokens x 4 heads per KV head)."""
+    sinks = torch.linspace(-1.0, 2.0, 8) if with_sinks else None
+    _check(2, 8, 2, q_len, 16, 70, dtype, window=13 if dtype == torch.bfloat16 else 0, collect="two_rows",
+           splits=3, seed=11, weights=True, softcap=softcap, sinks=sinks)  # fmt: skip
+
+
+def test_soft_cap_and_sinks_reference_against_the_definition():
+    """The reference's capped logits and sink denominators, written out for one row and head."""
+    query, key, value, start, pad = _inputs(1, 2, 1, 2, 8, 20, torch.float64, seed=12)
+    sinks = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    out, _ = decode_attention_naive(query, key, value, start, pad, 0.3, softcap=2.0, sinks=sinks)
+    for head in range(2):
+        for i in range(2):
+            own = int(start[0]) + i
+            slots = range(int(pad[0]), own + 1)
+            logits = torch.stack([(query[0, head, i] @ key[0, 0, j]) * 0.3 for j in slots])
+            logits = 2.0 * torch.tanh(logits / 2.0)
+            weights = torch.exp(logits) / (torch.exp(logits).sum() + torch.exp(sinks[head]))
+            want = sum(w * value[0, 0, j] for w, j in zip(weights, slots))
+            torch.testing.assert_close(out[0, i, head], want)
+
+
 def test_weight_scores_window_and_bf16():
     _check(2, 6, 3, 4, 24, 90, torch.bfloat16, window=9, collect="two_rows", splits=2, seed=8, weights=True)
 
@@ -160,7 +187,9 @@ def test_padding_query_attends_own_slot():
 
 def test_custom_op_registered():
     query, key, value, start, pad = _inputs(1, 4, 2, 2, 16, 30, torch.float32, seed=9)
-    out, scores = torch.ops.hsv.decode_attention(query, key, value, start, pad, 0.25, 0, 1, 2, False, False)
+    out, scores = torch.ops.hsv.decode_attention(
+        query, key, value, start, pad, 0.25, 0, 1, 2, False, False, 0.0, None
+    )
     assert out.shape == (1, 2, 4, 16) and scores.shape == (1, 30)
     with torch._subclasses.fake_tensor.FakeTensorMode():
         fq = torch.empty(1, 4, 2, 16)
@@ -177,6 +206,8 @@ def test_custom_op_registered():
             2,
             False,
             False,
+            0.0,
+            None,
         )
         assert fo.shape == (1, 2, 4, 16) and fs.shape == (1, 0)
 

@@ -30,16 +30,24 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
+def _soft_cap(x, cap):
+    """``cap * tanh(x / cap)``, with tanh from one exponential of a non-positive argument (no overflow)."""
+    e = tl.exp(-2.0 * tl.abs(x / cap))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _split_kernel(
     Q, K, V, START, PAD,
     O_PART, M_PART, L_PART, S_PART,
-    scale, score_scale, window, q_len, group, num_splits, capacity, rows_per_group,
+    scale, score_scale, softcap, window, q_len, group, num_splits, capacity, rows_per_group,
     s_qb, s_qh, s_qt, s_qd,
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
-    IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    IEEE: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -113,11 +121,15 @@ def _split_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         else:
             b_s = tl.dot(b_q, tl.trans(b_k)) * scale
+        if SOFTCAP:
+            b_s = _soft_cap(b_s, softcap)
         if ROW_DOT:
             if IEEE:
                 b_sr = tl.dot(b_qr, tl.trans(b_k), input_precision="ieee") * scale  # [16, BLOCK_N]
             else:
                 b_sr = tl.dot(b_qr, tl.trans(b_k)) * scale
+            if SOFTCAP:
+                b_sr = _soft_cap(b_sr, softcap)
             p_s = S_PART + ((b * kv_heads + kvh) * n_scored + r16[:, None]) * capacity + offs_n[None, :]
             tl.store(p_s, b_sr, mask=r_ok[:, None] & n_ok[None, :])
         elif WEIGHTS:
@@ -162,11 +174,11 @@ def _split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    O_PART, M_PART, L_PART, OUT, LSE,
+    O_PART, M_PART, L_PART, OUT, LSE, SINKS,
     q_len, group, num_splits,
     s_ob, s_ot, s_oh, s_od,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    STORE_LSE: tl.constexpr,
+    STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     # one program per (query row, KV head, batch row): all splits of that row at once
     m = tl.program_id(0)
@@ -183,12 +195,18 @@ def _merge_kernel(
     l_s = tl.load(L_PART + rows, mask=s_ok, other=0.0)
     o_s = tl.load(O_PART + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     m_max = tl.max(m_s, 0)
+    if HAS_SINKS:  # the head's sink logit joins the denominator (and the running max) and attends to nothing
+        sink = tl.load(SINKS + kvh * group + g)
+        m_max = tl.maximum(m_max, sink)
     w = tl.exp(m_s - tl.where(m_max == NEG_INF, 0.0, m_max))  # splits without slots weigh 0
-    b_l = tl.sum(w * l_s, 0)
-    b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_l > 0, b_l, 1.0)  # [BLOCK_D]
+    b_l = tl.sum(w * l_s, 0)  # the cached slots' share of the denominator
+    b_den = b_l
+    if HAS_SINKS:
+        b_den = b_l + tl.exp(sink - m_max)
+    b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_den > 0, b_den, 1.0)  # [BLOCK_D]
     p_o = OUT + b * s_ob + i * s_ot + (kvh * group + g) * s_oh + offs_d * s_od
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    if STORE_LSE:
+    if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
         tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + m, m_max + tl.log(b_l))
 
 
@@ -249,6 +267,8 @@ def launch(
     collect: int,
     num_splits: int,
     weights: bool = False,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
     per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
@@ -277,24 +297,26 @@ def launch(
     else:
         s_part = lse = m_part
     out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
-    score_dot = not weights and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
+    # the summed-query dot sums logits before any cap: only for plain logits
+    score_dot = not weights and not softcap and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
     row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
         o_part, m_part, l_part, s_part,
-        scale, score_scale, window, q_len, group, num_splits, capacity, rows_per_group,
+        scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
         COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
-        IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype),
+        IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip
+    sink_logits = sinks.float().contiguous() if sinks is not None else m_part  # m_part: an unread placeholder
     _merge_kernel[(group * q_len, kv_heads, batch)](
-        o_part, m_part, l_part, out, lse,
+        o_part, m_part, l_part, out, lse, sink_logits,
         q_len, group, num_splits,
         *out.stride(),
         BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-        STORE_LSE=weights, num_warps=4,
+        STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
     )  # fmt: skip
     if not collect:
         return out, None

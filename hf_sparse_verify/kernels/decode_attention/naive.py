@@ -51,6 +51,8 @@ def decode_attention_naive(
     collect: str | None = None,
     weights: bool = False,
     per_kv_head: bool = False,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference attention of ``q`` new tokens per row over the cache, in float32 (float64 inputs stay float64).
 
@@ -66,6 +68,10 @@ def decode_attention_naive(
         weights: score by the softmax weights ``exp(logit - lse)`` of the chosen rows instead (0 where a row
             may not attend).
         per_kv_head: return ``[B, H_kv, C]``, the mean over each KV head's query heads, instead of all heads.
+        softcap: logit soft-capping ``softcap * tanh(logit / softcap)`` before masking (Gemma 2, Cohere 2); 0 for
+            none. Collected scores are the capped logits (or their softmax weights).
+        sinks: ``[H]`` per-head sink logit joining each softmax denominator and attending to nothing (GPT-OSS).
+            Collected weights are those of the softmax over the cached slots alone (as the reference backend's).
 
     Returns:
         ``([B, q, H, D]`` in ``query.dtype``, scores or None).
@@ -77,9 +83,16 @@ def decode_attention_naive(
     k = key.to(work).repeat_interleave(group, dim=1)  # [B, H, C, D]
     v = value.to(work).repeat_interleave(group, dim=1)
     logits = torch.matmul(query.to(work), k.transpose(-1, -2)) * scale  # [B, H, q, C]
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     mask = attention_mask(start, pad, q_len, capacity, window)[:, None]  # [B, 1, q, C]
     probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-    out = torch.matmul(probs, v).transpose(1, 2).to(query.dtype)  # [B, q, H, D]
+    attend = probs
+    if sinks is not None:  # one more logit per head in the denominator
+        masked = logits.masked_fill(~mask, float("-inf"))
+        sink = sinks.to(work)[None, :, None, None].expand(batch, heads, q_len, 1)
+        attend = torch.softmax(torch.cat([masked, sink], dim=-1), dim=-1)[..., :capacity]
+    out = torch.matmul(attend, v).transpose(1, 2).to(query.dtype)  # [B, q, H, D]
     if collect is None:
         return out, None
     rows = score_rows(q_len, collect)

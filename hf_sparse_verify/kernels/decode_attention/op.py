@@ -39,26 +39,33 @@ def _decode_attention_op(
     num_splits: int,
     weights: bool,
     per_kv_head: bool,
+    softcap: float,
+    sinks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch = query.shape[0]
     if triton_runs_on(query.device) and query.dtype != torch.float64:
         from .kernel import launch
 
-        out, per_head = launch(query, key, value, start, pad, scale, window, collect, num_splits, weights)
+        out, per_head = launch(
+            query, key, value, start, pad, scale, window, collect, num_splits, weights, softcap, sinks
+        )
         if per_head is None:
             return out, query.new_empty(batch, 0, dtype=torch.float32)
         return out, (per_head if per_kv_head else per_head.mean(dim=1))
     mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
     out, scores = decode_attention_naive(
-        query, key, value, start, pad, scale, window, mode, weights=weights, per_kv_head=per_kv_head
-    )
+        query, key, value, start, pad, scale, window, mode, weights=weights, per_kv_head=per_kv_head,
+        softcap=softcap, sinks=sinks,
+    )  # fmt: skip
     if scores is None:
         scores = query.new_empty(batch, 0, dtype=torch.float32)
     return out.contiguous(), scores
 
 
 @_decode_attention_op.register_fake
-def _(query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head):
+def _(
+    query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head, softcap, sinks
+):
     batch, heads, q_len, dim = query.shape
     out = query.new_empty(batch, q_len, heads, dim)
     if not collect:
@@ -67,7 +74,14 @@ def _(query, key, value, start, pad, scale, window, collect, num_splits, weights
     return out, query.new_empty(*shape, dtype=torch.float32)
 
 
-def _validate(query, key, value, start, pad, window, collect) -> None:
+def _validate(query, key, value, start, pad, window, collect, softcap=0.0, sinks=None) -> None:
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 = no soft-capping), got {softcap}")
+    if sinks is not None and (sinks.shape != (query.shape[1],) or sinks.device != query.device):
+        raise ValueError(
+            f"sinks must be one logit per query head, shape [{query.shape[1]}] on {query.device}; got "
+            f"{tuple(sinks.shape)} on {sinks.device}"
+        )
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(
             f"query must be [B, H, q, D] and key/value [B, H_kv, C, D]; got {tuple(query.shape)} and "
@@ -117,6 +131,8 @@ def decode_attention(
     weights: bool = False,
     per_kv_head: bool = False,
     num_splits: int | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``q`` new tokens per row (``q * H / H_kv <= 128``) over a preallocated KV cache.
 
@@ -135,6 +151,9 @@ def decode_attention(
         weights: score by softmax weights ``exp(logit - lse)`` instead of raw logits (Vegas' released code).
         per_kv_head: scores ``[B, H_kv, C]``, averaged over each KV head's query heads only.
         num_splits: splits of the KV range per (row, KV head); default from shapes (`default_splits`).
+        softcap: logit soft-capping ``softcap * tanh(logit / softcap)`` (Gemma 2, Cohere 2); 0 for none.
+        sinks: ``[H]`` per-head sink logits in the softmax denominator (GPT-OSS); scores stay the softmax over
+            the cached slots alone.
 
     Returns:
         ``(out [B, q, H, D], scores [B, C] or None)``.
@@ -145,7 +164,7 @@ def decode_attention(
         >>> tuple(out.shape)
         (1, 2, 4, 16)
     """
-    _validate(query, key, value, start, pad, window, collect)
+    _validate(query, key, value, start, pad, window, collect, softcap, sinks)
     if num_splits is None:
         num_splits = default_splits(query.shape[0], key.shape[1], key.shape[2])
     out, scores = torch.ops.hsv.decode_attention(
@@ -160,5 +179,7 @@ def decode_attention(
         int(num_splits),
         bool(weights),
         bool(per_kv_head),
+        float(softcap),
+        sinks,
     )
     return out, (scores if collect else None)
