@@ -1,5 +1,5 @@
 """Attention modules that never call `AttentionInterface`, replaced for the call (`use_dispatching_attention`):
-GPT-J. Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
+GPT-J, CodeGen. Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
 the replacements ran; the originals are back after every call, also after an error."""
 
 from __future__ import annotations
@@ -10,13 +10,17 @@ import functools
 import pytest
 import torch
 from arch_survey import MAX_NEW, PAD, prompts
-from transformers import GPTJConfig, GPTJForCausalLM
+from transformers import CodeGenConfig, CodeGenForCausalLM, GPTJConfig, GPTJForCausalLM
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
 from hf_sparse_verify.attention import BACKENDS, NAME, use_sparse_verify_attention
-from hf_sparse_verify.modules import GPTJAttentionDispatch, use_dispatching_attention
+from hf_sparse_verify.modules import (
+    CodeGenAttentionDispatch,
+    GPTJAttentionDispatch,
+    use_dispatching_attention,
+)
 
 _TOKENS = dict(pad_token_id=PAD, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
 
@@ -32,6 +36,12 @@ MODELS = {
         GPTJForCausalLM,
         GPTJConfig(n_embd=64, n_head=4, rotary_dim=16, **_TOKENS),
         GPTJAttentionDispatch,
+    ),
+    # the fused projection of 4 model-parallel shards; 8 heads, 2 per shard
+    "codegen": (
+        CodeGenForCausalLM,
+        CodeGenConfig(n_embd=64, n_head=8, rotary_dim=4, **_TOKENS),
+        CodeGenAttentionDispatch,
     ),
 }
 STRATEGIES = {
@@ -170,8 +180,9 @@ def test_originals_restored_after_an_error(variant):
 
 @pytest.mark.parametrize("variant", list(MODELS))
 def test_replacement_shares_weights(variant):
-    original = _attention_modules(_model(variant))[0]
-    replaced = MODELS[variant][2](original)
+    model = _model(variant)
+    original = _attention_modules(model)[0]
+    replaced = MODELS[variant][2](original, model.config)
     shared = [
         name
         for name in replaced.reads
@@ -179,4 +190,4 @@ def test_replacement_shares_weights(variant):
     ]
     assert shared and all(getattr(replaced, name) is getattr(original, name) for name in shared)
     with pytest.raises(ValueError, match="leave it in place"):
-        MODELS[variant][2](torch.nn.Linear(2, 2))
+        MODELS[variant][2](torch.nn.Linear(2, 2), model.config)

@@ -7,7 +7,7 @@ lazily built transposed weight (`GatedMLP`).
 
 `use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
 ``forward`` never calls the function registered with `AttentionInterface` (`ATTENTION_REPLACEMENTS`: Falcon's,
-GPT-J's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
+GPT-J's, CodeGen's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import triton_runs_on
+from .codegen import REPLACEABLE as _CODEGEN_REPLACEABLE
+from .codegen import CodeGenAttentionDispatch
+from .codegen import replaceable_attention as _codegen_replaceable
 from .falcon import REPLACEABLE as _FALCON_REPLACEABLE
 from .falcon import FalconAttentionDispatch
 from .falcon import replaceable_attention as _falcon_replaceable
@@ -37,6 +40,7 @@ __all__ = [
     "MLP_REPLACEABLE",
     "REPLACEABLE",
     "ATTENTION_REPLACEMENTS",
+    "CodeGenAttentionDispatch",
     "FalconAttentionDispatch",
     "GPTJAttentionDispatch",
     "GatedMLP",
@@ -51,12 +55,14 @@ __all__ = [
 Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
 
 #: class names of the attention modules `use_dispatching_attention` may replace
-ATTENTION_REPLACEABLE = _FALCON_REPLACEABLE | _GPTJ_REPLACEABLE
+ATTENTION_REPLACEABLE = _FALCON_REPLACEABLE | _GPTJ_REPLACEABLE | _CODEGEN_REPLACEABLE
 
-#: attention modules that do not dispatch through `AttentionInterface`: (which modules, their replacement class)
+#: attention modules that do not dispatch through `AttentionInterface`: (which modules, their replacement class,
+#: built as ``cls(original, config)`` with the model's text config)
 ATTENTION_REPLACEMENTS = (
     (_falcon_replaceable, FalconAttentionDispatch),
     (_gptj_replaceable, GPTJAttentionDispatch),
+    (_codegen_replaceable, CodeGenAttentionDispatch),
 )
 
 
@@ -65,10 +71,10 @@ def replaceable_attention(module: torch.nn.Module) -> bool:
     return any(claims(module) for claims, _ in ATTENTION_REPLACEMENTS)
 
 
-def _attention_replacement(module: torch.nn.Module) -> torch.nn.Module | None:
+def _attention_replacement(module: torch.nn.Module, config) -> torch.nn.Module | None:
     for claims, replacement in ATTENTION_REPLACEMENTS:
         if claims(module):
-            return replacement(module)
+            return replacement(module, config)
     return None
 
 
@@ -82,11 +88,14 @@ def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
 
 
 def _attention_swaps(model: torch.nn.Module) -> list[Swap]:
+    """Every attention module of ``model`` an `ATTENTION_REPLACEMENTS` entry claims, with its replacement (given the
+    model's text config, for attention modules that keep none: CodeGen's)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
     return [
         (parent, name, child, replacement)
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if (replacement := _attention_replacement(child)) is not None
+        if (replacement := _attention_replacement(child, config)) is not None
     ]
 
 
@@ -129,7 +138,7 @@ def _swapped(swaps: list[Swap]) -> Iterator[None]:
 @contextlib.contextmanager
 def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
     """Within the block, every attention module of ``models`` for which `replaceable_attention` holds (rotary
-    Falcon's, GPT-J's) is replaced by its `ATTENTION_REPLACEMENTS` class (e.g. `FalconAttentionDispatch`), sharing
+    Falcon's, GPT-J's, CodeGen's) is replaced by its `ATTENTION_REPLACEMENTS` class (e.g. `FalconAttentionDispatch`), sharing
     its projections, which calls the attention function named by ``config._attn_implementation`` through
     `AttentionInterface`; yields how many modules were replaced. The
     originals are back on exit, also on errors.

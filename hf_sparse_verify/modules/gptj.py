@@ -66,12 +66,13 @@ class GPTJAttentionDispatch(torch.nn.Module):
 
     Args:
         original: a module for which `replaceable_attention` holds.
+        config: unused (the original keeps its own config); accepted for `ATTENTION_REPLACEMENTS`' signature.
     """
 
     reads = ("q_proj", "k_proj", "v_proj", "out_proj", "embed_positions", "config", "layer_idx", "rotary_dim")
     replaceable = staticmethod(replaceable_attention)
 
-    def __init__(self, original: torch.nn.Module):
+    def __init__(self, original: torch.nn.Module, config=None):
         super().__init__()
         if not type(self).replaceable(original):
             raise ValueError(
