@@ -23,6 +23,9 @@
   `ATTENTION_REPLACED_MODEL_TYPES` (`hf_sparse_verify.modules.gptj`, ``.codegen``). Checked on 5.23.0 (``GPTJBlock``
   and ``CodeGenBlock`` pass ``layer_past``, ``attention_mask`` and
   ``position_ids`` by name and unpacks ``(output, weights)``).
+- GPT-Neo's ``GPTNeoSelfAttention`` (inside ``GPTNeoAttention``) too: ``gpt_neo`` is admitted; its local layers
+  pass ``config.window_size`` as the sliding window (`hf_sparse_verify.modules.gpt_neo` says why the semantics match).
+  Checked on 5.23.0.
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
 - Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
@@ -85,7 +88,7 @@ MISMATCHED_MODEL_TYPES = {
 
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
 #: rotary attention `hf_sparse_verify.modules.use_dispatching_attention` replaces, for the call, with modules that do
-ATTENTION_REPLACED_MODEL_TYPES = frozenset({"codegen", "falcon", "gptj"})
+ATTENTION_REPLACED_MODEL_TYPES = frozenset({"codegen", "falcon", "gpt_neo", "gptj"})
 
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (

@@ -1,16 +1,24 @@
 """Attention modules that never call `AttentionInterface`, replaced for the call (`use_dispatching_attention`):
-GPT-J, CodeGen. Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
+GPT-J, CodeGen, GPT-Neo (global and local layers). Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
 the replacements ran; the originals are back after every call, also after an error."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 
 import pytest
 import torch
 from arch_survey import MAX_NEW, PAD, prompts
-from transformers import CodeGenConfig, CodeGenForCausalLM, GPTJConfig, GPTJForCausalLM
+from transformers import (
+    CodeGenConfig,
+    CodeGenForCausalLM,
+    GPTJConfig,
+    GPTJForCausalLM,
+    GPTNeoConfig,
+    GPTNeoForCausalLM,
+)
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 import hf_sparse_verify as hsv
@@ -19,29 +27,44 @@ from hf_sparse_verify.attention import BACKENDS, NAME, use_sparse_verify_attenti
 from hf_sparse_verify.modules import (
     CodeGenAttentionDispatch,
     GPTJAttentionDispatch,
+    GPTNeoAttentionDispatch,
     use_dispatching_attention,
 )
 
-_TOKENS = dict(pad_token_id=PAD, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
+_COMMON = dict(vocab_size=96, pad_token_id=PAD, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
 
 #: variant name -> (model class, config, the replacement class)
 MODELS = {
     "gptj": (
         GPTJForCausalLM,
-        GPTJConfig(n_embd=64, n_head=4, rotary_dim=8, **_TOKENS),
+        GPTJConfig(n_embd=64, n_layer=2, n_positions=512, n_head=4, rotary_dim=8, **_COMMON),
         GPTJAttentionDispatch,
     ),
     # rotary over every feature of the head
     "gptj_full_rotary": (
         GPTJForCausalLM,
-        GPTJConfig(n_embd=64, n_head=4, rotary_dim=16, **_TOKENS),
+        GPTJConfig(n_embd=64, n_layer=2, n_positions=512, n_head=4, rotary_dim=16, **_COMMON),
         GPTJAttentionDispatch,
     ),
     # the fused projection of 4 model-parallel shards; 8 heads, 2 per shard
     "codegen": (
         CodeGenForCausalLM,
-        CodeGenConfig(n_embd=64, n_head=8, rotary_dim=4, **_TOKENS),
+        CodeGenConfig(n_embd=64, n_layer=2, n_positions=512, n_head=8, rotary_dim=4, **_COMMON),
         CodeGenAttentionDispatch,
+    ),
+    # a global then a local layer; the window (5 slots) is shorter than the prompts
+    "gpt_neo": (
+        GPTNeoForCausalLM,
+        GPTNeoConfig(
+            hidden_size=64,
+            num_heads=4,
+            num_layers=2,
+            attention_types=[[["global", "local"], 1]],
+            window_size=5,
+            max_position_embeddings=512,
+            **_COMMON,
+        ),
+        GPTNeoAttentionDispatch,
     ),
 }
 STRATEGIES = {
@@ -56,7 +79,7 @@ def _model(variant: str) -> torch.nn.Module:
     """A tiny float32 random model in eval mode (2 layers, vocabulary 96), its weights scaled up for peaked
     (repetitive) outputs, so drafts are both accepted and rejected."""
     cls, config, _ = MODELS[variant]
-    config = type(config)(**{**config.to_dict(), "vocab_size": 96, "n_layer": 2, "n_positions": 512})
+    config = copy.deepcopy(config)
     torch.manual_seed(1)
     model = cls(config).eval()
     with torch.no_grad():
@@ -72,7 +95,7 @@ def _common() -> dict:
 
 
 def _attention_modules(model) -> list[torch.nn.Module]:
-    return [block.attn for block in model.transformer.h]
+    return [getattr(block.attn, "attention", block.attn) for block in model.transformer.h]  # GPT-Neo nests it
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ lazily built transposed weight (`GatedMLP`).
 
 `use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
 ``forward`` never calls the function registered with `AttentionInterface` (`ATTENTION_REPLACEMENTS`: Falcon's,
-GPT-J's, CodeGen's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
+GPT-J's, CodeGen's, GPT-Neo's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from .codegen import replaceable_attention as _codegen_replaceable
 from .falcon import REPLACEABLE as _FALCON_REPLACEABLE
 from .falcon import FalconAttentionDispatch
 from .falcon import replaceable_attention as _falcon_replaceable
+from .gpt_neo import REPLACEABLE as _GPT_NEO_REPLACEABLE
+from .gpt_neo import GPTNeoAttentionDispatch
+from .gpt_neo import replaceable_attention as _gpt_neo_replaceable
 from .gptj import REPLACEABLE as _GPTJ_REPLACEABLE
 from .gptj import GPTJAttentionDispatch
 from .gptj import replaceable_attention as _gptj_replaceable
@@ -43,6 +46,7 @@ __all__ = [
     "CodeGenAttentionDispatch",
     "FalconAttentionDispatch",
     "GPTJAttentionDispatch",
+    "GPTNeoAttentionDispatch",
     "GatedMLP",
     "TritonRMSNorm",
     "replaceable_attention",
@@ -55,7 +59,7 @@ __all__ = [
 Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
 
 #: class names of the attention modules `use_dispatching_attention` may replace
-ATTENTION_REPLACEABLE = _FALCON_REPLACEABLE | _GPTJ_REPLACEABLE | _CODEGEN_REPLACEABLE
+ATTENTION_REPLACEABLE = _FALCON_REPLACEABLE | _GPTJ_REPLACEABLE | _CODEGEN_REPLACEABLE | _GPT_NEO_REPLACEABLE
 
 #: attention modules that do not dispatch through `AttentionInterface`: (which modules, their replacement class,
 #: built as ``cls(original, config)`` with the model's text config)
@@ -63,6 +67,7 @@ ATTENTION_REPLACEMENTS = (
     (_falcon_replaceable, FalconAttentionDispatch),
     (_gptj_replaceable, GPTJAttentionDispatch),
     (_codegen_replaceable, CodeGenAttentionDispatch),
+    (_gpt_neo_replaceable, GPTNeoAttentionDispatch),
 )
 
 
@@ -138,7 +143,7 @@ def _swapped(swaps: list[Swap]) -> Iterator[None]:
 @contextlib.contextmanager
 def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
     """Within the block, every attention module of ``models`` for which `replaceable_attention` holds (rotary
-    Falcon's, GPT-J's, CodeGen's) is replaced by its `ATTENTION_REPLACEMENTS` class (e.g. `FalconAttentionDispatch`), sharing
+    Falcon's, GPT-J's, CodeGen's, GPT-Neo's) is replaced by its `ATTENTION_REPLACEMENTS` class (e.g. `FalconAttentionDispatch`), sharing
     its projections, which calls the attention function named by ``config._attn_implementation`` through
     `AttentionInterface`; yields how many modules were replaced. The
     originals are back on exit, also on errors.
