@@ -214,3 +214,12 @@ def test_replacement_shares_weights(variant):
     assert shared and all(getattr(replaced, name) is getattr(original, name) for name in shared)
     with pytest.raises(ValueError, match="leave it in place"):
         MODELS[variant][2](torch.nn.Linear(2, 2), model.config)
+
+
+def test_codegen_replacement_needs_the_model_config():
+    """``CodeGenAttention`` keeps no config; its replacement reads ``_attn_implementation`` from the model's."""
+    model = _model("codegen")
+    with pytest.raises(ValueError, match="keeps no config"):
+        CodeGenAttentionDispatch(_attention_modules(model)[0])
+    with use_dispatching_attention(model):
+        assert all(m.config is model.config for m in _attention_modules(model))

@@ -39,7 +39,6 @@ class CodeGenAttentionDispatch(GPTJAttentionDispatch):
     """
 
     reads = ("qkv_proj", "out_proj", "embed_positions", "config", "layer_idx", "rotary_dim")
-    replaceable = staticmethod(replaceable_attention)
 
     def __init__(self, original: torch.nn.Module, config=None):
         torch.nn.Module.__init__(self)

@@ -70,11 +70,10 @@ class GPTJAttentionDispatch(torch.nn.Module):
     """
 
     reads = ("q_proj", "k_proj", "v_proj", "out_proj", "embed_positions", "config", "layer_idx", "rotary_dim")
-    replaceable = staticmethod(replaceable_attention)
 
     def __init__(self, original: torch.nn.Module, config=None):
         super().__init__()
-        if not type(self).replaceable(original):
+        if not replaceable_attention(original):
             raise ValueError(
                 f"{type(original).__name__} is not one of {sorted(REPLACEABLE)}; leave it in place"
             )
