@@ -223,3 +223,16 @@ def test_codegen_replacement_needs_the_model_config():
         CodeGenAttentionDispatch(_attention_modules(model)[0])
     with use_dispatching_attention(model):
         assert all(m.config is model.config for m in _attention_modules(model))
+
+
+@pytest.mark.parametrize("variant", ["gptj", "codegen", "gpt_neo"])
+def test_triton_backend(attended, variant):
+    """The triton backend (here Triton's CPU interpreter) over the replaced modules' key/value views."""
+    model = _model(variant)
+    common = _common()
+    speculation = dict(attention_backend="triton", cuda_graphs=False, **STRATEGIES["vegas"])
+    with torch.no_grad():
+        expected = model.generate(**common)
+        out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation)
+    assert torch.equal(out, expected)
+    assert set(attended) == {MODELS[variant][2].__name__}
