@@ -19,6 +19,13 @@
   setter recurses into sub-configs with), which the replacements and the model's ``create_causal_mask`` read.
   ALiBi models (``config.alibi=True``) are refused. Checked on 5.17.0 and 5.23.0 (``modeling_falcon.py``'s attention
   and decoder layer are the same in both).
+- GPT-J's and CodeGen's attention modules run their own ``_attn`` the same way; ``gptj`` and ``codegen`` are in
+  `ATTENTION_REPLACED_MODEL_TYPES` (`hf_sparse_verify.modules.gptj`, ``.codegen``). Checked on 5.23.0 (``GPTJBlock``
+  and ``CodeGenBlock`` pass ``layer_past``, ``attention_mask`` and
+  ``position_ids`` by name and unpacks ``(output, weights)``).
+- GPT-Neo's ``GPTNeoSelfAttention`` (inside ``GPTNeoAttention``) too: ``gpt_neo`` is admitted; its local layers
+  pass ``config.window_size`` as the sliding window (`hf_sparse_verify.modules.gpt_neo` says why the semantics match).
+  Checked on 5.23.0.
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
 - Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
@@ -81,7 +88,7 @@ MISMATCHED_MODEL_TYPES = {
 
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
 #: rotary attention `hf_sparse_verify.modules.use_dispatching_attention` replaces, for the call, with modules that do
-ATTENTION_REPLACED_MODEL_TYPES = frozenset({"falcon"})
+ATTENTION_REPLACED_MODEL_TYPES = frozenset({"codegen", "falcon", "gpt_neo", "gptj"})
 
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (

@@ -6,8 +6,8 @@ MLPs); each replacement reads the attributes it declares (``reads``) and holds n
 lazily built transposed weight (`GatedMLP`).
 
 `use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
-``forward`` never calls the function registered with `AttentionInterface` (Falcon's, `ATTENTION_REPLACEABLE`) by
-modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
+``forward`` never calls the function registered with `AttentionInterface` (`ATTENTION_REPLACEMENTS`: Falcon's,
+GPT-J's, CodeGen's, GPT-Neo's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,18 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import triton_runs_on
-from .falcon import REPLACEABLE as ATTENTION_REPLACEABLE
-from .falcon import FalconAttentionDispatch, replaceable_attention
+from .codegen import REPLACEABLE as _CODEGEN_REPLACEABLE
+from .codegen import CodeGenAttentionDispatch
+from .codegen import replaceable_attention as _codegen_replaceable
+from .falcon import REPLACEABLE as _FALCON_REPLACEABLE
+from .falcon import FalconAttentionDispatch
+from .falcon import replaceable_attention as _falcon_replaceable
+from .gpt_neo import REPLACEABLE as _GPT_NEO_REPLACEABLE
+from .gpt_neo import GPTNeoAttentionDispatch
+from .gpt_neo import replaceable_attention as _gpt_neo_replaceable
+from .gptj import REPLACEABLE as _GPTJ_REPLACEABLE
+from .gptj import GPTJAttentionDispatch
+from .gptj import replaceable_attention as _gptj_replaceable
 from .mlp import REPLACEABLE as MLP_REPLACEABLE
 from .mlp import GatedMLP, replaceable_mlp
 from .rms_norm import REPLACEABLE, TritonRMSNorm
@@ -32,7 +42,11 @@ __all__ = [
     "ATTENTION_REPLACEABLE",
     "MLP_REPLACEABLE",
     "REPLACEABLE",
+    "ATTENTION_REPLACEMENTS",
+    "CodeGenAttentionDispatch",
     "FalconAttentionDispatch",
+    "GPTJAttentionDispatch",
+    "GPTNeoAttentionDispatch",
     "GatedMLP",
     "TritonRMSNorm",
     "replaceable_attention",
@@ -43,6 +57,30 @@ __all__ = [
 ]
 
 Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
+
+#: class names of the attention modules `use_dispatching_attention` may replace
+ATTENTION_REPLACEABLE = _FALCON_REPLACEABLE | _GPTJ_REPLACEABLE | _CODEGEN_REPLACEABLE | _GPT_NEO_REPLACEABLE
+
+#: attention modules that do not dispatch through `AttentionInterface`: (which modules, their replacement class,
+#: built as ``cls(original, config)`` with the model's text config)
+ATTENTION_REPLACEMENTS = (
+    (_falcon_replaceable, FalconAttentionDispatch),
+    (_gptj_replaceable, GPTJAttentionDispatch),
+    (_codegen_replaceable, CodeGenAttentionDispatch),
+    (_gpt_neo_replaceable, GPTNeoAttentionDispatch),
+)
+
+
+def replaceable_attention(module: torch.nn.Module) -> bool:
+    """Whether `use_dispatching_attention` replaces ``module`` (an entry of `ATTENTION_REPLACEMENTS` claims it)."""
+    return any(claims(module) for claims, _ in ATTENTION_REPLACEMENTS)
+
+
+def _attention_replacement(module: torch.nn.Module, config) -> torch.nn.Module | None:
+    for claims, replacement in ATTENTION_REPLACEMENTS:
+        if claims(module):
+            return replacement(module, config)
+    return None
 
 
 def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
@@ -55,11 +93,14 @@ def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
 
 
 def _attention_swaps(model: torch.nn.Module) -> list[Swap]:
+    """Every attention module of ``model`` an `ATTENTION_REPLACEMENTS` entry claims, with its replacement (given the
+    model's text config, for attention modules that keep none: CodeGen's)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
     return [
-        (parent, name, child, FalconAttentionDispatch(child))
+        (parent, name, child, replacement)
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if replaceable_attention(child)
+        if (replacement := _attention_replacement(child, config)) is not None
     ]
 
 
@@ -102,8 +143,9 @@ def _swapped(swaps: list[Swap]) -> Iterator[None]:
 @contextlib.contextmanager
 def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
     """Within the block, every attention module of ``models`` for which `replaceable_attention` holds (rotary
-    Falcon's) is a `FalconAttentionDispatch` sharing its projections, which calls the attention function named by
-    ``config._attn_implementation`` through `AttentionInterface`; yields how many modules were replaced. The
+    Falcon's, GPT-J's, CodeGen's, GPT-Neo's) is replaced by its `ATTENTION_REPLACEMENTS` class (e.g. `FalconAttentionDispatch`), sharing
+    its projections, which calls the attention function named by ``config._attn_implementation`` through
+    `AttentionInterface`; yields how many modules were replaced. The
     originals are back on exit, also on errors.
 
     Example:

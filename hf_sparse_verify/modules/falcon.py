@@ -90,11 +90,12 @@ class FalconAttentionDispatch(torch.nn.Module):
 
     Args:
         original: a Falcon attention module for which `replaceable_attention` holds.
+        config: unused (the original keeps its own config); accepted for `ATTENTION_REPLACEMENTS`' signature.
     """
 
     reads = ("query_key_value", "dense", "config", "layer_idx", "num_heads", "head_dim")
 
-    def __init__(self, original: torch.nn.Module):
+    def __init__(self, original: torch.nn.Module, config=None):
         super().__init__()
         if not replaceable_attention(original):
             raise ValueError(
