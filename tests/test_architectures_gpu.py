@@ -1,8 +1,9 @@
 """A dozen popular architectures on the GPU fast path (triton backend + CUDA graphs), float32, random weights:
-greedy output equal to plain ``generate`` with prompt_lookup and vegas. Soft-capped (gemma3, cohere2), sink
-(gpt_oss) and MLA (deepseek_v3: value heads of another size) layers run the decode-attention kernel in decode and
-verify steps (the reference attention in prefill and draft steps); Falcon's attention modules are replaced for the
-call by ones that dispatch through AttentionInterface. Skipped without a CUDA GPU."""
+greedy output equal to plain ``generate`` with prompt_lookup and vegas. Soft-capped (gemma3, cohere2) and sink
+(gpt_oss) layers run the decode-attention kernel with their logit modifications in decode and verify steps (the
+reference attention in prefill and draft steps); MLA head sizes (deepseek_v3) run the reference attention inside
+the captured steps; Falcon's attention modules are replaced for the call by ones that dispatch through
+AttentionInterface. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 

@@ -86,11 +86,10 @@ def test_decode_kernel_matches_eager(mod):
 
 
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "vegas"])
-@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
 def test_triton_backend_with_mods_equals_plain_generate(model_type, strategy, monkeypatch):
-    """End to end on the ``triton`` backend (Triton interpreter on CPU): soft-capped (Gemma 2), sink (GPT-OSS) and
-    MLA (DeepSeek V3) layers' verify steps run the decode-attention kernel, and greedy output equals plain
-    ``generate``."""
+    """End to end on the ``triton`` backend (Triton interpreter on CPU): soft-capped (Gemma 2) and sink (GPT-OSS)
+    layers' verify steps run the decode-attention kernel, and greedy output equals plain ``generate``."""
     import sys
     from pathlib import Path
 
@@ -106,8 +105,7 @@ def test_triton_backend_with_mods_equals_plain_generate(model_type, strategy, mo
                     "tests/test_architectures_gpu.py)")  # fmt: skip
     calls = []
     launch = kernel.launch
-    record = lambda *a, **k: calls.append((a[1].shape[-1], a[2].shape[-1], *a[10:])) or launch(*a, **k)  # noqa: E731
-    monkeypatch.setattr(kernel, "launch", record)
+    monkeypatch.setattr(kernel, "launch", lambda *a, **k: calls.append(a[10:]) or launch(*a, **k))
     model = build_model(model_type)
     ids, mask = prompts()
     common = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=PAD)
@@ -120,10 +118,5 @@ def test_triton_backend_with_mods_equals_plain_generate(model_type, strategy, mo
             speculation=dict(strategy=strategy, num_draft_tokens=3, attention_backend="triton", **extra),
         )
     assert torch.equal(out, expected)
-    key_dim, value_dim, softcap, sinks = calls[-1]
-    if model_type == "gemma2":
-        assert softcap > 0
-    elif model_type == "gpt_oss":
-        assert sinks is not None
-    else:  # multi-head latent attention: value heads of another size than the keys'
-        assert key_dim != value_dim
+    softcap, sinks = calls[-1]
+    assert (softcap > 0) if model_type == "gemma2" else (sinks is not None)

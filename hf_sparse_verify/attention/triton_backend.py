@@ -9,10 +9,11 @@ kernel. Draft steps with an index selection run the token-sparse kernel; prefill
 ``token_sparse``/``reference`` backends.
 
 The decode-attention kernel also applies logit soft-capping (Gemma 2/3, Cohere 2) and per-head sink logits
-(GPT-OSS), and takes a value head size other than the key's (multi-head latent attention: DeepSeek V2/V3,
-MiniCPM3), so those layers' decode and verify steps run it too; their prefill and self-speculative draft steps run
-the reference backend (the token-sparse kernel computes plain softmax over one head size). The reference backend is
-exact, slower, and capturable in CUDA graphs like the rest (it reads the same device-side slots and never syncs).
+(GPT-OSS), so those layers' decode and verify steps run it too; their prefill and self-speculative draft steps run
+the reference backend (the token-sparse kernel computes plain softmax). Layers whose value head size differs from
+the key's (multi-head latent attention: DeepSeek V2/V3, MiniCPM3) run the reference backend at every step. The
+reference backend is exact, slower, and capturable in CUDA graphs like the rest (it reads the same device-side
+slots and never syncs).
 """
 
 from __future__ import annotations
@@ -45,10 +46,8 @@ def triton_attention(
     layer = module.layer_idx
     selection = step.draft_selection()
     too_many_rows = step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS
-    # the token-sparse paths compute plain softmax with one head size: prefill, draft and very wide steps of
-    # layers with logit modifications or MLA head sizes take the reference attention
-    if (not mods.plain or key.shape[-1] != value.shape[-1]) and (
-        step.phase is Phase.PREFILL or too_many_rows or selection is not None
+    if key.shape[-1] != value.shape[-1] or (
+        not mods.plain and (step.phase is Phase.PREFILL or too_many_rows or selection is not None)
     ):
         return reference_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods

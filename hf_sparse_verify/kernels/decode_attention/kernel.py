@@ -46,7 +46,7 @@ def _split_kernel(
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_DV: tl.constexpr, HEAD_DV: tl.constexpr, COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
+    COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
     IEEE: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
@@ -107,9 +107,7 @@ def _split_kernel(
 
     b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
-    offs_dv = tl.arange(0, BLOCK_DV)  # value head size (MLA: other than the key's)
-    dv_ok = offs_dv < HEAD_DV
-    b_acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * s_kb + kvh * s_kh
     v_base = V + b * s_vb + kvh * s_vh
     for n0 in range(s_lo, s_hi, BLOCK_N):
@@ -159,8 +157,7 @@ def _split_kernel(
         alpha = tl.exp(b_m - m_safe)
         b_p = tl.exp(b_s - m_safe[:, None])
         b_l = b_l * alpha + tl.sum(b_p, 1)
-        p_v = v_base + offs_n[:, None] * s_vt + offs_dv[None, :] * s_vd
-        b_v = tl.load(p_v, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        b_v = tl.load(v_base + offs_n[:, None] * s_vt + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
         if DOT_F32:
             b_v = b_v.to(tl.float32)
         if IEEE:
@@ -172,7 +169,7 @@ def _split_kernel(
     part = (b * kv_heads + kvh) * num_splits + split
     tl.store(M_PART + part * BLOCK_M + offs_m, b_m)
     tl.store(L_PART + part * BLOCK_M + offs_m, b_l)
-    tl.store(O_PART + (part * BLOCK_M + offs_m[:, None]) * BLOCK_DV + offs_dv[None, :], b_acc)
+    tl.store(O_PART + (part * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :], b_acc)
 
 
 @triton.jit
@@ -206,7 +203,7 @@ def _merge_kernel(
     b_den = b_l
     if HAS_SINKS:
         b_den = b_l + tl.exp(sink - m_max)
-    b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_den > 0, b_den, 1.0)  # [BLOCK_D] (value head size)
+    b_out = tl.sum(w[:, None] * o_s, 0) / tl.where(b_den > 0, b_den, 1.0)  # [BLOCK_D]
     p_o = OUT + b * s_ob + i * s_ot + (kvh * group + g) * s_oh + offs_d * s_od
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
     if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
@@ -277,14 +274,13 @@ def launch(
     per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
     the raw logits, or of the softmax weights with ``weights``; or None)."""
     batch, heads, q_len, dim = query.shape
-    kv_heads, capacity, dim_v = key.shape[1], key.shape[2], value.shape[3]
+    kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    block_dv = max(16, next_power_of_2(dim_v))
-    block_n = TILES["block_n"] if max(block_d, block_dv) <= 128 else 32
+    block_n = TILES["block_n"] if block_d <= 128 else 32
     device = query.device
-    o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_dv, device=device, dtype=torch.float32)
+    o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
     m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
     l_part = torch.empty_like(m_part)
     rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
@@ -300,7 +296,7 @@ def launch(
         lse = m_part
     else:
         s_part = lse = m_part
-    out = torch.empty(batch, q_len, heads, dim_v, device=device, dtype=query.dtype)
+    out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
     # the summed-query dot sums logits before any cap: only for plain logits
     score_dot = not weights and not softcap and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
     row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
@@ -309,7 +305,7 @@ def launch(
         o_part, m_part, l_part, s_part,
         scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim, BLOCK_DV=block_dv, HEAD_DV=dim_v,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
         COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
@@ -319,7 +315,7 @@ def launch(
         o_part, m_part, l_part, out, lse, sink_logits,
         q_len, group, num_splits,
         *out.stride(),
-        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_dv, HEAD_DIM=dim_v,
+        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
         STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
     )  # fmt: skip
     if not collect:

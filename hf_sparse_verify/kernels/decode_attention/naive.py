@@ -58,8 +58,7 @@ def decode_attention_naive(
 
     Args:
         query: ``[B, H, q, D]``.
-        key, value: ``[B, H_kv, C, D]`` and ``[B, H_kv, C, Dv]`` cache buffers (``H % H_kv == 0``; ``Dv`` may
-            differ from ``D``: multi-head latent attention).
+        key, value: ``[B, H_kv, C, D]`` cache buffers (``H % H_kv == 0``).
         start, pad: ``[B]`` int, slot of each row's first new token and its left padding.
         scale: softmax scale.
         window: sliding window (0 = none).

@@ -67,7 +67,7 @@ def _(
     query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head, softcap, sinks
 ):
     batch, heads, q_len, dim = query.shape
-    out = query.new_empty(batch, q_len, heads, value.shape[-1])
+    out = query.new_empty(batch, q_len, heads, dim)
     if not collect:
         return out, query.new_empty(batch, 0, dtype=torch.float32)
     shape = (batch, key.shape[1], key.shape[2]) if per_kv_head else (batch, key.shape[2])
@@ -87,11 +87,8 @@ def _validate(query, key, value, start, pad, window, collect, softcap=0.0, sinks
             f"query must be [B, H, q, D] and key/value [B, H_kv, C, D]; got {tuple(query.shape)} and "
             f"{tuple(key.shape)}"
         )
-    if key.shape[:3] != value.shape[:3]:
-        raise ValueError(
-            f"key {tuple(key.shape)} and value {tuple(value.shape)} must agree in batch, heads and slots (their head "
-            "sizes may differ: multi-head latent attention)"
-        )
+    if key.shape != value.shape:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
     batch, heads, q_len, dim = query.shape
     if key.shape[0] != batch or key.shape[3] != dim:
         raise ValueError(
@@ -144,7 +141,7 @@ def decode_attention(
 
     Args:
         query: ``[B, H, q, D]`` (any strides).
-        key, value: ``[B, H_kv, C, D]`` and ``[B, H_kv, C, Dv]`` cache buffers (``Dv`` may differ: MLA).
+        key, value: ``[B, H_kv, C, D]`` cache buffers.
         start, pad: ``[B]`` int32/int64 on the cache's device.
         scale: softmax scale.
         window: sliding window, 0 for none.
@@ -159,7 +156,7 @@ def decode_attention(
             the cached slots alone.
 
     Returns:
-        ``(out [B, q, H, Dv], scores [B, C] or None)``.
+        ``(out [B, q, H, D], scores [B, C] or None)``.
 
     Example:
         >>> q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 2, 8, 16)
