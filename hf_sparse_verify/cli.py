@@ -638,14 +638,22 @@ def _compare_plain(model, inputs, common: dict, sequences, stats, device: str, d
     }
 
 
-def cmd_tune(args) -> int:
-    from .tune import dense_warning, read_prompts, tune
+def _tuning_prompts(args) -> list:
+    """The ``--prompt-file`` prompts of ``tune`` and ``calibrate`` (``--prompt-len``, ``--max-prompts``); format
+    errors as one line, before anything loads."""
+    from .tune import read_prompts
 
-    read_prompt_file(args.prompt_file)  # format errors as one line, before anything loads
+    read_prompt_file(args.prompt_file)
     try:
-        prompts = read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
+        return read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
     except ValueError as err:
         raise UsageError(_one_line(err)) from None
+
+
+def cmd_tune(args) -> int:
+    from .tune import dense_warning, tune
+
+    prompts = _tuning_prompts(args)
     _check_model("--model", args.model)
     if args.draft_model is not None:
         raise UsageError(f"--draft-model: {args.strategy} drafts with the target itself; drop --draft-model")
@@ -742,13 +750,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from .tune import read_prompts
-
-    read_prompt_file(args.prompt_file)  # format errors as one line, before anything loads
-    try:
-        prompts = read_prompts(args.prompt_file, args.prompt_len, args.max_prompts)
-    except ValueError as err:
-        raise UsageError(_one_line(err)) from None
+    prompts = _tuning_prompts(args)
     _check_model("--model", args.model)
     device = _device(args.device)
 

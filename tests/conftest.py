@@ -129,3 +129,22 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(kernel_module, "launch", spy)
     return calls
+
+
+@pytest.fixture
+def attended(monkeypatch):
+    """Class names of the modules the "reference" and "triton" attention backends were called with."""
+    from hf_sparse_verify.attention import BACKENDS
+
+    seen = []
+
+    def spy(backend):
+        def run(module, *args, **kwargs):
+            seen.append(type(module).__name__)
+            return backend(module, *args, **kwargs)
+
+        return run
+
+    for name in ("reference", "triton"):
+        monkeypatch.setitem(BACKENDS, name, spy(BACKENDS[name]))
+    return seen

@@ -15,7 +15,7 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
-from hf_sparse_verify.attention import BACKENDS, NAME, triton_backend, use_sparse_verify_attention
+from hf_sparse_verify.attention import NAME, triton_backend, use_sparse_verify_attention
 from hf_sparse_verify.modules import FalconAttentionDispatch, use_dispatching_attention
 
 #: projection layouts of `hf_sparse_verify.modules.falcon`, and the decoder-layer variants around them
@@ -75,23 +75,6 @@ def _common() -> dict:
 
 def _attention_classes(model) -> set[str]:
     return {type(layer.self_attention).__name__ for layer in model.transformer.h}
-
-
-@pytest.fixture
-def attended(monkeypatch):
-    """Class names of the modules the "reference" and "triton" attention backends were called with."""
-    seen = []
-
-    def spy(backend):
-        def run(module, *args, **kwargs):
-            seen.append(type(module).__name__)
-            return backend(module, *args, **kwargs)
-
-        return run
-
-    for name in ("reference", "triton"):
-        monkeypatch.setitem(BACKENDS, name, spy(BACKENDS[name]))
-    return seen
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

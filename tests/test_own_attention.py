@@ -23,7 +23,7 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
-from hf_sparse_verify.attention import BACKENDS, NAME, use_sparse_verify_attention
+from hf_sparse_verify.attention import NAME, use_sparse_verify_attention
 from hf_sparse_verify.modules import (
     CodeGenAttentionDispatch,
     GPTJAttentionDispatch,
@@ -108,23 +108,6 @@ def _sdpa(model):
         yield
     finally:
         model.config._attn_implementation = previous
-
-
-@pytest.fixture
-def attended(monkeypatch):
-    """Class names of the modules the "reference" and "triton" attention backends were called with."""
-    seen = []
-
-    def spy(backend):
-        def run(module, *args, **kwargs):
-            seen.append(type(module).__name__)
-            return backend(module, *args, **kwargs)
-
-        return run
-
-    for name in ("reference", "triton"):
-        monkeypatch.setitem(BACKENDS, name, spy(BACKENDS[name]))
-    return seen
 
 
 @pytest.mark.parametrize("variant", list(MODELS))

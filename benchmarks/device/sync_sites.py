@@ -13,33 +13,19 @@ import argparse
 import collections
 import sys
 import traceback
-import warnings
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import ragged_batch  # noqa: E402
 from test_spine_gpu import STRATEGIES, _run  # noqa: E402
 
+from hf_sparse_verify.bench.syncs import watch_syncs  # noqa: E402
+
 
 def stacks_of(fn) -> collections.Counter:
+    """How often each stack (its innermost 7 frames: who called what synchronised) synchronised in ``fn()``."""
     seen: collections.Counter = collections.Counter()
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
-            frames = [f for f in traceback.format_stack()[:-1] if "warnings.py" not in f]
-            seen["".join(frames[-7:])] += 1  # the innermost frames: who called what synchronised
-
-    torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    watch_syncs(fn, lambda stack: seen.update(["".join(traceback.format_list(stack[-7:]))]))
     return seen
 
 

@@ -30,17 +30,13 @@ def _ours(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
     return None
 
 
-def count_syncs(fn: Callable[[], object]) -> tuple[object, int, collections.Counter]:
-    """Run ``fn`` on a CUDA machine; returns its result, how many host synchronisations this library made, and a
-    counter of their sites (``path:line`` of the innermost library frame, the path cut after ``hf_sparse_verify``)."""
-    sites: collections.Counter = collections.Counter()
+def watch_syncs(fn: Callable[[], object], on_sync: Callable[[list[traceback.FrameSummary]], None]) -> object:
+    """Run ``fn`` on a CUDA machine under ``torch.cuda.set_sync_debug_mode("warn")``, calling ``on_sync`` with the
+    Python stack of every host synchronisation (any code's); returns ``fn``'s result."""
 
     def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
-            return
-        frame = _ours(traceback.extract_stack()[:-1])
-        if frame is not None:
-            sites[f"{frame.filename.split(_OURS)[-1]}:{frame.lineno}"] += 1
+        if "synchroniz" in str(message):
+            on_sync([f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")])
 
     torch.cuda.synchronize()
     with warnings.catch_warnings():
@@ -48,7 +44,20 @@ def count_syncs(fn: Callable[[], object]) -> tuple[object, int, collections.Coun
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = fn()
+            return fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
+
+
+def count_syncs(fn: Callable[[], object]) -> tuple[object, int, collections.Counter]:
+    """Run ``fn`` on a CUDA machine; returns its result, how many host synchronisations this library made, and a
+    counter of their sites (``path:line`` of the innermost library frame, the path cut after ``hf_sparse_verify``)."""
+    sites: collections.Counter = collections.Counter()
+
+    def record(stack: list[traceback.FrameSummary]) -> None:
+        frame = _ours(stack)
+        if frame is not None:
+            sites[f"{frame.filename.split(_OURS)[-1]}:{frame.lineno}"] += 1
+
+    result = watch_syncs(fn, record)
     return result, sum(sites.values()), sites

@@ -196,7 +196,7 @@ def _merge_kernel(
     o_s = tl.load(O_PART + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     m_max = tl.max(m_s, 0)
     if HAS_SINKS:  # the head's sink logit joins the denominator (and the running max) and attends to nothing
-        sink = tl.load(SINKS + kvh * group + g)
+        sink = tl.load(SINKS + kvh * group + g).to(tl.float32)
         m_max = tl.maximum(m_max, sink)
     w = tl.exp(m_s - tl.where(m_max == NEG_INF, 0.0, m_max))  # splits without slots weigh 0
     b_l = tl.sum(w * l_s, 0)  # the cached slots' share of the denominator
@@ -310,7 +310,9 @@ def launch(
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
     )  # fmt: skip
-    sink_logits = sinks.float().contiguous() if sinks is not None else m_part  # m_part: an unread placeholder
+    sink_logits = (
+        sinks if sinks is not None else m_part
+    )  # [H], read in its own dtype; m_part: an unread placeholder
     _merge_kernel[(group * q_len, kv_heads, batch)](
         o_part, m_part, l_part, out, lse, sink_logits,
         q_len, group, num_splits,

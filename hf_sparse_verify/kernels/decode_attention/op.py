@@ -77,10 +77,12 @@ def _(
 def _validate(query, key, value, start, pad, window, collect, softcap=0.0, sinks=None) -> None:
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0 = no soft-capping), got {softcap}")
-    if sinks is not None and (sinks.shape != (query.shape[1],) or sinks.device != query.device):
+    if sinks is not None and (
+        sinks.shape != (query.shape[1],) or sinks.device != query.device or sinks.stride() != (1,)
+    ):
         raise ValueError(
-            f"sinks must be one logit per query head, shape [{query.shape[1]}] on {query.device}; got "
-            f"{tuple(sinks.shape)} on {sinks.device}"
+            f"sinks must be one logit per query head, a contiguous [{query.shape[1]}] tensor on {query.device}; "
+            f"got {tuple(sinks.shape)} (strides {sinks.stride()}) on {sinks.device}"
         )
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(
