@@ -34,9 +34,10 @@ from ..step import current_step
 #: instance is replaced only when its projections have no bias and its activation is SiLU (`replaceable_mlp`).
 REPLACEABLE = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen2MoeMLP", "Qwen3MoeMLP"})
 #: the fused ``silu(gate) * up`` kernel runs for steps of at most this many token rows (batch x new tokens); larger
-#: steps use torch's matmuls. Measured on an H200 (8B shape): fused is faster at 1 and 16 rows (decode 6.13 -> 5.81
-#: ms at 1K, a 16-token verify 6.57 -> 6.27 ms), slower from 80 rows (16 x 16K verify of 5 / 7 / 9 tokens: 16.0 /
-#: 16.3 / 17.1 ms unfused, 16.9 / 18.4 / 20.1 ms fused).
+#: steps use torch's matmuls. Measured on an H200 (8B shape), in separate runs, not side by side: fused is faster at 1
+#: and 16 rows (decode 6.13 -> 5.81 ms at 1K, a 16-token verify 6.57 -> 6.27 ms), slower from 80 rows (16 x 16K
+#: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/h200_step_16k_b16_vegas_scores.json`; 16.9 /
+#: 18.4 / 20.1 ms fused, `results/h200_step_16k_b16_vegas_scores_rowdot.json`).
 FUSED_MAX_ROWS = 16
 #: activation classes that compute ``F.silu`` (transformers' ``ACT2FN["silu"]`` / ``["swish"]``)
 SILU_ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})
