@@ -20,6 +20,9 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import triton_runs_on
+from .attention import REPLACEABLE as FUSED_ATTENTION_REPLACEABLE
+from .attention import FusedQKVAttention
+from .attention import replaceable_attention as _fused_attention_replaceable
 from .codegen import REPLACEABLE as _CODEGEN_REPLACEABLE
 from .codegen import CodeGenAttentionDispatch
 from .codegen import replaceable_attention as _codegen_replaceable
@@ -43,8 +46,10 @@ __all__ = [
     "MLP_REPLACEABLE",
     "REPLACEABLE",
     "ATTENTION_REPLACEMENTS",
+    "FUSED_ATTENTION_REPLACEABLE",
     "CodeGenAttentionDispatch",
     "FalconAttentionDispatch",
+    "FusedQKVAttention",
     "GPTJAttentionDispatch",
     "GPTNeoAttentionDispatch",
     "GatedMLP",
@@ -122,6 +127,17 @@ def _mlp_swaps(model: torch.nn.Module, down_copy: bool, cuda_only: bool = False)
     ]
 
 
+def _fused_attention_swaps(model: torch.nn.Module) -> list[Swap]:
+    """Every Llama-family attention module of ``model`` (`FUSED_ATTENTION_REPLACEABLE`) whose projections are where
+    the fused kernels run, with its `FusedQKVAttention`."""
+    return [
+        (parent, name, child, FusedQKVAttention(child))
+        for parent in list(model.modules())
+        for name, child in list(parent.named_children())
+        if _fused_attention_replaceable(child) and _fused_kernel_runs(child.q_proj.weight.device)
+    ]
+
+
 def _fused_kernel_runs(device: torch.device) -> bool:
     return device.type == "cuda" and triton_runs_on(device)
 
@@ -170,20 +186,25 @@ def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def use_fused_modules(*models: torch.nn.Module, mlp: bool = True) -> Iterator[int]:
+def use_fused_modules(*models: torch.nn.Module, mlp: bool = True, attention: bool = True) -> Iterator[int]:
     """Within the block, every RMSNorm of ``models`` whose class is in `REPLACEABLE` is a `TritonRMSNorm` sharing its
-    weight, and (``mlp=True``) every bias-free SiLU MLP in `MLP_REPLACEABLE` whose weights are on a CUDA device is a
-    `GatedMLP` (the fused ``silu(gate) * up`` kernel; the sparse FFN on verify steps that ask for it); yields how
-    many modules were replaced. MLPs elsewhere stay as they are (`GatedMLP`'s dense path would compute exactly what
-    they compute); `use_sparse_ffn` replaces them on any device."""
+    weight; (``mlp=True``) every bias-free SiLU MLP in `MLP_REPLACEABLE` whose weights are on a CUDA device is a
+    `GatedMLP` (the fused ``silu(gate) * up`` kernel; the sparse FFN on verify steps that ask for it); and
+    (``attention=True``) every Llama-family attention module in `FUSED_ATTENTION_REPLACEABLE` whose weights are on a
+    CUDA device is a `FusedQKVAttention` (q/k/v projections in one launch, norm and rotary in another); yields how
+    many modules were replaced. Modules elsewhere stay as they are (the replacements would compute exactly what
+    they compute); `use_sparse_ffn` replaces MLPs on any device."""
+    attentions = [swap for model in models for swap in _fused_attention_swaps(model)] if attention else []
     norms = [swap for model in models for swap in _norm_swaps(model)]
     mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
-    with _swapped(norms + mlps):
+    with _swapped(attentions + norms + mlps):
+        if attentions:
+            logger.info("hf_sparse_verify: %d attention modules run as FusedQKVAttention", len(attentions))
         if norms:
             logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(norms))
         if mlps:
             logger.info("hf_sparse_verify: %d MLP modules run as GatedMLP (fused / sparse FFN)", len(mlps))
-        yield len(norms) + len(mlps)
+        yield len(attentions) + len(norms) + len(mlps)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,186 @@
+"""``hsv::qkv_proj`` and ``hsv::rope_qk``: validation, registration with ``torch.library``, Triton where it runs,
+the reference elsewhere (CPU without ``TRITON_INTERPRET=1``, float64)."""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton import triton_runs_on
+from .naive import qkv_proj_naive, rope_qk_naive
+
+#: the projection kernel reads each weight once for up to this many token rows (decode and verify steps); callers
+#: use ``F.linear`` above it
+MAX_ROWS = 16
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return triton_runs_on(x.device) and x.dtype != torch.float64
+
+
+@torch.library.custom_op("hsv::qkv_proj", mutates_args=())
+def _qkv_proj_op(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    b_q: torch.Tensor | None,
+    b_k: torch.Tensor | None,
+    b_v: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _use_triton(x):
+        from .kernel import qkv_proj_launch
+
+        return qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v)
+    q, k, v = qkv_proj_naive(x, w_q, w_k, w_v, b_q, b_k, b_v)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+@_qkv_proj_op.register_fake
+def _(x, w_q, w_k, w_v, b_q, b_k, b_v):
+    rows = x.shape[0]
+    return x.new_empty((rows, w_q.shape[0])), x.new_empty((rows, w_k.shape[0])), x.new_empty((rows, w_v.shape[0]))
+
+
+@torch.library.custom_op("hsv::rope_qk", mutates_args=())
+def _rope_qk_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_triton(q):
+        from .kernel import rope_qk_launch
+
+        return rope_qk_launch(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps)
+    out_q, out_k = rope_qk_naive(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps)
+    return out_q.contiguous(), out_k.contiguous()
+
+
+@_rope_qk_op.register_fake
+def _(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps):
+    rows = q.shape[0]
+    return q.new_empty((rows, q.shape[1] // head_dim, head_dim)), q.new_empty((rows, k.shape[1] // head_dim, head_dim))
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _same_device_and_dtype(what: str, *tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"{what}: all tensors must be on one device; got {sorted(map(str, devices))}")
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOAT_DTYPES:
+        raise ValueError(f"{what}: all tensors must share one float dtype; got {sorted(map(str, dtypes))}")
+
+
+def qkv_proj(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    b_q: torch.Tensor | None = None,
+    b_k: torch.Tensor | None = None,
+    b_v: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The query, key and value projections of ``x`` in one launch (``F.linear`` of each, float32 accumulation,
+    outputs in ``x.dtype``), reading each weight once for up to `MAX_ROWS` rows.
+
+    Args:
+        x: ``[T, H]`` with ``T <= MAX_ROWS``.
+        w_q: ``[N_q, H]``; ``w_k``, ``w_v``: ``[N_kv, H]`` (``nn.Linear`` weights, ``x.dtype``). ``N_q`` and ``N_kv``
+            must be multiples of 16.
+        b_q, b_k, b_v: biases ``[N_*]``, all three or none.
+
+    Returns:
+        ``[T, N_q]``, ``[T, N_kv]``, ``[T, N_kv]``, contiguous.
+
+    Example:
+        >>> x, wq, wk, wv = torch.randn(2, 32), torch.randn(64, 32), torch.randn(32, 32), torch.randn(32, 32)
+        >>> q, k, v = qkv_proj(x, wq, wk, wv)
+        >>> torch.allclose(q, x @ wq.T, atol=1e-5), tuple(v.shape)
+        (True, (2, 32))
+    """
+    if x.dim() != 2 or any(w.dim() != 2 for w in (w_q, w_k, w_v)):
+        raise ValueError(
+            f"qkv_proj needs x [T, H] and weights [N, H]; got {tuple(x.shape)}, {tuple(w_q.shape)}, "
+            f"{tuple(w_k.shape)}, {tuple(w_v.shape)}"
+        )
+    rows, hidden = x.shape
+    if rows > MAX_ROWS:
+        raise ValueError(f"qkv_proj reads each weight once for at most {MAX_ROWS} rows; got {rows}: use F.linear")
+    if any(w.shape[1] != hidden for w in (w_q, w_k, w_v)) or w_k.shape != w_v.shape:
+        raise ValueError(
+            f"qkv_proj: weights must be [N_q, {hidden}], [N_kv, {hidden}], [N_kv, {hidden}]; got "
+            f"{tuple(w_q.shape)}, {tuple(w_k.shape)}, {tuple(w_v.shape)}"
+        )
+    if w_q.shape[0] % 16 or w_k.shape[0] % 16:
+        raise ValueError(
+            f"qkv_proj needs projection widths that are multiples of 16; got {w_q.shape[0]} and {w_k.shape[0]}"
+        )
+    biases = (b_q, b_k, b_v)
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise ValueError("qkv_proj takes biases for all three projections or none")
+    if b_q is not None and (b_q.shape != (w_q.shape[0],) or b_k.shape != (w_k.shape[0],) or b_v.shape != (w_v.shape[0],)):
+        raise ValueError("qkv_proj: each bias must be [N] of its weight")
+    _same_device_and_dtype("qkv_proj", x, w_q, w_k, w_v, *(b for b in biases if b is not None))
+    x, w_q, w_k, w_v = (_unit_last(t) for t in (x, w_q, w_k, w_v))
+    if b_q is not None:
+        b_q, b_k, b_v = (b.contiguous() for b in biases)
+    return torch.ops.hsv.qkv_proj(x, w_q, w_k, w_v, b_q, b_k, b_v)
+
+
+def rope_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optional per-head RMSNorm (Qwen3's ``q_norm`` / ``k_norm``) and the rotary embedding of queries and keys in
+    one launch, with transformers' arithmetic and roundings (`rope_qk_naive`).
+
+    Args:
+        q: ``[T, H_q * D]``; k: ``[T, H_kv * D]`` (projection outputs, one row per token).
+        cos, sin: ``[T, D]`` (the model's ``position_embeddings``, one row per token), ``q.dtype``.
+        head_dim: ``D`` (even).
+        q_norm_weight, k_norm_weight: ``[D]`` RMSNorm weights in ``q.dtype``, or None for no norm.
+        eps: the norms' variance epsilon.
+
+    Returns:
+        rotated queries ``[T, H_q, D]`` and keys ``[T, H_kv, D]``, contiguous, in ``q.dtype``.
+
+    Example:
+        >>> q, k, cos, sin = torch.randn(3, 16), torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8)
+        >>> rq, rk = rope_qk(q, k, cos, sin, 8)
+        >>> tuple(rq.shape), tuple(rk.shape)
+        ((3, 2, 8), (3, 1, 8))
+    """
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope_qk needs an even head_dim; got {head_dim}")
+    if q.dim() != 2 or k.dim() != 2 or q.shape[1] % head_dim or k.shape[1] % head_dim or k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"rope_qk needs q [T, H_q * {head_dim}] and k [T, H_kv * {head_dim}]; got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
+    if cos.shape != (q.shape[0], head_dim) or sin.shape != cos.shape:
+        raise ValueError(
+            f"rope_qk needs cos and sin [T, D] = [{q.shape[0]}, {head_dim}]; got {tuple(cos.shape)} and "
+            f"{tuple(sin.shape)} (partial rotary embeddings are not handled)"
+        )
+    norms = tuple(w for w in (q_norm_weight, k_norm_weight) if w is not None)
+    if any(w.shape != (head_dim,) for w in norms):
+        raise ValueError(f"rope_qk: norm weights must be [{head_dim}]; got {[tuple(w.shape) for w in norms]}")
+    _same_device_and_dtype("rope_qk", q, k, cos, sin, *norms)
+    q, k, cos, sin = (_unit_last(t) for t in (q, k, cos, sin))
+    norms_c = [w.contiguous() if w is not None else None for w in (q_norm_weight, k_norm_weight)]
+    return torch.ops.hsv.rope_qk(q, k, cos, sin, int(head_dim), norms_c[0], norms_c[1], float(eps))

@@ -1,0 +1,182 @@
+"""`FusedQKVAttention`: the Llama-family self-attention with its input side fused for decode and verify steps.
+
+transformers' ``LlamaAttention.forward`` (and Mistral's, Mixtral's, Qwen2's, Qwen2-MoE's, Qwen3's, Qwen3-MoE's) runs
+``q_proj``, ``k_proj``, ``v_proj`` as three GEMMs (with cuBLAS split-K reductions at one row), Qwen3's per-head
+``q_norm`` / ``k_norm``, and ``apply_rotary_pos_emb`` as about eight elementwise and ``cat`` kernels, before the cache
+update and the registered attention function. This module computes the same thing, sharing the original's
+projections and norms (no weight copied), with two launches on CUDA (`hf_sparse_verify.kernels.qkv_rope`): the
+three projections in one pass over their weights (steps of at most `MAX_ROWS` token rows; larger steps use
+``F.linear``), and norm + rotary of every query and key head in one kernel. Elsewhere (CPU, no Triton) it runs the
+original arithmetic op by op, so CPU results are bitwise what transformers computes. The cache update, the attention
+function (``config._attn_implementation`` through `AttentionInterface`) and ``o_proj`` are as in the original.
+
+What the originals pass to the attention function differs by class (checked against transformers 5.23.0's source):
+`SLIDING_WINDOW` says where each reads ``sliding_window`` from, or that it passes none. Only these classes, with full
+rotary embeddings (``cos`` as wide as a head) and one dtype for activations, norm weights and ``cos``/``sin``, take
+the fused path; other inputs run the original arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..kernels._triton import triton_runs_on
+from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk
+from ..kernels.qkv_rope.kernel import proj_block_n
+
+#: attention class -> where its forward reads the ``sliding_window`` it passes to the attention function: ``"module"``
+#: (its own ``sliding_window`` attribute), ``"config"`` (``getattr(config, "sliding_window", None)``) or None (passes
+#: none)
+SLIDING_WINDOW = {
+    "LlamaAttention": None,
+    "MistralAttention": "config",
+    "MixtralAttention": "config",
+    "Qwen2Attention": "module",
+    "Qwen2MoeAttention": None,
+    "Qwen3Attention": "module",
+    "Qwen3MoeAttention": "module",
+}
+#: attention classes whose forward is the Llama one described above (plus the ``sliding_window`` of `SLIDING_WINDOW`,
+#: and the per-head ``q_norm`` / ``k_norm`` RMSNorms of the Qwen3 classes)
+REPLACEABLE = frozenset(SLIDING_WINDOW)
+_QK_NORM = frozenset({"Qwen3Attention", "Qwen3MoeAttention"})
+
+
+def replaceable_attention(module: torch.nn.Module) -> bool:
+    """Whether `FusedQKVAttention` computes what ``module`` computes: an allow-listed class with ``nn.Linear``
+    projections (biases on all of q/k/v or none) and, for the Qwen3 classes, RMSNorms with ``variance_epsilon``."""
+    name = type(module).__name__
+    if name not in REPLACEABLE:
+        return False
+    projections = [getattr(module, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if not all(type(p) is torch.nn.Linear for p in projections):
+        return False
+    if len({p.bias is None for p in projections[:3]}) != 1:
+        return False
+    if name in _QK_NORM:
+        norms = (getattr(module, "q_norm", None), getattr(module, "k_norm", None))
+        return all(hasattr(n, "weight") and hasattr(n, "variance_epsilon") for n in norms)
+    return True
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _no_eager(*args, **kwargs):
+    raise NotImplementedError(
+        "this attention replacement runs a registered attention function (e.g. 'sparse_verify' or 'sdpa'), not "
+        "'eager'; it is only swapped in by hf_sparse_verify for the duration of a call"
+    )
+
+
+class FusedQKVAttention(torch.nn.Module):
+    """Stand-in for a Llama-family attention module (`REPLACEABLE`), sharing its projections and norms.
+
+    The attributes attention functions read from their ``module`` argument are the original's: ``layer_idx``,
+    ``config``, ``is_causal``, ``head_dim``, ``scaling``, ``num_key_value_groups``, ``attention_dropout`` (and
+    ``training`` from `torch.nn.Module`).
+
+    Args:
+        original: a module for which `replaceable_attention` holds.
+    """
+
+    reads = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "config", "layer_idx", "head_dim", "scaling",
+        "num_key_value_groups", "is_causal", "attention_dropout", "sliding_window",
+    )  # fmt: skip
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__()
+        if not replaceable_attention(original):
+            raise ValueError(
+                f"{type(original).__name__} is not a Llama-family attention of {sorted(REPLACEABLE)} with Linear "
+                "projections; leave it in place"
+            )
+        name = type(original).__name__
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            original.q_proj, original.k_proj, original.v_proj, original.o_proj,
+        )  # fmt: skip
+        self.q_norm = original.q_norm if name in _QK_NORM else None
+        self.k_norm = original.k_norm if name in _QK_NORM else None
+        self.config = original.config
+        self.layer_idx = original.layer_idx
+        self.head_dim = original.head_dim
+        self.scaling = original.scaling
+        self.num_key_value_groups = original.num_key_value_groups
+        self.is_causal = original.is_causal
+        self.attention_dropout = original.attention_dropout
+        source = SLIDING_WINDOW[name]
+        if source == "module":
+            self.sliding_window = getattr(original, "sliding_window", None)
+        elif source == "config":
+            self.sliding_window = getattr(original.config, "sliding_window", None)
+        self._passes_window = source is not None
+        self._block_n = proj_block_n(self.q_proj.out_features, self.k_proj.out_features)
+
+    def _fused(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether this call takes the Triton path (CUDA with Triton, full rotary, one dtype throughout)."""
+        if hidden_states.device.type != "cuda" or not triton_runs_on(hidden_states.device):
+            return False
+        dtype = hidden_states.dtype
+        weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos]
+        weights += [n.weight for n in (self.q_norm, self.k_norm) if n is not None]
+        return cos.shape[-1] == self.head_dim and all(w.dtype == dtype for w in weights)
+
+    def _project_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``x`` ``[T, H]`` rows -> q ``[T, Hq, D]``, k ``[T, Hkv, D]`` (normed, rotated), v ``[T, Hkv * D]``."""
+        biases = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
+        if x.shape[0] <= MAX_ROWS and self._block_n is not None:
+            q, k, v = qkv_proj(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, *biases)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        norms = [n.weight if n is not None else None for n in (self.q_norm, self.k_norm)]
+        eps = self.q_norm.variance_epsilon if self.q_norm is not None else 1e-6
+        q, k = rope_qk(q, k, cos, sin, self.head_dim, norms[0], norms[1], eps)
+        return q, k, v
+
+    def _project_eager(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The original arithmetic: ``[B, H, T, D]`` queries, keys and values."""
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape)
+        k = self.k_proj(hidden_states).view(shape)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin), v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        """The arguments the decoder layer passes: ``hidden_states`` ``[B, T, hidden]``, ``position_embeddings``
+        (``cos``, ``sin`` ``[B, T, D]``), the model's ``attention_mask`` and cache; the rest go to the attention
+        function. Returns ``[B, T, hidden]`` and the attention function's weights."""
+        batch, length, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        if self._fused(hidden_states, cos):
+            rows = hidden_states.reshape(batch * length, -1)
+            q, k, v = self._project_fused(rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1))
+            q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+            k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
+            v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        else:
+            q, k, v = self._project_eager(hidden_states, cos, sin)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, _no_eager)
+        if self._passes_window:
+            kwargs["sliding_window"] = self.sliding_window
+        out, weights = attention(
+            self, q, k, v, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
+        )  # fmt: skip
+        return self.o_proj(out.reshape(batch, length, -1).contiguous()), weights

@@ -1,0 +1,108 @@
+"""qkv_proj and rope_qk kernels against their references (Triton interpreter on CPU), the references against
+transformers' own arithmetic, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from hf_sparse_verify.kernels._triton import triton_runs_on
+from hf_sparse_verify.kernels.qkv_rope import MAX_ROWS, qkv_proj, qkv_proj_naive, rope_qk, rope_qk_naive
+from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
+
+#: compiled kernels on a CUDA GPU, else the interpreter on CPU (TRITON_INTERPRET=1)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(
+    not triton_runs_on(DEVICE), reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1"
+)
+# float32: summation order only; 16-bit: one rounding step (the CPU interpreter truncates where the GPU rounds)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _poison(monkeypatch):
+    def empty(shape, device, dtype):
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+
+    monkeypatch.setattr(qkv_kernel, "_empty", empty)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "rows, hidden, n_q, n_kv, bias",
+    [(1, 64, 128, 64, False), (3, 100, 48, 16, True), (MAX_ROWS, 40, 64, 32, False), (7, 256, 80, 80, True)],
+)
+def test_qkv_proj_matches_reference(monkeypatch, dtype, rows, hidden, n_q, n_kv, bias):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(rows * hidden + n_q)
+    x = torch.randn(rows, hidden, generator=g).to(DEVICE, dtype)
+    weights = [(torch.randn(n, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)]
+    biases = [torch.randn(n, generator=g).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)] if bias else [None] * 3
+    out = qkv_proj(x, *weights, *biases)
+    ref = qkv_proj_naive(x, *weights, *biases)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == dtype and o.is_contiguous()
+        torch.testing.assert_close(o.float(), r.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_qkv_proj_strided_input():
+    x = torch.randn(4, 64, 2, device=DEVICE)[:, :, 0]
+    w = [torch.randn(n, 64, device=DEVICE) for n in (32, 16, 16)]
+    for o, r in zip(qkv_proj(x, *w), qkv_proj_naive(x, *w)):
+        torch.testing.assert_close(o, r, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, heads_q, heads_kv, head_dim", [(1, 4, 2, 16), (5, 3, 1, 64), (9, 2, 2, 10)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_rope_qk_matches_reference(monkeypatch, dtype, rows, heads_q, heads_kv, head_dim, norm):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(rows + 7 * head_dim + norm)
+    q = torch.randn(rows, heads_q * head_dim, generator=g).to(DEVICE, dtype)
+    k = torch.randn(rows, heads_kv * head_dim, generator=g).to(DEVICE, dtype)
+    angle = torch.rand(rows, head_dim // 2, generator=g) * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(DEVICE, dtype)
+    sin = torch.cat([angle.sin(), angle.sin()], -1).to(DEVICE, dtype)
+    weights = [(torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) if norm else None for _ in range(2)]
+    out = rope_qk(q, k, cos, sin, head_dim, *weights, eps=1e-6)
+    ref = rope_qk_naive(q, k, cos, sin, head_dim, *weights, eps=1e-6)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == dtype and o.is_contiguous()
+        torch.testing.assert_close(o.float(), r.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_rope_reference_is_transformers_arithmetic():
+    """The reference equals Qwen3's per-head RMSNorm followed by transformers' apply_rotary_pos_emb, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    rows, hq, hkv, d = 4, 4, 2, 16
+    q = torch.randn(rows, hq * d, generator=g).bfloat16()
+    k = torch.randn(rows, hkv * d, generator=g).bfloat16()
+    cos, sin = torch.randn(rows, d, generator=g).bfloat16(), torch.randn(rows, d, generator=g).bfloat16()
+    q_norm, k_norm = Qwen3RMSNorm(d, eps=1e-6).bfloat16(), Qwen3RMSNorm(d, eps=1e-6).bfloat16()
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+        # transformers' layout: [B=1, H, T, D], cos [B=1, T, D]
+        eq, ek = apply_rotary_pos_emb(
+            q_norm(q.view(rows, hq, d)).transpose(0, 1)[None], k_norm(k.view(rows, hkv, d)).transpose(0, 1)[None],
+            cos[None], sin[None],
+        )  # fmt: skip
+        rq, rk = rope_qk_naive(q, k, cos, sin, d, q_norm.weight, k_norm.weight, 1e-6)
+    assert torch.equal(rq, eq[0].transpose(0, 1)) and torch.equal(rk, ek[0].transpose(0, 1))
+
+
+def test_bad_input():
+    x, w = torch.randn(2, 32), torch.randn(32, 32)
+    with pytest.raises(ValueError, match="at most"):
+        qkv_proj(torch.randn(MAX_ROWS + 1, 32), w, w, w)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        qkv_proj(x, torch.randn(24, 32), w, w)
+    with pytest.raises(ValueError, match="all three"):
+        qkv_proj(x, w, w, w, torch.zeros(32), None, None)
+    with pytest.raises(ValueError, match="dtype"):
+        qkv_proj(x, w.double(), w, w)
+    with pytest.raises(ValueError, match="even head_dim"):
+        rope_qk(x, x, x, x, 5)
+    with pytest.raises(ValueError, match="partial rotary"):
+        rope_qk(x, x, torch.randn(2, 8), torch.randn(2, 8), 16)
