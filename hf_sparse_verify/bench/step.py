@@ -40,6 +40,7 @@ class StepBenchArgs:
     transformers: bool = True
     cuda_graphs: bool = True
     vegas_scores: bool = False  # also time steps that collect Vegas' Collect-2-Query scores
+    fused_attention: bool = True  # FusedQKVAttention on the fast path (use_fused_modules(attention=...))
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -72,7 +73,11 @@ def _ours(
     backend = "triton" if device.type == "cuda" else "reference"
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
-    fused = use_fused_modules(model) if backend == "triton" else contextlib.nullcontext()
+    fused = (
+        use_fused_modules(model, attention=args.fused_attention)
+        if backend == "triton"
+        else contextlib.nullcontext()
+    )
     with use_sparse_verify_attention(model), experts_for_decoding(model), fused:
         runner = ModelRunner(model, batch, context + max(widths), device, backend)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)

@@ -164,7 +164,9 @@ class FusedQKVAttention(torch.nn.Module):
         cos, sin = position_embeddings
         if self._fused(hidden_states, cos):
             rows = hidden_states.reshape(batch * length, -1)
-            q, k, v = self._project_fused(rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1))
+            q, k, v = self._project_fused(
+                rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
+            )
             q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
             k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
             v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)

@@ -37,8 +37,12 @@ def test_qkv_proj_matches_reference(monkeypatch, dtype, rows, hidden, n_q, n_kv,
     _poison(monkeypatch)
     g = torch.Generator().manual_seed(rows * hidden + n_q)
     x = torch.randn(rows, hidden, generator=g).to(DEVICE, dtype)
-    weights = [(torch.randn(n, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)]
-    biases = [torch.randn(n, generator=g).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)] if bias else [None] * 3
+    weights = [
+        (torch.randn(n, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)
+    ]
+    biases = (
+        [torch.randn(n, generator=g).to(DEVICE, dtype) for n in (n_q, n_kv, n_kv)] if bias else [None] * 3
+    )
     out = qkv_proj(x, *weights, *biases)
     ref = qkv_proj_naive(x, *weights, *biases)
     for o, r in zip(out, ref):
@@ -64,7 +68,9 @@ def test_rope_qk_matches_reference(monkeypatch, dtype, rows, heads_q, heads_kv, 
     angle = torch.rand(rows, head_dim // 2, generator=g) * 6
     cos = torch.cat([angle.cos(), angle.cos()], -1).to(DEVICE, dtype)
     sin = torch.cat([angle.sin(), angle.sin()], -1).to(DEVICE, dtype)
-    weights = [(torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) if norm else None for _ in range(2)]
+    weights = [
+        (torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) if norm else None for _ in range(2)
+    ]
     out = rope_qk(q, k, cos, sin, head_dim, *weights, eps=1e-6)
     ref = rope_qk_naive(q, k, cos, sin, head_dim, *weights, eps=1e-6)
     for o, r in zip(out, ref):
@@ -106,3 +112,14 @@ def test_bad_input():
         rope_qk(x, x, x, x, 5)
     with pytest.raises(ValueError, match="partial rotary"):
         rope_qk(x, x, torch.randn(2, 8), torch.randn(2, 8), 16)
+
+
+def test_bench_entries_run():
+    from hf_sparse_verify.kernels.registry import load_all
+
+    registry = load_all()
+    for name in ("qkv_proj", "rope_qk"):
+        cases = list(registry[name](DEVICE, torch.float32, True))
+        assert {c.variant for c in cases} == {"triton", "torch"}
+        for case in cases[:2]:
+            case.run()

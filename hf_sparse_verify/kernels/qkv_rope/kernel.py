@@ -28,7 +28,7 @@ _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float
 
 @triton.jit
 def _project_tile(
-    X, W, B, O, n0, n_rows, n_hidden, s_x, s_w, s_o,
+    X, W, B, OUT, n0, n_rows, n_hidden, s_x, s_w, s_o,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -46,8 +46,8 @@ def _project_tile(
         b_acc = tl.dot(b_x, tl.trans(b_w), b_acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         b_acc += tl.load(B + offs_n).to(tl.float32)[None, :]
-    p_o = O + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
-    tl.store(p_o, b_acc.to(O.dtype.element_ty), mask=m_ok[:, None])
+    p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
+    tl.store(p_o, b_acc.to(OUT.dtype.element_ty), mask=m_ok[:, None])
 
 
 @triton.jit
@@ -91,7 +91,9 @@ def _rope_head(
         variance = (tl.sum(b_lo * b_lo, axis=0) + tl.sum(b_hi * b_hi, axis=0)) / (2 * HALF)
         r = tl.math.rsqrt(variance + eps)
         b_lo = _round(tl.load(NW + offs, mask=ok, other=0.0).to(tl.float32) * _round(b_lo * r, dtype), dtype)
-        b_hi = _round(tl.load(NW + HALF + offs, mask=ok, other=0.0).to(tl.float32) * _round(b_hi * r, dtype), dtype)
+        b_hi = _round(
+            tl.load(NW + HALF + offs, mask=ok, other=0.0).to(tl.float32) * _round(b_hi * r, dtype), dtype
+        )
     c_lo = tl.load(COS + offs, mask=ok, other=0.0).to(tl.float32)
     c_hi = tl.load(COS + HALF + offs, mask=ok, other=0.0).to(tl.float32)
     s_lo = tl.load(SIN + offs, mask=ok, other=0.0).to(tl.float32)
@@ -166,7 +168,9 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
     return q, k, v
 
 
-def rope_qk_launch(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_qk_launch(
+    q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` ``[T, H_q * D]``, ``k`` ``[T, H_kv * D]`` (unit last stride), ``cos`` / ``sin`` ``[T, D]`` (unit last
     stride) -> ``[T, H_q, D]``, ``[T, H_kv, D]`` contiguous, in ``q.dtype``."""
     rows = q.shape[0]

@@ -39,7 +39,11 @@ def _qkv_proj_op(
 @_qkv_proj_op.register_fake
 def _(x, w_q, w_k, w_v, b_q, b_k, b_v):
     rows = x.shape[0]
-    return x.new_empty((rows, w_q.shape[0])), x.new_empty((rows, w_k.shape[0])), x.new_empty((rows, w_v.shape[0]))
+    return (
+        x.new_empty((rows, w_q.shape[0])),
+        x.new_empty((rows, w_k.shape[0])),
+        x.new_empty((rows, w_v.shape[0])),
+    )
 
 
 @torch.library.custom_op("hsv::rope_qk", mutates_args=())
@@ -64,7 +68,9 @@ def _rope_qk_op(
 @_rope_qk_op.register_fake
 def _(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps):
     rows = q.shape[0]
-    return q.new_empty((rows, q.shape[1] // head_dim, head_dim)), q.new_empty((rows, k.shape[1] // head_dim, head_dim))
+    return q.new_empty((rows, q.shape[1] // head_dim, head_dim)), q.new_empty(
+        (rows, k.shape[1] // head_dim, head_dim)
+    )
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -114,7 +120,9 @@ def qkv_proj(
         )
     rows, hidden = x.shape
     if rows > MAX_ROWS:
-        raise ValueError(f"qkv_proj reads each weight once for at most {MAX_ROWS} rows; got {rows}: use F.linear")
+        raise ValueError(
+            f"qkv_proj reads each weight once for at most {MAX_ROWS} rows; got {rows}: use F.linear"
+        )
     if any(w.shape[1] != hidden for w in (w_q, w_k, w_v)) or w_k.shape != w_v.shape:
         raise ValueError(
             f"qkv_proj: weights must be [N_q, {hidden}], [N_kv, {hidden}], [N_kv, {hidden}]; got "
@@ -127,7 +135,9 @@ def qkv_proj(
     biases = (b_q, b_k, b_v)
     if any(b is None for b in biases) and any(b is not None for b in biases):
         raise ValueError("qkv_proj takes biases for all three projections or none")
-    if b_q is not None and (b_q.shape != (w_q.shape[0],) or b_k.shape != (w_k.shape[0],) or b_v.shape != (w_v.shape[0],)):
+    if b_q is not None and (
+        b_q.shape != (w_q.shape[0],) or b_k.shape != (w_k.shape[0],) or b_v.shape != (w_v.shape[0],)
+    ):
         raise ValueError("qkv_proj: each bias must be [N] of its weight")
     _same_device_and_dtype("qkv_proj", x, w_q, w_k, w_v, *(b for b in biases if b is not None))
     x, w_q, w_k, w_v = (_unit_last(t) for t in (x, w_q, w_k, w_v))
@@ -167,7 +177,13 @@ def rope_qk(
     """
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"rope_qk needs an even head_dim; got {head_dim}")
-    if q.dim() != 2 or k.dim() != 2 or q.shape[1] % head_dim or k.shape[1] % head_dim or k.shape[0] != q.shape[0]:
+    if (
+        q.dim() != 2
+        or k.dim() != 2
+        or q.shape[1] % head_dim
+        or k.shape[1] % head_dim
+        or k.shape[0] != q.shape[0]
+    ):
         raise ValueError(
             f"rope_qk needs q [T, H_q * {head_dim}] and k [T, H_kv * {head_dim}]; got {tuple(q.shape)} and "
             f"{tuple(k.shape)}"

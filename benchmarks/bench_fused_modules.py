@@ -1,0 +1,86 @@
+"""Side by side in one process: our captured step with and without the fused module replacements of round 2
+(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another), on random-weight shapes, against the
+bandwidth floor of ``hf-sparse-verify bench step``.
+
+Each variant is timed twice, interleaved (A B A B), and each record keeps both medians and their mean, so drift
+between the runs shows.
+
+``python benchmarks/bench_fused_modules.py --shapes llama-3.1-8b qwen3-30b-a3b --context 1024 --new-tokens 1 8 16
+--json out.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+from tqdm import tqdm
+
+from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_per_step
+from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
+
+#: variant name -> StepBenchArgs fields
+VARIANTS = {
+    "before": dict(fused_attention=False),
+    "fused_attention": dict(fused_attention=True),
+}
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["llama-3.1-8b", "qwen3-30b-a3b"])
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    bandwidth = copy_bandwidth(device)
+    widths = sorted(args.new_tokens)
+    records = []
+    total = len(args.shapes) * len(args.variants) * 2 * len(widths)
+    with tqdm(total=total, desc="fused modules", file=sys.stderr) as bar:
+        for shape in args.shapes:
+            model = random_model(shape, device, dtype)
+            base = StepBenchArgs(
+                shape=shape, contexts=(args.context,), new_tokens=tuple(widths), repeats=args.repeats
+            )
+            runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+            for _ in range(2):
+                for variant in args.variants:
+                    step_args = dataclasses.replace(base, **VARIANTS[variant])
+                    times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
+                    runs[variant].append(times)
+                    _free(device)
+            for width in widths:
+                floor = 1000 * (
+                    weight_bytes_per_step(model, width, 1) + kv_bytes(model, args.context, 1, dtype)
+                )
+                floor /= bandwidth
+                for variant in args.variants:
+                    pair = [r[width] for r in runs[variant]]
+                    ms = sum(pair) / 2
+                    records.append(dict(
+                        shape=shape, context=args.context, batch=1, new_tokens=width, variant=variant, mode=mode,
+                        ms=round(ms, 4), runs_ms=[round(p, 4) for p in pair], floor_ms=round(floor, 4),
+                        over_floor=round(ms / floor, 3),
+                    ))  # fmt: skip
+            del model
+            _free(device)
+    for r in records:
+        print(f"{r['shape']:>14} ctx {r['context']} new {r['new_tokens']:>2} {r['variant']:>16}: {r['ms']:7.3f} ms "
+              f"{r['runs_ms']}  floor {r['floor_ms']:.3f}  x{r['over_floor']:.2f}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1),
+                           method=__doc__.split("\n\n")[1].replace("\n", " "), records=records), f, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
