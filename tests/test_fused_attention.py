@@ -89,3 +89,35 @@ def test_refusals():
         FusedQKVAttention(attention)
     with pytest.raises(ValueError, match="leave it in place"):
         FusedQKVAttention(model.model.layers[0].mlp)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "vegas"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_fast_path_equals_plain_generate(monkeypatch, arch, strategy):
+    """On the GPU fast path (triton backend, CUDA graphs) the fused attention runs (counted) and float32 greedy
+    output equals plain generate, for a ragged batch."""
+    import hf_sparse_verify as hsv
+
+    model = make_model(arch).cuda()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 90, (2, 13), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    calls = []
+    original_fused = FusedQKVAttention._project_fused
+
+    def spy(self, *args):
+        calls.append(args[0].shape[0])
+        return original_fused(self, *args)
+
+    monkeypatch.setattr(FusedQKVAttention, "_project_fused", spy)
+    common = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    speculation = dict(attention_backend="triton", cuda_graphs=True, strategy=strategy, num_draft_tokens=3)
+    if strategy == "vegas":
+        speculation.update(ratio=0.3, min_tokens=4)
+    with torch.no_grad():
+        expected = model.generate(**common)
+        out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation)
+    assert calls, "FusedQKVAttention never ran on the fast path"
+    assert torch.equal(out, expected)
