@@ -1,5 +1,5 @@
 """Side by side in one process: our captured step with and without the fused module replacements of round 2
-(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another), on random-weight shapes, against the
+(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another; `FusedRouter`: the MoE router in one launch), on random-weight shapes, against the
 bandwidth floor of ``hf-sparse-verify bench step``.
 
 Each variant is timed twice, interleaved (A B A B), and each record keeps both medians and their mean, so drift
@@ -25,8 +25,9 @@ from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
 
 #: variant name -> StepBenchArgs fields
 VARIANTS = {
-    "before": dict(fused_attention=False),
-    "fused_attention": dict(fused_attention=True),
+    "before": dict(fused_attention=False, fused_router=False),
+    "fused_attention": dict(fused_attention=True, fused_router=False),
+    "fused_attention_router": dict(fused_attention=True, fused_router=True),
 }
 
 

@@ -41,6 +41,7 @@ class StepBenchArgs:
     cuda_graphs: bool = True
     vegas_scores: bool = False  # also time steps that collect Vegas' Collect-2-Query scores
     fused_attention: bool = True  # FusedQKVAttention on the fast path (use_fused_modules(attention=...))
+    fused_router: bool = True  # FusedRouter on the fast path (use_fused_modules(router=...))
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -74,7 +75,7 @@ def _ours(
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
     fused = (
-        use_fused_modules(model, attention=args.fused_attention)
+        use_fused_modules(model, attention=args.fused_attention, router=args.fused_router)
         if backend == "triton"
         else contextlib.nullcontext()
     )

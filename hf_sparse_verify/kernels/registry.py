@@ -53,6 +53,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.fused_experts.bench",
     "hf_sparse_verify.kernels.sparse_ffn.bench",
     "hf_sparse_verify.kernels.qkv_rope.bench",
+    "hf_sparse_verify.kernels.moe_router.bench",
 )
 
 

@@ -38,6 +38,8 @@ from .gptj import replaceable_attention as _gptj_replaceable
 from .mlp import REPLACEABLE as MLP_REPLACEABLE
 from .mlp import GatedMLP, replaceable_mlp
 from .rms_norm import REPLACEABLE, TritonRMSNorm
+from .router import REPLACEABLE as ROUTER_REPLACEABLE
+from .router import FusedRouter, router_swaps
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ __all__ = [
     "CodeGenAttentionDispatch",
     "FalconAttentionDispatch",
     "FusedQKVAttention",
+    "FusedRouter",
+    "ROUTER_REPLACEABLE",
     "GPTJAttentionDispatch",
     "GPTNeoAttentionDispatch",
     "GatedMLP",
@@ -186,25 +190,31 @@ def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def use_fused_modules(*models: torch.nn.Module, mlp: bool = True, attention: bool = True) -> Iterator[int]:
+def use_fused_modules(
+    *models: torch.nn.Module, mlp: bool = True, attention: bool = True, router: bool = True
+) -> Iterator[int]:
     """Within the block, every RMSNorm of ``models`` whose class is in `REPLACEABLE` is a `TritonRMSNorm` sharing its
     weight; (``mlp=True``) every bias-free SiLU MLP in `MLP_REPLACEABLE` whose weights are on a CUDA device is a
     `GatedMLP` (the fused ``silu(gate) * up`` kernel; the sparse FFN on verify steps that ask for it); and
     (``attention=True``) every Llama-family attention module in `FUSED_ATTENTION_REPLACEABLE` whose weights are on a
-    CUDA device is a `FusedQKVAttention` (q/k/v projections in one launch, norm and rotary in another); yields how
-    many modules were replaced. Modules elsewhere stay as they are (the replacements would compute exactly what
+    CUDA device is a `FusedQKVAttention` (q/k/v projections in one launch, norm and rotary in another); and
+    (``router=True``) every MoE router in `ROUTER_REPLACEABLE` on a CUDA device is a `FusedRouter` (logits, softmax,
+    top-k and normalisation in one launch); yields how many modules were replaced. Modules elsewhere stay as they are (the replacements would compute exactly what
     they compute); `use_sparse_ffn` replaces MLPs on any device."""
     attentions = [swap for model in models for swap in _fused_attention_swaps(model)] if attention else []
     norms = [swap for model in models for swap in _norm_swaps(model)]
     mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
-    with _swapped(attentions + norms + mlps):
+    routers = [swap for model in models for swap in router_swaps(model, cuda_only=True)] if router else []
+    with _swapped(attentions + norms + mlps + routers):
         if attentions:
             logger.info("hf_sparse_verify: %d attention modules run as FusedQKVAttention", len(attentions))
         if norms:
             logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(norms))
         if mlps:
             logger.info("hf_sparse_verify: %d MLP modules run as GatedMLP (fused / sparse FFN)", len(mlps))
-        yield len(attentions) + len(norms) + len(mlps)
+        if routers:
+            logger.info("hf_sparse_verify: %d MoE routers run as FusedRouter", len(routers))
+        yield len(attentions) + len(norms) + len(mlps) + len(routers)
 
 
 @contextlib.contextmanager

@@ -202,3 +202,78 @@ def test_benchmark_entry_runs():
     assert first.variant == "triton" and first.bytes_moved > 0
     expected = next(c for c in cases if c.variant == "batched_mm" and c.params == first.params).run()
     torch.testing.assert_close(first.run(), expected, rtol=1e-5, atol=1e-5)
+
+
+class _Refuse:
+    """Stands in for a kernel the one-token path must not launch."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("the one-token path launched a kernel it should skip")
+
+
+@pytest.fixture
+def one_token_only(monkeypatch):
+    """Fail if a one-token launch runs the align or sum kernels."""
+    monkeypatch.setattr(kernel_module, "_align_kernel", _Refuse())
+    monkeypatch.setattr(kernel_module, "_sum_kernel", _Refuse())
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize(
+    "experts, top_k, hidden, inter, n_active, bad_ids",
+    [
+        (8, 1, 32, 24, None, ()),
+        (8, 4, 48, 64, None, ()),
+        (16, 8, 100, 40, None, (3,)),
+        (16, 8, 48, 24, 5, ()),
+        (16, 8, 48, 24, 0, ()),
+        (60, 8, 64, 96, 6, (1, 7)),
+    ],
+)
+def test_one_token_matches_reference(
+    poisoned, one_token_only, dtype, transposed, experts, top_k, hidden, inter, n_active, bad_ids
+):
+    """T == 1 (two launches): against the float64 reference with and without expert skipping, with ids outside
+    [0, E) (-1 and E) at some ranks, weights in both layouts."""
+    x, w_gate_up, w_down, index, weights, _ = make_inputs(
+        1, experts, top_k, hidden, inter, dtype, seed=experts + top_k
+    )
+    for j, rank in enumerate(bad_ids):
+        index[0, rank] = -1 if j % 2 == 0 else experts
+    active = torch.tensor([n_active]) if n_active is not None else None
+    gate_up, down = w_gate_up, w_down
+    if transposed:
+        gate_up, down = w_gate_up.transpose(1, 2).contiguous(), w_down.transpose(1, 2).contiguous()
+    out = fused_experts(x, gate_up, down, index, weights, active, transposed=transposed)
+    check(out, reference(x, w_gate_up, w_down, index, weights, active), dtype)
+    if n_active == 0:
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("skip", [False, True])
+def test_one_token_path_equals_four_launch_path(dtype, skip):
+    """Each token's row of a many-token launch (align, gate_up, down, sum) equals the one-token launch of that token
+    bit for bit: the same rounding points and the same rank-order float32 sum."""
+    x, w_gate_up, w_down, index, weights, n_active = make_inputs(5, 16, 8, 64, 48, dtype, seed=11, skip=skip)
+    many = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    for t in range(5):
+        active = n_active[t : t + 1] if skip else None
+        one = kernel_module.launch(
+            x[t : t + 1], w_gate_up, w_down, index[t : t + 1], weights[t : t + 1], active, False
+        )
+        assert torch.equal(one[0], many[t]), t
+
+
+@needs_triton
+def test_one_token_never_reads_unselected_experts(poisoned, one_token_only):
+    x, w_gate_up, w_down, index, weights, _ = make_inputs(1, 16, 8, 32, 24, seed=13)
+    n_active = torch.tensor([5])
+    unused = torch.ones(16, dtype=torch.bool)
+    unused[index[0, :5]] = False
+    w_gate_up[unused], w_down[unused] = float("nan"), float("nan")
+    out = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    check(out, reference(x, w_gate_up, w_down, index, weights, n_active), torch.float32)

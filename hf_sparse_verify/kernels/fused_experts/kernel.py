@@ -14,6 +14,12 @@ Four launches, all with grids from shapes only (no host sync, CUDA-graph captura
 4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs summed in rank order, in float32, then
    cast: deterministic (no atomics).
 
+One token (``T == 1``, the decode step) takes a two-launch path: no ``_align_kernel`` (block ``b`` is pair ``b``, one
+row, its expert ``top_k_index[0, b]``: the pairs of one token need no grouping) and no ``_sum_kernel``
+(``_down_sum_kernel``, grid ``(H / BLOCK_N,)``, computes each active pair's ``h @ down^T`` tile, times its routing
+weight in float32, and adds it to the token's float32 sum in rank order). The rounding points are those of the
+four-launch path, whose ``_sum_kernel`` adds in the same order.
+
 Blocks with no rows return before loading any weight. A pair takes part when its expert id is in ``[0, E)`` and its
 rank is below the token's ``n_active`` (the expert-skipping hook); the align and sum kernels apply the same rule.
 """
@@ -29,6 +35,8 @@ from .._triton import dot_in_float32, next_power_of_2
 #: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
 #: sweep`` prints the best)
 TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
+#: ``BLOCK_N`` of ``_down_sum_kernel`` (one token): 128 programs at H = 2048 for a 132-SM GPU (not yet measured)
+DECODE_DOWN_N = 16
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -92,21 +100,32 @@ def _align_kernel(
 
 @triton.jit
 def _gate_up_kernel(
-    X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
-    hidden, inter, top_k,
+    X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
+    hidden, inter, top_k, n_experts,
     s_xt, s_we, s_wn, s_wk, s_ht,
+    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     blk = tl.program_id(0)
-    rows = tl.load(BLOCK_ROWS + blk)
-    if rows == 0:
-        return
-    e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
-    row_ok = offs_m < rows
-    pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0)
-    token = (pair // top_k).to(tl.int64)
+    if PAIR_BLOCKS:  # one token: block b is pair b, one row, h stored at row b
+        e, active = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
+        if not active:
+            return
+        e = e.to(tl.int64)
+        row_ok = offs_m < 1
+        token = tl.zeros([BLOCK_M], dtype=tl.int64)
+        first_slot = blk
+    else:
+        rows = tl.load(BLOCK_ROWS + blk)
+        if rows == 0:
+            return
+        e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
+        row_ok = offs_m < rows
+        pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0)
+        token = (pair // top_k).to(tl.int64)
+        first_slot = blk * BLOCK_M
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     offs_k = tl.arange(0, BLOCK_K)
@@ -128,7 +147,7 @@ def _gate_up_kernel(
         p_g += BLOCK_K * s_wk
         p_u += BLOCK_K * s_wk
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BLOCK_M, BLOCK_N]
-    p_h = H + (blk * BLOCK_M + offs_m)[:, None] * s_ht + offs_n[None, :]
+    p_h = H + (first_slot + offs_m)[:, None] * s_ht + offs_n[None, :]
     tl.store(p_h, b_h.to(H.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -168,19 +187,56 @@ def _down_kernel(
 
 
 @triton.jit
+def _down_sum_kernel(
+    H, W, TOPK_IDS, N_ACTIVE, TOPK_W, OUT,
+    hidden, inter, top_k, n_experts,
+    s_ht, s_we, s_wn, s_wk,
+    HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One token: ``out[n] = sum_r w[r] * (h[r] @ down[e_r]^T)[n]`` over the active ranks ``r`` in rank order."""
+    offs_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < 1  # the dot wants 16 rows: row 0 is the pair's
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden
+    offs_k = tl.arange(0, BLOCK_K)
+    b_out = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for r in range(top_k):
+        e, active = _pair_active(TOPK_IDS, N_ACTIVE, r, top_k, top_k, n_experts, HAS_N_ACTIVE)
+        if active:
+            p_h = H + (r + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K], row 0 = pair r
+            p_w = (
+                W + e.to(tl.int64) * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
+            )  # [BLOCK_K, BLOCK_N]
+            b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, inter, BLOCK_K):
+                k_ok = k0 + offs_k < inter
+                b_h = tl.load(p_h, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+                b_w = tl.load(p_w, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
+                b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
+                p_h += BLOCK_K
+                p_w += BLOCK_K * s_wk
+            b_r = tl.load(TOPK_W + r).to(tl.float32)
+            b_out += tl.sum(tl.where(row_ok[:, None], b_y * b_r, 0.0), axis=0)  # row 0 only: exact
+    tl.store(OUT + offs_n, b_out.to(OUT.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _sum_kernel(
     PAIR_OUT, TOPK_IDS, N_ACTIVE, OUT,
     hidden, top_k, n_experts, s_pt, s_ot,
-    HAS_N_ACTIVE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_N_ACTIVE: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    p = t * top_k + offs_r
-    _, ok = _pair_active(TOPK_IDS, N_ACTIVE, p, t * top_k + top_k, top_k, n_experts, HAS_N_ACTIVE)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < hidden
-    b_y = tl.load(PAIR_OUT + p[:, None] * s_pt + offs_h[None, :], mask=ok[:, None] & h_ok[None, :], other=0.0)
-    tl.store(OUT + t * s_ot + offs_h, tl.sum(b_y, axis=0).to(OUT.dtype.element_ty), mask=h_ok)
+    b_out = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for r in range(top_k):  # rank order, as `_down_sum_kernel`
+        p = t * top_k + r
+        _, active = _pair_active(TOPK_IDS, N_ACTIVE, p, p + 1, top_k, n_experts, HAS_N_ACTIVE)
+        if active:
+            b_out += tl.load(PAIR_OUT + p * s_pt + offs_h, mask=h_ok, other=0.0)
+    tl.store(OUT + t * s_ot + offs_h, b_out.to(OUT.dtype.element_ty), mask=h_ok)
 
 
 def block_m_for(pairs: int, experts: int) -> int:
@@ -243,53 +299,116 @@ def launch(
     transposed: bool,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the four kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride,
-    ``top_k_index`` / ``top_k_weights`` contiguous). Returns ``[T, H]`` in ``hidden.dtype`` (into ``out`` if
-    given)."""
+    """Run the kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride, ``top_k_index`` /
+    ``top_k_weights`` contiguous): two launches for one token (`launch_one_token`), four otherwise. Returns
+    ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given)."""
     tokens, dim = hidden.shape
-    top_k = top_k_index.shape[1]
-    n_experts = w_gate_up.shape[0]
-    inter = w_down.shape[1] if transposed else w_down.shape[2]
-    device = hidden.device
     if out is None:
-        out = _empty((tokens, dim), device, hidden.dtype)
+        out = _empty((tokens, dim), hidden.device, hidden.dtype)
     if tokens == 0:
         return out
+    if tokens == 1:
+        return launch_one_token(
+            hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, out
+        )
+    top_k = top_k_index.shape[1]
+    n_experts = w_gate_up.shape[0]
     pairs = tokens * top_k
     block_m = block_m_for(pairs, n_experts)
     slot_pair, block_expert, block_rows = align(top_k_index, n_active, n_experts, block_m)
     n_blocks = block_rows.shape[0]
+    h = _gate_up(
+        hidden, w_gate_up, top_k_index, n_active, transposed, (slot_pair, block_expert, block_rows), block_m
+    )
 
-    dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(hidden.dtype) else hidden.dtype]
-    precision = "ieee" if dot_dtype == tl.float32 else "tf32"  # tf32 only matters for float32 operands
-    stages = TILES["num_stages"]
-    h = _empty((n_blocks * block_m, inter), device, hidden.dtype)  # [slots, I]
-    bn = min(TILES["gate_up_n"], max(16, next_power_of_2(inter)))
-    bk = min(TILES["gate_up_k"], max(16, next_power_of_2(dim)))
-    _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn))](
-        hidden, w_gate_up, h, slot_pair, block_expert, block_rows,
-        dim, inter, top_k,
-        hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"], num_stages=stages,
-    )  # fmt: skip
-
-    pair_out = _empty((pairs, dim), device, torch.float32)  # [T * k, H]
+    pair_out = _empty((pairs, dim), hidden.device, torch.float32)  # [T * k, H]
     bn = min(TILES["down_n"], max(16, next_power_of_2(dim)))
-    bk = min(TILES["down_k"], max(16, next_power_of_2(inter)))
+    bk = min(TILES["down_k"], max(16, next_power_of_2(h.shape[1])))
+    dot_dtype, precision = _dot_settings(hidden.dtype)
     _down_kernel[(n_blocks, triton.cdiv(dim, bn))](
         h, w_down, top_k_weights, pair_out, slot_pair, block_expert, block_rows,
-        dim, inter,
+        dim, h.shape[1],
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"], num_stages=stages,
+        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
     _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
         pair_out, top_k_index, n_active if n_active is not None else top_k_index, out,
         dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
-        HAS_N_ACTIVE=n_active is not None, BLOCK_R=max(2, next_power_of_2(top_k)), BLOCK_H=block_h,
+        HAS_N_ACTIVE=n_active is not None, BLOCK_H=block_h,
         num_warps=4,
     )  # fmt: skip
     return out
+
+
+def launch_one_token(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    n_active: torch.Tensor | None,
+    transposed: bool,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """The decode step's two launches (``hidden`` ``[1, H]``, otherwise as `launch`): ``_gate_up_kernel`` with one
+    block per pair, then ``_down_sum_kernel``; the same rounding points and summation order as the four-launch
+    path. Writes ``out`` ``[1, H]`` and returns it."""
+    dim = hidden.shape[1]
+    h = _gate_up(hidden, w_gate_up, top_k_index, n_active, transposed, None, 16)  # [k, I]
+    bn = min(DECODE_DOWN_N, max(16, next_power_of_2(dim)))
+    bk = min(TILES["down_k"], max(16, next_power_of_2(h.shape[1])))
+    dot_dtype, precision = _dot_settings(hidden.dtype)
+    _down_sum_kernel[(triton.cdiv(dim, bn),)](
+        h, w_down, top_k_index, n_active if n_active is not None else top_k_index, top_k_weights, out,
+        dim, h.shape[1], top_k_index.shape[1], w_gate_up.shape[0],
+        h.stride(0), *_weight_strides(w_down, transposed),
+        HAS_N_ACTIVE=n_active is not None, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
+    )  # fmt: skip
+    return out
+
+
+def _dot_settings(dtype: torch.dtype) -> tuple:
+    """``(DOT_DTYPE, DOT_PRECISION)`` of the matmul kernels for activations of ``dtype``."""
+    dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(dtype) else dtype]
+    return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"  # tf32 only matters for float32 operands
+
+
+def _gate_up(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    top_k_index: torch.Tensor,
+    n_active: torch.Tensor | None,
+    transposed: bool,
+    layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    block_m: int,
+) -> torch.Tensor:
+    """``h = silu(x @ gate^T) * (x @ up^T)`` in ``hidden.dtype``: ``[blocks * block_m, I]`` by slot for the `align`
+    ``layout`` ``(slot_pair, block_expert, block_rows)``, or ``[k, I]`` by pair for one token (``layout=None``)."""
+    dim = hidden.shape[1]
+    top_k = top_k_index.shape[1]
+    inter = w_gate_up.shape[2 if transposed else 1] // 2
+    pair_blocks = layout is None
+    if pair_blocks:
+        n_blocks, slots = top_k, top_k
+        layout = (top_k_index, top_k_index, top_k_index)  # unread: pair blocks
+    else:
+        n_blocks = layout[2].shape[0]
+        slots = n_blocks * block_m
+    h = _empty((slots, inter), hidden.device, hidden.dtype)
+    bn = min(TILES["gate_up_n"], max(16, next_power_of_2(inter)))
+    bk = min(TILES["gate_up_k"], max(16, next_power_of_2(dim)))
+    dot_dtype, precision = _dot_settings(hidden.dtype)
+    _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn))](
+        hidden, w_gate_up, h, *layout, top_k_index, n_active if n_active is not None else top_k_index,
+        dim, inter, top_k, w_gate_up.shape[0],
+        hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
+        PAIR_BLOCKS=pair_blocks, HAS_N_ACTIVE=n_active is not None,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
+    )  # fmt: skip
+    return h

@@ -1,0 +1,150 @@
+"""MoE router: Triton (interpreted on CPU) vs the reference on odd shapes and both dtypes, the tie order, poisoned
+outputs, the custom op, input checks and the benchmark entry."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_sparse_verify.kernels.moe_router.op as op_module
+from hf_sparse_verify.kernels._triton import triton_runs_on
+from hf_sparse_verify.kernels.moe_router import kernel as kernel_module
+from hf_sparse_verify.kernels.moe_router import moe_router, moe_router_naive, route_from_logits
+
+needs_triton = pytest.mark.skipif(
+    not triton_runs_on(torch.device("cpu")), reason="Triton interpreter not set"
+)
+#: logits relative to their scale: float32 summation order; bf16 one rounding step (the CPU interpreter truncates
+#: where F.linear rounds to nearest)
+LOGIT_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+#: scores of the same logits: float32 exp / division order; bf16 one rounding step of the cast
+SCORE_TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every output starts as NaN (floats) or a huge id (ints), so an unwritten element fails loudly."""
+
+    def empty(shape, device, dtype):
+        fill = float("nan") if dtype.is_floating_point else 2**40
+        return torch.full(shape, fill, device=device, dtype=dtype)
+
+    monkeypatch.setattr(kernel_module, "_empty", empty)
+
+
+def make_inputs(tokens, experts, hidden, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w = (torch.randn(experts, hidden, generator=g) * 2 / hidden**0.5).to(dtype)
+    return x, w
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "normalize, scores_float32", [(True, False), (False, False), (True, True), (False, True)]
+)
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, hidden",
+    [(1, 8, 1, 32), (3, 60, 2, 100), (7, 128, 8, 32), (1, 128, 8, 100), (7, 8, 8, 100), (3, 60, 8, 32)],
+)
+def test_matches_reference(poisoned, dtype, normalize, scores_float32, tokens, experts, top_k, hidden):
+    """Logits match F.linear's; the routing of the kernel's own logits is the reference routing of those logits
+    (the same experts in the same order, so 16-bit logits one rounding step apart cannot flip a near tie)."""
+    x, w = make_inputs(tokens, experts, hidden, dtype, seed=tokens * experts + top_k)
+    logits, scores, indices = kernel_module.launch(x, w, top_k, normalize, scores_float32)
+    ref_logits = F.linear(x, w)
+    assert logits.dtype == dtype and logits.shape == (tokens, experts)
+    scale = ref_logits.float().abs().max().clamp_min(1.0)
+    torch.testing.assert_close(
+        logits.float() / scale, ref_logits.float() / scale, rtol=0, atol=LOGIT_TOL[dtype]
+    )
+
+    ref_scores, ref_indices = route_from_logits(logits, top_k, normalize, scores_float32)
+    assert indices.dtype == torch.int64 and torch.equal(indices, ref_indices)
+    assert scores.dtype == (torch.float32 if scores_float32 else dtype) and scores.shape == (tokens, top_k)
+    tol = 1e-6 if scores_float32 else SCORE_TOL[dtype]
+    torch.testing.assert_close(scores.float(), ref_scores.float(), rtol=tol, atol=tol)
+    if dtype == torch.float32:  # no near ties at these seeds: the whole reference agrees
+        assert torch.equal(indices, moe_router_naive(x, w, top_k, normalize, scores_float32)[2])
+
+
+@needs_triton
+def test_equal_probabilities_lower_expert_first(poisoned):
+    """Experts with identical weight rows tie exactly; the lower id comes first (the reference's stable order)."""
+    x, w = make_inputs(3, 16, 32, torch.float32, seed=1)
+    w[9], w[13], w[2] = w[4], w[4], w[4] * 3  # 4, 9, 13 tie; 2 differs
+    logits, scores, indices = moe_router(x, w, 6, normalize=True)
+    ref = moe_router_naive(x, w, 6, True, False)
+    assert torch.equal(indices, ref[2])
+    for row in indices.tolist():
+        tied = [e for e in row if e in (4, 9, 13)]
+        assert tied == sorted(tied)
+    torch.testing.assert_close(scores, ref[1], rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
+def test_strided_input_and_empty():
+    x, w = make_inputs(5, 60, 64, torch.float32, seed=2)
+    strided = torch.stack([x, x], dim=-1)[..., 0]
+    out = moe_router(strided, w, 4, True)
+    ref = moe_router_naive(x, w, 4, True, False)
+    assert torch.equal(out[2], ref[2])
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-6, atol=1e-6)
+    logits, scores, indices = moe_router(x[:0], w, 4, True)
+    assert logits.shape == (0, 60) and scores.shape == (0, 4) and indices.shape == (0, 4)
+
+
+def test_float64_falls_back_to_reference_and_op_checks():
+    x, w = make_inputs(3, 60, 32, torch.float64, seed=3)
+    out = moe_router(x, w, 8, True, True)
+    for a, b in zip(out, moe_router_naive(x, w, 8, True, True)):
+        assert torch.equal(a, b)
+    torch.library.opcheck(torch.ops.hsv.moe_router.default, (x, w, 8, True, False))
+    assert doctest.testmod(op_module, extraglobs={"torch": torch}).failed == 0
+
+
+@needs_triton
+def test_op_checks_on_the_kernel():
+    x, w = make_inputs(3, 8, 32, torch.float32, seed=4)
+    torch.library.opcheck(torch.ops.hsv.moe_router.default, (x, w, 2, True, False))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: {**a, "weight": a["weight"][:, :16]}, "needs hidden"),
+        (lambda a: {**a, "hidden": a["hidden"][None]}, "needs hidden"),
+        (lambda a: {**a, "weight": a["weight"].double()}, "share one float dtype"),
+        (
+            lambda a: {**a, "hidden": a["hidden"].long(), "weight": a["weight"].long()},
+            "share one float dtype",
+        ),
+        (lambda a: {**a, "weight": a["weight"].to("meta")}, "one device"),
+        (lambda a: {**a, "top_k": 0}, "top_k must be"),
+        (lambda a: {**a, "top_k": 9}, "top_k must be"),
+        (lambda a: {**a, "weight": torch.randn(513, 32)}, "experts"),
+    ],
+)
+def test_bad_input(change, message):
+    x, w = make_inputs(3, 8, 32, torch.float32)
+    args = dict(hidden=x, weight=w, top_k=2, normalize=True)
+    with pytest.raises(ValueError, match=message):
+        moe_router(**change(args))
+
+
+@needs_triton
+def test_benchmark_entry_runs():
+    from hf_sparse_verify.kernels.registry import load_all
+
+    cases = list(load_all()["moe_router"](torch.device("cpu"), torch.float32, True))
+    assert {c.variant for c in cases} == {"triton", "eager"}
+    first = cases[0]
+    assert first.variant == "triton" and first.bytes_moved > 0
+    expected = next(c for c in cases if c.variant == "eager" and c.params == first.params).run()
+    got = first.run()
+    assert torch.equal(got[2], expected[2])
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-6)
