@@ -2,7 +2,7 @@
 
 A decode step of Qwen3-30B-A3B on an H200 spends ~0.75 ms of 5.56 ms in the eager router (``F.linear``, softmax,
 ``torch.topk``'s two kernels, the sum, the division and casts: ~6 small kernels per layer over 48 layers); the
-replacement runs one kernel per layer for CUDA steps of at most `MAX_ROWS` token rows and transformers' arithmetic
+replacement runs ``F.linear`` for the logits and one routing kernel per layer for CUDA steps of at most `MAX_ROWS` token rows and transformers' arithmetic
 everywhere else, so CPU results are bitwise what transformers computes.
 """
 
@@ -20,8 +20,8 @@ from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
 #: its replacement). `FLOAT32_SCORES` ones always renormalize and keep float32 scores.
 REPLACEABLE = frozenset({"Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter"})
 FLOAT32_SCORES = frozenset({"MixtralTopKRouter"})
-#: the kernel reads the whole router weight once per token row: it runs for steps of at most this many rows
-#: (decode and verify), torch's matmul and top-k above
+#: the routing kernel runs for steps of at most this many token rows (decode and verify); prefills keep
+#: transformers' arithmetic
 MAX_ROWS = 16
 
 Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement

@@ -14,11 +14,10 @@ Four launches, all with grids from shapes only (no host sync, CUDA-graph captura
 4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs summed in rank order, in float32, then
    cast: deterministic (no atomics).
 
-One token (``T == 1``, the decode step) takes a two-launch path: no ``_align_kernel`` (block ``b`` is pair ``b``, one
-row, its expert ``top_k_index[0, b]``: the pairs of one token need no grouping) and no ``_sum_kernel``
-(``_down_sum_kernel``, grid ``(H / BLOCK_N,)``, computes each active pair's ``h @ down^T`` tile, times its routing
-weight in float32, and adds it to the token's float32 sum in rank order). The rounding points are those of the
-four-launch path, whose ``_sum_kernel`` adds in the same order.
+One token (``T == 1``, the decode step) skips ``_align_kernel``: block ``b`` is pair ``b`` (one row, expert
+``top_k_index[0, b]``; the distinct experts of one token need no grouping), and the other three kernels run as
+above. Measured on an H200 (Qwen3-30B-A3B decode step, 48 layers): a variant that also folded the sum into the down
+kernel (grid ``H / 16``, the k pairs in a loop) took 21.5 us per layer against 8.8 + 2.8 us for down + sum.
 
 Blocks with no rows return before loading any weight. A pair takes part when its expert id is in ``[0, E)`` and its
 rank is below the token's ``n_active`` (the expert-skipping hook); the align and sum kernels apply the same rule.
@@ -35,8 +34,6 @@ from .._triton import dot_in_float32, next_power_of_2
 #: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
 #: sweep`` prints the best)
 TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
-#: ``BLOCK_N`` of ``_down_sum_kernel`` (one token): 128 programs at H = 2048 for a 132-SM GPU (not yet measured)
-DECODE_DOWN_N = 16
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -153,25 +150,36 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    H, W, TOPK_W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
-    hidden, inter,
+    H, W, TOPK_W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
+    hidden, inter, top_k, n_experts,
     s_ht, s_we, s_wn, s_wk, s_pt,
+    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     blk = tl.program_id(0)
-    rows = tl.load(BLOCK_ROWS + blk)
-    if rows == 0:
-        return
-    e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
-    row_ok = offs_m < rows
-    pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
+    if PAIR_BLOCKS:  # one token: block b is pair b, one row, h at row b
+        e, active = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
+        if not active:
+            return
+        e = e.to(tl.int64)
+        row_ok = offs_m < 1
+        pair = tl.zeros([BLOCK_M], dtype=tl.int64) + blk
+        first_slot = blk
+    else:
+        rows = tl.load(BLOCK_ROWS + blk)
+        if rows == 0:
+            return
+        e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
+        row_ok = offs_m < rows
+        pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
+        first_slot = blk * BLOCK_M
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)
 
-    p_h = H + (blk * BLOCK_M + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_h = H + (first_slot + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     p_w = W + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk  # [BLOCK_K, BLOCK_N] of down^T
     b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
@@ -187,41 +195,6 @@ def _down_kernel(
 
 
 @triton.jit
-def _down_sum_kernel(
-    H, W, TOPK_IDS, N_ACTIVE, TOPK_W, OUT,
-    hidden, inter, top_k, n_experts,
-    s_ht, s_we, s_wn, s_wk,
-    HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One token: ``out[n] = sum_r w[r] * (h[r] @ down[e_r]^T)[n]`` over the active ranks ``r`` in rank order."""
-    offs_m = tl.arange(0, BLOCK_M)
-    row_ok = offs_m < 1  # the dot wants 16 rows: row 0 is the pair's
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hidden
-    offs_k = tl.arange(0, BLOCK_K)
-    b_out = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for r in range(top_k):
-        e, active = _pair_active(TOPK_IDS, N_ACTIVE, r, top_k, top_k, n_experts, HAS_N_ACTIVE)
-        if active:
-            p_h = H + (r + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K], row 0 = pair r
-            p_w = (
-                W + e.to(tl.int64) * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
-            )  # [BLOCK_K, BLOCK_N]
-            b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, inter, BLOCK_K):
-                k_ok = k0 + offs_k < inter
-                b_h = tl.load(p_h, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-                b_w = tl.load(p_w, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
-                b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
-                p_h += BLOCK_K
-                p_w += BLOCK_K * s_wk
-            b_r = tl.load(TOPK_W + r).to(tl.float32)
-            b_out += tl.sum(tl.where(row_ok[:, None], b_y * b_r, 0.0), axis=0)  # row 0 only: exact
-    tl.store(OUT + offs_n, b_out.to(OUT.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
 def _sum_kernel(
     PAIR_OUT, TOPK_IDS, N_ACTIVE, OUT,
     hidden, top_k, n_experts, s_pt, s_ot,
@@ -231,7 +204,7 @@ def _sum_kernel(
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < hidden
     b_out = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for r in range(top_k):  # rank order, as `_down_sum_kernel`
+    for r in range(top_k):  # rank order
         p = t * top_k + r
         _, active = _pair_active(TOPK_IDS, N_ACTIVE, p, p + 1, top_k, n_experts, HAS_N_ACTIVE)
         if active:
@@ -300,74 +273,43 @@ def launch(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run the kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride, ``top_k_index`` /
-    ``top_k_weights`` contiguous): two launches for one token (`launch_one_token`), four otherwise. Returns
+    ``top_k_weights`` contiguous): three launches for one token (no align), four otherwise. Returns
     ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given)."""
     tokens, dim = hidden.shape
     if out is None:
         out = _empty((tokens, dim), hidden.device, hidden.dtype)
     if tokens == 0:
         return out
-    if tokens == 1:
-        return launch_one_token(
-            hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, out
-        )
     top_k = top_k_index.shape[1]
     n_experts = w_gate_up.shape[0]
-    pairs = tokens * top_k
-    block_m = block_m_for(pairs, n_experts)
-    slot_pair, block_expert, block_rows = align(top_k_index, n_active, n_experts, block_m)
-    n_blocks = block_rows.shape[0]
-    h = _gate_up(
-        hidden, w_gate_up, top_k_index, n_active, transposed, (slot_pair, block_expert, block_rows), block_m
-    )
+    if tokens == 1:  # the pairs of one token need no grouping: block b is pair b
+        layout, block_m, n_blocks = None, 16, top_k
+    else:
+        block_m = block_m_for(tokens * top_k, n_experts)
+        layout = align(top_k_index, n_active, n_experts, block_m)
+        n_blocks = layout[2].shape[0]
+    h = _gate_up(hidden, w_gate_up, top_k_index, n_active, transposed, layout, block_m)
 
-    pair_out = _empty((pairs, dim), hidden.device, torch.float32)  # [T * k, H]
+    pair_out = _empty((tokens * top_k, dim), hidden.device, torch.float32)  # [T * k, H]
     bn = min(TILES["down_n"], max(16, next_power_of_2(dim)))
     bk = min(TILES["down_k"], max(16, next_power_of_2(h.shape[1])))
     dot_dtype, precision = _dot_settings(hidden.dtype)
+    n_active_or_ids = n_active if n_active is not None else top_k_index
     _down_kernel[(n_blocks, triton.cdiv(dim, bn))](
-        h, w_down, top_k_weights, pair_out, slot_pair, block_expert, block_rows,
-        dim, h.shape[1],
+        h, w_down, top_k_weights, pair_out, *(layout or (top_k_index,) * 3), top_k_index, n_active_or_ids,
+        dim, h.shape[1], top_k, n_experts,
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
+        PAIR_BLOCKS=layout is None, HAS_N_ACTIVE=n_active is not None,
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
         num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
     _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
-        pair_out, top_k_index, n_active if n_active is not None else top_k_index, out,
+        pair_out, top_k_index, n_active_or_ids, out,
         dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
         HAS_N_ACTIVE=n_active is not None, BLOCK_H=block_h,
         num_warps=4,
-    )  # fmt: skip
-    return out
-
-
-def launch_one_token(
-    hidden: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
-    n_active: torch.Tensor | None,
-    transposed: bool,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """The decode step's two launches (``hidden`` ``[1, H]``, otherwise as `launch`): ``_gate_up_kernel`` with one
-    block per pair, then ``_down_sum_kernel``; the same rounding points and summation order as the four-launch
-    path. Writes ``out`` ``[1, H]`` and returns it."""
-    dim = hidden.shape[1]
-    h = _gate_up(hidden, w_gate_up, top_k_index, n_active, transposed, None, 16)  # [k, I]
-    bn = min(DECODE_DOWN_N, max(16, next_power_of_2(dim)))
-    bk = min(TILES["down_k"], max(16, next_power_of_2(h.shape[1])))
-    dot_dtype, precision = _dot_settings(hidden.dtype)
-    _down_sum_kernel[(triton.cdiv(dim, bn),)](
-        h, w_down, top_k_index, n_active if n_active is not None else top_k_index, top_k_weights, out,
-        dim, h.shape[1], top_k_index.shape[1], w_gate_up.shape[0],
-        h.stride(0), *_weight_strides(w_down, transposed),
-        HAS_N_ACTIVE=n_active is not None, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
     return out
 
