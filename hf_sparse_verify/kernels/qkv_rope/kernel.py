@@ -20,8 +20,17 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2
 
-#: tile settings (``BLOCK_N`` also has to divide the projections' widths; see `proj_block_n`)
-TILES = {"proj_n": 32, "proj_k": 128, "num_warps": 4}
+#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`); ``out_*``: the
+#: single-weight `row_linear` kernel (attention output projection)
+TILES = {
+    "proj_n": 32,
+    "proj_k": 128,
+    "num_warps": 4,
+    "num_stages": 3,
+    "out_n": 32,
+    "out_k": 128,
+    "out_warps": 4,
+}
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -68,6 +77,16 @@ def _qkv_proj_kernel(
     else:
         _project_tile(X, WV, BV, OV, (tile - tiles_q - tiles_k) * BLOCK_N, n_rows, n_hidden, s_x, s_wv, s_ov,
                       HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
+
+
+@triton.jit
+def _linear_kernel(
+    X, W, B, OUT, n_rows, n_hidden, s_x, s_w, s_o,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    _project_tile(X, W, B, OUT, tl.program_id(1) * BLOCK_N, n_rows, n_hidden, s_x, s_w, s_o,
+                  HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
 
 
 @triton.jit
@@ -163,9 +182,36 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         rows, hidden, tiles_q, tiles_k,
         x.stride(0), w_q.stride(0), w_k.stride(0), w_v.stride(0), q.stride(0), k.stride(0), v.stride(0),
         HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"],
+        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
     return q, k, v
+
+
+def linear_block_n(n_out: int) -> int | None:
+    """Output columns per program of `row_linear_launch` (as `proj_block_n`, for one width)."""
+    block = TILES["out_n"]
+    while block >= 16 and n_out % block:
+        block //= 2
+    return block if block >= 16 else None
+
+
+def row_linear_launch(x, weight, bias) -> torch.Tensor:
+    """``x`` ``[T, K]`` (unit last stride), ``weight`` ``[N, K]`` (unit last stride; `linear_block_n` not None),
+    optional ``bias`` ``[N]`` -> ``[T, N]`` in ``x.dtype``."""
+    rows, hidden = x.shape
+    out = _empty((rows, weight.shape[0]), x.device, x.dtype)
+    if rows == 0:
+        return out
+    bn = linear_block_n(weight.shape[0])
+    bk = min(TILES["out_k"], max(16, next_power_of_2(hidden)))
+    dot_dtype, precision = _dot(x.dtype)
+    _linear_kernel[(1, weight.shape[0] // bn)](
+        x, weight, bias if bias is not None else weight, out, rows, hidden, x.stride(0), weight.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=bn, BLOCK_K=bk,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["out_warps"], num_stages=TILES["num_stages"],
+    )  # fmt: skip
+    return out
 
 
 def rope_qk_launch(
