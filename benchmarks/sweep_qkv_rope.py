@@ -64,7 +64,7 @@ def main() -> None:
             out_torch_us=round(_time(functools.partial(F.linear, a, w_o), device), 2),
             qkv_floor_us=round(1e6 * qkv_bytes / bandwidth, 2), out_floor_us=round(1e6 * w_o.numel() * 2 / bandwidth, 2),
         ))  # fmt: skip
-    grid = list(itertools.product((16, 32, 64), (64, 128, 256), (2, 4, 8), (2, 3, 4)))
+    grid = list(itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4)))
     best = {}
     with tqdm(total=len(grid), desc="qkv_rope tiles", file=sys.stderr) as bar:
         for n, k, warps, stages in grid:
