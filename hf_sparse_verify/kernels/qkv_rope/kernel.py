@@ -80,16 +80,6 @@ def _qkv_proj_kernel(
 
 
 @triton.jit
-def _linear_kernel(
-    X, W, B, OUT, n_rows, n_hidden, s_x, s_w, s_o,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    _project_tile(X, W, B, OUT, tl.program_id(1) * BLOCK_N, n_rows, n_hidden, s_x, s_w, s_o,
-                  HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
-
-
-@triton.jit
 def _round(x, dtype: tl.constexpr):
     """``x`` rounded to ``dtype`` and back to float32 (where eager stores an intermediate in the activation
     dtype)."""
@@ -185,53 +175,3 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
     return q, k, v
-
-
-def linear_block_n(n_out: int) -> int | None:
-    """Output columns per program of `row_linear_launch` (as `proj_block_n`, for one width)."""
-    block = TILES["out_n"]
-    while block >= 16 and n_out % block:
-        block //= 2
-    return block if block >= 16 else None
-
-
-def row_linear_launch(x, weight, bias) -> torch.Tensor:
-    """``x`` ``[T, K]`` (unit last stride), ``weight`` ``[N, K]`` (unit last stride; `linear_block_n` not None),
-    optional ``bias`` ``[N]`` -> ``[T, N]`` in ``x.dtype``."""
-    rows, hidden = x.shape
-    out = _empty((rows, weight.shape[0]), x.device, x.dtype)
-    if rows == 0:
-        return out
-    bn = linear_block_n(weight.shape[0])
-    bk = min(TILES["out_k"], max(16, next_power_of_2(hidden)))
-    dot_dtype, precision = _dot(x.dtype)
-    _linear_kernel[(1, weight.shape[0] // bn)](
-        x, weight, bias if bias is not None else weight, out, rows, hidden, x.stride(0), weight.stride(0),
-        out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=bn, BLOCK_K=bk,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["out_warps"], num_stages=TILES["num_stages"],
-    )  # fmt: skip
-    return out
-
-
-def rope_qk_launch(
-    q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` ``[T, H_q * D]``, ``k`` ``[T, H_kv * D]`` (unit last stride), ``cos`` / ``sin`` ``[T, D]`` (unit last
-    stride) -> ``[T, H_q, D]``, ``[T, H_kv, D]`` contiguous, in ``q.dtype``."""
-    rows = q.shape[0]
-    heads_q, heads_kv = q.shape[1] // head_dim, k.shape[1] // head_dim
-    out_q = _empty((rows, heads_q, head_dim), q.device, q.dtype)
-    out_k = _empty((rows, heads_kv, head_dim), q.device, q.dtype)
-    if rows == 0:
-        return out_q, out_k
-    half = head_dim // 2
-    _rope_kernel[(rows, heads_q + heads_kv)](
-        q, k, cos, sin,
-        q_norm_weight if q_norm_weight is not None else q, k_norm_weight if k_norm_weight is not None else k,
-        out_q, out_k,
-        heads_q, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0), out_q.stride(0), out_k.stride(0), eps,
-        HALF=half, BLOCK_H=next_power_of_2(half), Q_NORM=q_norm_weight is not None,
-        K_NORM=k_norm_weight is not None, num_warps=1 if head_dim <= 128 else 2,
-    )  # fmt: skip
-    return out_q, out_k
