@@ -15,7 +15,6 @@ from hf_sparse_verify.kernels.qkv_rope import (
     qkv_proj_naive,
     rope_qk,
     rope_qk_naive,
-    row_linear,
 )
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
 

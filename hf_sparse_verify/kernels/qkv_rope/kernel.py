@@ -175,3 +175,26 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
     )  # fmt: skip
     return q, k, v
+
+
+def rope_qk_launch(
+    q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``[T, H_q * D]``, ``k`` ``[T, H_kv * D]`` (unit last stride), ``cos`` / ``sin`` ``[T, D]`` (unit last
+    stride) -> ``[T, H_q, D]``, ``[T, H_kv, D]`` contiguous, in ``q.dtype``."""
+    rows = q.shape[0]
+    heads_q, heads_kv = q.shape[1] // head_dim, k.shape[1] // head_dim
+    out_q = _empty((rows, heads_q, head_dim), q.device, q.dtype)
+    out_k = _empty((rows, heads_kv, head_dim), q.device, q.dtype)
+    if rows == 0:
+        return out_q, out_k
+    half = head_dim // 2
+    _rope_kernel[(rows, heads_q + heads_kv)](
+        q, k, cos, sin,
+        q_norm_weight if q_norm_weight is not None else q, k_norm_weight if k_norm_weight is not None else k,
+        out_q, out_k,
+        heads_q, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0), out_q.stride(0), out_k.stride(0), eps,
+        HALF=half, BLOCK_H=next_power_of_2(half), Q_NORM=q_norm_weight is not None,
+        K_NORM=k_norm_weight is not None, num_warps=1 if head_dim <= 128 else 2,
+    )  # fmt: skip
+    return out_q, out_k
