@@ -47,6 +47,7 @@ SETTINGS = {
     "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5)),
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
     "moe_skip4": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=4, budget=0.3)),
+    "moe_skip6": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=6, budget=0.1)),
 }
 
 
