@@ -10,6 +10,7 @@ Sections (``--sections``, default all):
   copy bandwidth. Also the largest difference between ours and ``batched_mm``.
 - ``sweep``: ours over tile settings (`kernel.TILES`): gate/up tiles and stages first, then down tiles and warps
   with the best of those; prints the best setting (sum of the three T's times).
+- ``sweep1``: ours at one token (decode) over the one-token tile settings (`kernel.TILES_ONE_TOKEN`).
 - ``step``: the ``qwen3-30b-a3b`` random-weight model, 1K context, batch 1, widths 1..16, our captured step
   (`hf_sparse_verify.bench.step`) with the fused experts and with ``batched_mm``; floor as ``hsv bench step``
   ((weights the step must read, ``min(E, T k)`` experts per layer, + KV) / measured copy bandwidth) and with the
@@ -86,9 +87,10 @@ def layer(module, device, dtype, bandwidth: float, copy_bw: float, bar) -> list[
     return records
 
 
-def _time_with_tiles(tiles: dict, module, inputs, device) -> dict[int, float]:
-    saved = dict(fe_kernel.TILES)
-    fe_kernel.TILES.update(tiles)
+def _time_with_tiles(tiles: dict, module, inputs, device, table: dict | None = None) -> dict[int, float]:
+    table = fe_kernel.TILES if table is None else table
+    saved = dict(table)
+    table.update(tiles)
     try:
         out = {}
         for tokens, (x, index, weights, _) in inputs.items():
@@ -96,8 +98,8 @@ def _time_with_tiles(tiles: dict, module, inputs, device) -> dict[int, float]:
             out[tokens] = time_case(run, device, quick=False)[0] * 1e6
         return out
     finally:
-        fe_kernel.TILES.clear()
-        fe_kernel.TILES.update(saved)
+        table.clear()
+        table.update(saved)
 
 
 def sweep(module, device, dtype, bar) -> dict:
@@ -131,6 +133,41 @@ def sweep(module, device, dtype, bar) -> dict:
         if total < best_total:
             best, best_total = tiles, total
     return dict(default=dict(fe_kernel.TILES), best=best, best_total_us=round(best_total, 2), records=records)
+
+
+def sweep_one_token(module, device, dtype, bar) -> dict:
+    """`kernel.TILES_ONE_TOKEN` for decode (T = 1): gate/up tiles, stages and warps, then down tiles with the best."""
+    inputs = {1: _layer_inputs(module, 1, device, dtype)}
+    table = fe_kernel.TILES_ONE_TOKEN
+    records = []
+
+    def trial(tiles: dict) -> float:
+        try:
+            us = _time_with_tiles(tiles, module, inputs, device, table)[1]
+        except Exception as err:  # noqa: BLE001 - e.g. out of shared memory: record and go on
+            records.append(dict(tiles=tiles, error=repr(err)[:200]))
+            bar.update(1)
+            return float("inf")
+        records.append(dict(tiles=tiles, us=round(us, 2)))
+        bar.update(1)
+        return us
+
+    best = dict(table)
+    best_us = trial(best)
+    for gn, gk, stages, warps in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4), (2, 4, 8)):
+        tiles = {**best, "gate_up_n": gn, "gate_up_k": gk, "num_stages": stages, "num_warps": warps}
+        us = trial(tiles)
+        if us < best_us:
+            best, best_us = tiles, us
+    for dn, dk in itertools.product((16, 32, 64, 128), (64, 128, 256)):
+        tiles = {**best, "down_n": dn, "down_k": dk}
+        us = trial(tiles)
+        if us < best_us:
+            best, best_us = tiles, us
+    print(
+        f"one token: default {dict(table)} -> best {best} ({best_us:.1f} us; default {records[0].get('us')})"
+    )
+    return dict(default=dict(table), best=best, best_us=round(best_us, 2), records=records)
 
 
 def _expected_unique(tokens: int, experts: int, top_k: int) -> float:
@@ -246,6 +283,8 @@ def main() -> None:
                 print(f"{r['tokens']:>6}  {r['variant']:<10} {r['us']:>8.1f}  {r['floor_us']:>8.1f}  "
                       f"{r['over_floor']:>10.2f}  {r['batched_mm_over_this']:>15.2f}  {r['unique_experts']:>6}  "
                       f"{r['max_rel_diff_vs_batched_mm']:.1e}")  # fmt: skip
+        if "sweep1" in args.sections:
+            result["sweep1"] = sweep_one_token(module, device, dtype, bar)
         if "sweep" in args.sections:
             result["sweep"] = sweep(module, device, dtype, bar)
             print(f"tiles: default {result['sweep']['default']}\n       best    {result['sweep']['best']} "

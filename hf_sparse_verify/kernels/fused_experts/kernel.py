@@ -34,6 +34,9 @@ from .._triton import dot_in_float32, next_power_of_2
 #: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
 #: sweep`` prints the best)
 TILES = {"gate_up_n": 32, "gate_up_k": 128, "down_n": 64, "down_k": 128, "num_stages": 4, "num_warps": 4}
+#: the same settings for one-token launches (decode steps: one row per block), swept on their own
+#: (``bench_moe_experts.py --sections sweep1``)
+TILES_ONE_TOKEN = dict(TILES)
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -291,8 +294,9 @@ def launch(
     h = _gate_up(hidden, w_gate_up, top_k_index, n_active, transposed, layout, block_m)
 
     pair_out = _empty((tokens * top_k, dim), hidden.device, torch.float32)  # [T * k, H]
-    bn = min(TILES["down_n"], max(16, next_power_of_2(dim)))
-    bk = min(TILES["down_k"], max(16, next_power_of_2(h.shape[1])))
+    tiles = TILES_ONE_TOKEN if layout is None else TILES
+    bn = min(tiles["down_n"], max(16, next_power_of_2(dim)))
+    bk = min(tiles["down_k"], max(16, next_power_of_2(h.shape[1])))
     dot_dtype, precision = _dot_settings(hidden.dtype)
     n_active_or_ids = n_active if n_active is not None else top_k_index
     _down_kernel[(n_blocks, triton.cdiv(dim, bn))](
@@ -301,7 +305,7 @@ def launch(
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
         PAIR_BLOCKS=layout is None, HAS_N_ACTIVE=n_active is not None,
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
@@ -342,8 +346,9 @@ def _gate_up(
         n_blocks = layout[2].shape[0]
         slots = n_blocks * block_m
     h = _empty((slots, inter), hidden.device, hidden.dtype)
-    bn = min(TILES["gate_up_n"], max(16, next_power_of_2(inter)))
-    bk = min(TILES["gate_up_k"], max(16, next_power_of_2(dim)))
+    tiles = TILES_ONE_TOKEN if pair_blocks else TILES
+    bn = min(tiles["gate_up_n"], max(16, next_power_of_2(inter)))
+    bk = min(tiles["gate_up_k"], max(16, next_power_of_2(dim)))
     dot_dtype, precision = _dot_settings(hidden.dtype)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn))](
         hidden, w_gate_up, h, *layout, top_k_index, n_active if n_active is not None else top_k_index,
@@ -351,6 +356,6 @@ def _gate_up(
         hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
         PAIR_BLOCKS=pair_blocks, HAS_N_ACTIVE=n_active is not None,
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )  # fmt: skip
     return h
