@@ -54,6 +54,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.sparse_ffn.bench",
     "hf_sparse_verify.kernels.qkv_rope.bench",
     "hf_sparse_verify.kernels.moe_router.bench",
+    "hf_sparse_verify.kernels.expert_skip.bench",
 )
 
 

@@ -29,8 +29,9 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 
 from .._compat import experts_layers
 from ..generation.engine.graphs import warn_once
+from ..kernels.expert_skip import expert_skip
 from ..kernels.fused_experts import fused_experts
-from ..sparse.moe import active_mask, order_by_weight, skip_counts
+from ..sparse.moe import active_mask
 from ..step.context import current_step
 from ..step.slots import MoESkip
 
@@ -107,15 +108,17 @@ def fused_experts_forward(
     """The experts forward of the ``"hsv_fused"`` implementation: ``hidden_states [T, H]``, ``top_k_index`` and
     ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``.
 
-    Under expert skipping (`layer_skip`), the pairs are put in weight order (`order_by_weight`, a no-op for the
-    sorted output of ``torch.topk``) and the fused op gets each token's ``n_active``, so it neither loads nor
+    Under expert skipping (`layer_skip`), the pairs are put in weight order and each token's ``n_active`` is
+    counted (`hf_sparse_verify.kernels.expert_skip`: `order_by_weight` and `skip_counts` in one launch), and the
+    fused op gets ``n_active``, so it neither loads nor
     computes the skipped pairs. Modules the op declines run ``batched_mm`` with the skipped pairs' weights zeroed:
     the same result, but no work saved."""
     skip = layer_skip(self)
     n_active = None
-    if skip is not None:
-        top_k_index, top_k_weights = order_by_weight(top_k_index, top_k_weights)
-        n_active = skip_counts(top_k_weights, skip)  # [T] int32
+    if skip is not None:  # order_by_weight + skip_counts in one launch where Triton runs
+        top_k_index, top_k_weights, n_active = expert_skip(
+            top_k_index, top_k_weights, skip
+        )  # n_active [T] int32
     reason = unsupported_reason(self)
     if reason is not None:
         warn_once(
