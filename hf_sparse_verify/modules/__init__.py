@@ -2,8 +2,9 @@
 duration of a call, log it, and put the originals back on exit (also on errors).
 
 Only modules whose ``forward`` arithmetic we have checked are replaced (`REPLACEABLE` RMSNorms, `MLP_REPLACEABLE`
-MLPs); each replacement reads the attributes it declares (``reads``) and holds no state of its own beyond a
-lazily built transposed weight (`GatedMLP`).
+MLPs, `FUSED_ATTENTION_REPLACEABLE` Llama-family attention, `ROUTER_REPLACEABLE` MoE routers); each replacement
+reads the attributes it declares (``reads``) and holds no state of its own beyond a lazily built transposed weight
+(`GatedMLP`).
 
 `use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
 ``forward`` never calls the function registered with `AttentionInterface` (`ATTENTION_REPLACEMENTS`: Falcon's,
