@@ -28,6 +28,13 @@ def triton_runs_on(device: torch.device) -> bool:
     return device.type == "cpu" and interpreting()
 
 
+def compiled_on(device: torch.device) -> bool:
+    """Whether compiled (not interpreted) Triton kernels run on ``device``: a CUDA device outside the interpreter.
+    The fused module replacements take their kernel paths only there; elsewhere they compute transformers'
+    arithmetic."""
+    return device.type == "cuda" and triton_runs_on(device)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from .._compat import decoder_layers
-from ..kernels._triton import triton_runs_on
+from ..kernels._triton import compiled_on
 from .attention import REPLACEABLE as FUSED_ATTENTION_REPLACEABLE
 from .attention import FusedQKVAttention
 from .attention import replaceable_attention as _fused_attention_replaceable
@@ -128,7 +128,7 @@ def _mlp_swaps(model: torch.nn.Module, down_copy: bool, cuda_only: bool = False)
         for layer_idx, layer in enumerate(layers)
         for parent in list(layer.modules())
         for name, child in list(parent.named_children())
-        if replaceable_mlp(child) and (not cuda_only or _fused_kernel_runs(child.gate_proj.weight.device))
+        if replaceable_mlp(child) and (not cuda_only or compiled_on(child.gate_proj.weight.device))
     ]
 
 
@@ -139,12 +139,8 @@ def _fused_attention_swaps(model: torch.nn.Module) -> list[Swap]:
         (parent, name, child, FusedQKVAttention(child))
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if _fused_attention_replaceable(child) and _fused_kernel_runs(child.q_proj.weight.device)
+        if _fused_attention_replaceable(child) and compiled_on(child.q_proj.weight.device)
     ]
-
-
-def _fused_kernel_runs(device: torch.device) -> bool:
-    return device.type == "cuda" and triton_runs_on(device)
 
 
 @contextlib.contextmanager

@@ -23,9 +23,11 @@ from __future__ import annotations
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..kernels._triton import triton_runs_on
+from ..kernels._triton import compiled_on
 from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk
 from ..kernels.qkv_rope.kernel import proj_block_n
+from ..kernels.qkv_rope.naive import rotate_half
+from .gptj import _no_eager
 
 #: attention class -> where its forward reads the ``sliding_window`` it passes to the attention function: ``"module"``
 #: (its own ``sliding_window`` attribute), ``"config"`` (``getattr(config, "sliding_window", None)``) or None (passes
@@ -60,18 +62,6 @@ def replaceable_attention(module: torch.nn.Module) -> bool:
         norms = (getattr(module, "q_norm", None), getattr(module, "k_norm", None))
         return all(hasattr(n, "weight") and hasattr(n, "variance_epsilon") for n in norms)
     return True
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _no_eager(*args, **kwargs):
-    raise NotImplementedError(
-        "this attention replacement runs a registered attention function (e.g. 'sparse_verify' or 'sdpa'), not "
-        "'eager'; it is only swapped in by hf_sparse_verify for the duration of a call"
-    )
 
 
 class FusedQKVAttention(torch.nn.Module):
@@ -120,7 +110,7 @@ class FusedQKVAttention(torch.nn.Module):
 
     def _fused(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
         """Whether this call takes the Triton path (CUDA with Triton, full rotary, one dtype throughout)."""
-        if hidden_states.device.type != "cuda" or not triton_runs_on(hidden_states.device):
+        if not compiled_on(hidden_states.device):
             return False
         dtype = hidden_states.dtype
         weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos]
@@ -149,7 +139,7 @@ class FusedQKVAttention(torch.nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin), v
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin), v
 
     def forward(
         self,

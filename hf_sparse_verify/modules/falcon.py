@@ -27,6 +27,9 @@ import math
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..kernels.qkv_rope.naive import rotate_half
+from .gptj import _no_eager
+
 #: attention classes of ``transformers.models.falcon.modeling_falcon`` this module stands in for (both keep their
 #: weights in ``query_key_value`` and ``dense``; the flash-attention class only overrides ``forward``)
 REPLACEABLE = frozenset({"FalconAttention", "FalconFlashAttention2"})
@@ -63,21 +66,9 @@ def _split_interleaved(fused: torch.Tensor, heads: int, kv_heads: int, head_dim:
     return qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Falcon's (Llama's) half-split rotary embedding of ``x`` ``[B, H, T, D]`` with ``cos``/``sin`` ``[B, T, D]``."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
-def _no_eager(*args, **kwargs):
-    raise NotImplementedError(
-        "FalconAttentionDispatch runs a registered attention function (e.g. 'sparse_verify' or 'sdpa'), not "
-        "'eager'; it is only swapped in by hf_sparse_verify for the duration of a call"
-    )
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class FalconAttentionDispatch(torch.nn.Module):

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from ..kernels._triton import triton_runs_on
+from ..kernels._triton import compiled_on
 from ..kernels.sparse_ffn import gated_act, kept_channels, sparse_up_down
 from ..step import current_step
 
@@ -85,7 +85,7 @@ class GatedMLP(torch.nn.Module):
         tau = sparsity.ffn_tau(self.layer_idx) if sparsity is not None else None
         if tau is not None:
             return self.sparse(x, tau)
-        if x.device.type == "cuda" and x.numel() <= FUSED_MAX_ROWS * x.shape[-1] and triton_runs_on(x.device):
+        if compiled_on(x.device) and x.numel() <= FUSED_MAX_ROWS * x.shape[-1]:
             return self.down_proj(gated_act(x, self.gate_proj.weight, self.up_proj.weight))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 

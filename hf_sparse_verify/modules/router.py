@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels._triton import triton_runs_on
+from ..kernels._triton import compiled_on
 from ..kernels.moe_router import moe_router
 from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
 
@@ -50,9 +50,8 @@ def replaceable_router(module: torch.nn.Module) -> bool:
     return shape_ok and top_k_ok and norm_ok
 
 
-def fused_router_runs(device: torch.device) -> bool:
-    """Whether `FusedRouter` sends steps on ``device`` to the kernel (compiled Triton on CUDA)."""
-    return device.type == "cuda" and triton_runs_on(device)
+#: whether `FusedRouter` sends steps on a device to the kernel (compiled Triton on CUDA); one name to patch in tests
+fused_router_runs = compiled_on
 
 
 class FusedRouter(torch.nn.Module):

@@ -99,6 +99,31 @@ def _align_kernel(
 
 
 @triton.jit
+def _block(
+    SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, top_k, n_experts,
+    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """The program's block (``program_id(0)``): whether it has work, its expert (int64), which of its ``BLOCK_M``
+    rows are real, each row's pair (int64) and the slot of its first row. With ``PAIR_BLOCKS`` (one token) block
+    ``b`` is pair ``b``, one row; otherwise the `align` layout says."""
+    blk = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    if PAIR_BLOCKS:
+        e, live = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
+        row_ok = offs_m < 1
+        pair = tl.zeros([BLOCK_M], dtype=tl.int64) + blk
+        first_slot = blk
+    else:
+        rows = tl.load(BLOCK_ROWS + blk)
+        live = rows > 0
+        e = tl.load(BLOCK_EXPERT + blk)
+        row_ok = offs_m < rows
+        pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
+        first_slot = blk * BLOCK_M
+    return live, e.to(tl.int64), row_ok, pair, first_slot
+
+
+@triton.jit
 def _gate_up_kernel(
     X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
     hidden, inter, top_k, n_experts,
@@ -107,25 +132,22 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    blk = tl.program_id(0)
+    live, e, row_ok, pair, first_slot = _block(
+        SLOT_PAIR,
+        BLOCK_EXPERT,
+        BLOCK_ROWS,
+        TOPK_IDS,
+        N_ACTIVE,
+        top_k,
+        n_experts,
+        PAIR_BLOCKS,
+        HAS_N_ACTIVE,
+        BLOCK_M,
+    )
+    if not live:
+        return
+    token = pair // top_k
     offs_m = tl.arange(0, BLOCK_M)
-    if PAIR_BLOCKS:  # one token: block b is pair b, one row, h stored at row b
-        e, active = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
-        if not active:
-            return
-        e = e.to(tl.int64)
-        row_ok = offs_m < 1
-        token = tl.zeros([BLOCK_M], dtype=tl.int64)
-        first_slot = blk
-    else:
-        rows = tl.load(BLOCK_ROWS + blk)
-        if rows == 0:
-            return
-        e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
-        row_ok = offs_m < rows
-        pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0)
-        token = (pair // top_k).to(tl.int64)
-        first_slot = blk * BLOCK_M
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     offs_k = tl.arange(0, BLOCK_K)
@@ -160,24 +182,21 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    blk = tl.program_id(0)
+    live, e, row_ok, pair, first_slot = _block(
+        SLOT_PAIR,
+        BLOCK_EXPERT,
+        BLOCK_ROWS,
+        TOPK_IDS,
+        N_ACTIVE,
+        top_k,
+        n_experts,
+        PAIR_BLOCKS,
+        HAS_N_ACTIVE,
+        BLOCK_M,
+    )
+    if not live:
+        return
     offs_m = tl.arange(0, BLOCK_M)
-    if PAIR_BLOCKS:  # one token: block b is pair b, one row, h at row b
-        e, active = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
-        if not active:
-            return
-        e = e.to(tl.int64)
-        row_ok = offs_m < 1
-        pair = tl.zeros([BLOCK_M], dtype=tl.int64) + blk
-        first_slot = blk
-    else:
-        rows = tl.load(BLOCK_ROWS + blk)
-        if rows == 0:
-            return
-        e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
-        row_ok = offs_m < rows
-        pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
-        first_slot = blk * BLOCK_M
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)

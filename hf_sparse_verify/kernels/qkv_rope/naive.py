@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..rms_norm import rms_norm_naive
+
 
 def qkv_proj_naive(
     x: torch.Tensor,
@@ -21,13 +23,8 @@ def qkv_proj_naive(
     return F.linear(x, w_q, b_q), F.linear(x, w_k, b_k), F.linear(x, w_v, b_v)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    hidden = x.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``(x_lo, x_hi) -> (-x_hi, x_lo)`` over the last dimension (transformers' ``rotate_half``)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -47,8 +44,8 @@ def rope_qk_naive(
     q = q.view(q.shape[0], -1, head_dim)
     k = k.view(k.shape[0], -1, head_dim)
     if q_norm_weight is not None:
-        q = _rms_norm(q, q_norm_weight, eps)
+        q = rms_norm_naive(q, q_norm_weight, eps)
     if k_norm_weight is not None:
-        k = _rms_norm(k, k_norm_weight, eps)
+        k = rms_norm_naive(k, k_norm_weight, eps)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
