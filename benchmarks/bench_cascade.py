@@ -100,7 +100,7 @@ FULL = Sizes(
     context=1024,
     prompts_per_workload=4,
     new_tokens=128,
-    static_ks=(1, 2, 3, 4, 6),
+    static_ks=(1, 2, 3, 4, 6, 8),  # 8 = utility_max_k: the best static K among all the policy may pick
     utility_max_k=8,
     repeats=1,
 )

@@ -486,3 +486,66 @@ def test_speculation_that_pays_is_not_switched_off_next_time():
     second = UtilityKPolicy(max_k=8)
     second.warm_start(first.recent_best_k(), first.switched_off_steps())
     assert [second.next_k() for _ in range(5)][4] > 0
+
+
+# ------------------------------------------------------------------------------ saturation jump, baseline carry
+def simulate_drafts(policy: UtilityKPolicy, step_time: StepTime, right: int, steps: int) -> Run:
+    """Like `simulate`, with the drafts proposed reported: the drafter proposes K drafts and the first ``right``
+    of them are accepted."""
+    ks, states = [], []
+    total_time = tokens = 0.0
+    for i in range(steps):
+        k = policy.next_k()
+        accepted = min(k, right)
+        total_time += step_time(k, i)
+        tokens += 1 + accepted
+        policy.observe(StepOutcome(index=i, k=k, accepted=[accepted], time_s=step_time(k, i), drafted=[k]))
+        ks.append(k)
+        states.append(policy.state())
+    return Run(ks, states, total_time, tokens)
+
+
+def test_saturated_trials_jump_to_twice_k():
+    """Every draft accepted (drafts cut by K) and utility >= 1: the next trial doubles K (capped at max_k)
+    instead of climbing by one, and the converged exit does not stop it."""
+    cost = lambda k, i: 1.0 + 0.05 * k  # noqa: E731
+    run = simulate_drafts(UtilityKPolicy(max_k=8), cost, right=8, steps=40)
+    assert run.first_test() == [3] * 4 + [6] * 4 + [8] * 4
+    set_k = next(k for phase, k, _ in run.segments() if phase == "set")
+    assert set_k == 8
+    # the same curve without the drafted counts climbs one K per trial and stops at max_trials
+    plain = simulate(UtilityKPolicy(max_k=8), cost, lambda k, i: k, steps=40)
+    assert plain.first_test() == [3] * 4 + [4] * 4 + [5] * 4 + [6] * 4
+    assert run.tokens / run.time > plain.tokens / plain.time
+
+
+def test_a_fall_after_a_jump_tries_the_middle_of_the_bracket():
+    """Drafts right up to 3 tokens: K = 3 is saturated (jump to 6); K = 6 buys nothing more and costs more, so
+    the next trial is the middle of the bracket (4), which points back to the best, K = 3."""
+    cost = lambda k, i: 1.0 + 0.1 * k  # noqa: E731
+    run = simulate_drafts(UtilityKPolicy(max_k=8), cost, right=3, steps=40)
+    assert run.first_test() == [3] * 4 + [6] * 4 + [4] * 4
+    assert next(k for phase, k, _ in run.segments() if phase == "set") == 3
+    assert run.states[12 + 4]["exit"] == "peak"
+
+
+def test_baseline_carries_to_the_next_request_and_ages():
+    """With the previous request's K = 0 step time (same shape), a request skips the B baseline steps; the
+    baseline's age counts across requests, so a refresh still comes every `baseline_refresh` steps."""
+    cost = lambda k, i: 1.0 + 0.1 * k  # noqa: E731
+    first = UtilityKPolicy(max_k=8)
+    simulate_drafts(first, cost, right=2, steps=30)
+    baseline = first.remembered_baseline()
+    assert baseline is not None and baseline[0] == 1.0 and baseline[1] >= 1
+    second = UtilityKPolicy(max_k=8)
+    second.warm_start(first.recent_best_k(), first.switched_off_steps(), None, baseline)
+    ks = [second.next_k() for _ in range(4)]
+    assert ks == [first.recent_best_k()] * 4  # testing at once: no K = 0 step
+    # an old baseline is refreshed first
+    stale = UtilityKPolicy(max_k=8)
+    stale.warm_start(3, None, None, (1.0, stale.baseline_refresh))
+    assert [stale.next_k() for _ in range(5)] == [0, 0, 0, 0, 3]
+    for bad in [(float("nan"), 0), (0.0, 1), (1.0, -1), ("x", 1), None]:
+        policy = UtilityKPolicy(max_k=8)
+        policy.warm_start(3, None, None, bad)  # unusable: the cold start
+        assert [policy.next_k() for _ in range(5)] == [0, 0, 0, 0, 3]

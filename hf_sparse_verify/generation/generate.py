@@ -33,6 +33,17 @@ from .policies.k_policy import make_k_policy
 #: the K it ended speculating at).
 #: The K never changes the output.
 _POLICY_MEMORY: dict[tuple, tuple[int | None, int | None, int | None]] = {}
+#: and, from a request of the same batch size and prompt length within 2x, the K = 0 step time and its age in
+#: steps (so a short request does not spend its first steps re-measuring it): key + (batch, length bucket) ->
+#: (seconds, steps)
+_BASELINE_MEMORY: dict[tuple, tuple[float, int]] = {}
+
+
+def _model_key(model) -> tuple:
+    """Which model a memory entry is for: ``id`` alone can be reused by a model loaded after this one is freed."""
+    config = model.config
+    return (id(model), type(model).__name__, config.num_hidden_layers, config.hidden_size, str(model.dtype))
+
 
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
 _PREPARED_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
@@ -180,8 +191,10 @@ def _run(
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     drafter = build_drafter(config, strategy, model, draft_model)
     policy = make_k_policy(config)
-    memory_key = (id(model), strategy, config.k_policy)
-    policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None, None)))
+    memory_key = (*_model_key(model), strategy, config.k_policy)
+    # the K = 0 step time only carries to a request of the same batch size and prompt length within 2x
+    shape_key = (*memory_key, input_ids.shape[0], input_ids.shape[1].bit_length())
+    policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None, None)), _BASELINE_MEMORY.get(shape_key))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
@@ -205,6 +218,9 @@ def _run(
             stats=stats,
         )
     _POLICY_MEMORY[memory_key] = (policy.recent_best_k(), policy.switched_off_steps(), policy.speculating_k())
+    baseline = policy.remembered_baseline()
+    if baseline is not None:
+        _BASELINE_MEMORY[shape_key] = baseline
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculation=stats)
     return sequences

@@ -239,6 +239,7 @@ def speculative_decode(
                     k,
                     [a for a, act in zip(accepted_rows, active_before) if act],
                     draft_s + verify_s + update_s,
+                    drafted=[n for n, act in zip(proposed, active_before) if act],
                 )
             )
             policy_state = policy.state()

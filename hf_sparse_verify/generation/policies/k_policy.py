@@ -29,6 +29,8 @@ class StepOutcome:
         k: draft tokens proposed at that step (0 = plain decode step).
         accepted: drafts accepted per row that was active at that step (bonus token excluded).
         time_s: wall time of the step (draft + verify) in seconds, or None when unknown.
+        drafted: drafts the drafter actually proposed per active row (prompt lookup may propose fewer than K, or
+            none), or None when the loop does not say.
     """
 
     index: int
@@ -36,6 +38,7 @@ class StepOutcome:
     accepted: list[int]
     time_s: float | None = None
     extra: dict = field(default_factory=dict)
+    drafted: list[int] | None = None
 
     @property
     def tokens_per_row(self) -> float:
@@ -73,11 +76,20 @@ class KPolicy(ABC):
         return {}
 
     def warm_start(  # noqa: B027 - optional hook
-        self, k: int | None, switched_off_steps: int | None = None, set_k: int | None = None
+        self,
+        k: int | None,
+        switched_off_steps: int | None = None,
+        set_k: int | None = None,
+        baseline: tuple[float, int] | None = None,
     ) -> None:
         """Start from what served the previous request best (learning policies): its best K; when it ended with
-        speculation switched off, the K = 0 steps to run before testing again; when it ended speculating, that K.
-        Default: ignore them."""
+        speculation switched off, the K = 0 steps to run before testing again; when it ended speculating, that K;
+        the K = 0 step time of a request of the same shape and its age in steps. Default: ignore them."""
+
+    def remembered_baseline(self) -> tuple[float, int] | None:
+        """``(K = 0 step time, its age in steps)`` to remember for the next request of the same shape (learning
+        policies); default: None."""
+        return None
 
     def recent_best_k(self) -> int | None:
         """The K to remember for the next request (learning policies); default: nothing."""

@@ -72,11 +72,24 @@ class Window:
         self.tokens = 0.0  # sum of ETR
         self.time_s = 0.0  # sum of step times
         self.timed = 0  # steps with a known time
+        self.drafted = 0  # drafts proposed in the timed steps (when the loop reports them)
+        self.accepted = 0  # of which accepted
 
-    def add(self, etr: float, time_s: float) -> None:
+    def add(
+        self, etr: float, time_s: float, accepted: list[int] | None = None, drafted: list[int] | None = None
+    ):
         self.tokens += etr
         self.time_s += time_s
         self.timed += 1
+        if accepted is not None and drafted is not None:
+            self.drafted += sum(drafted)
+            self.accepted += sum(accepted)
+
+    @property
+    def saturated(self) -> bool:
+        """Every draft proposed in the window's timed steps was accepted (and some were proposed): the drafts were
+        cut by K, not by the drafter's mistakes, so a larger K likely pays more."""
+        return self.drafted > 0 and self.accepted >= self.drafted
 
     def utility(self, baseline_s: float | None) -> float | None:
         """``mean ETR / (mean step time / baseline_s)``; None without a timed step or a baseline."""
@@ -86,7 +99,7 @@ class Window:
 
 
 def plan_next_trial(
-    trials: list[tuple[int, float]], max_k: int, max_trials: int, tolerance: float
+    trials: list[tuple[int, float]], max_k: int, max_trials: int, tolerance: float, saturated: bool = False
 ) -> tuple[int | None, str]:
     """Hill-climbing step of a test phase: the K of the next trial, or None and why the phase ends.
 
@@ -95,6 +108,7 @@ def plan_next_trial(
         max_k: largest K to try.
         max_trials: M, trials per test phase.
         tolerance: relative difference under which two successive utilities count as equal.
+        saturated: the last trial's drafts were all accepted (see `Window.saturated`).
 
     Returns ``(next_k, "climb")`` or ``(None, reason)``, checked in this order:
     ``"k_zero"`` (K = 1 has utility < 1: switch-off); a utility < 1 at K > 1 moves to the lowest K tried - 1
@@ -105,6 +119,12 @@ def plan_next_trial(
     first trial K + 1 (K - 1 at ``max_k``); otherwise one more step the same way when utility rose from the
     previous trial, or one step past the previous K the other way when it fell.
 
+    Saturation jump (ours, not in the paper): when the last trial was ``saturated``, its utility is >= 1 and it
+    rose going up (or it is the first trial), the next K is ``min(2 K, max_k)`` and the converged exit is skipped:
+    every draft being accepted says K, not the drafter, limited the step. A fall after such a jump tries the
+    middle of the bracket. On the H200 Cascade run (`benchmarks/bench_cascade.py --suite e2e`) the climb one K at
+    a time from K = 3 used most of each 128-token request, while the best static K was the largest tried.
+
     Example:
         >>> plan_next_trial([(3, 1.4)], max_k=8, max_trials=4, tolerance=0.1)
         (4, 'climb')
@@ -112,6 +132,10 @@ def plan_next_trial(
         (2, 'climb')
         >>> plan_next_trial([(3, 0.6), (2, 0.7), (1, 0.8)], max_k=8, max_trials=4, tolerance=0.1)
         (None, 'k_zero')
+        >>> plan_next_trial([(3, 1.4)], max_k=8, max_trials=4, tolerance=0.1, saturated=True)  # jump
+        (6, 'climb')
+        >>> plan_next_trial([(3, 1.4), (6, 1.1)], max_k=8, max_trials=4, tolerance=0.1)  # fell: the middle
+        (4, 'climb')
     """
     k, u = trials[-1]
     if u < 1.0 and k == 1:
@@ -121,20 +145,29 @@ def plan_next_trial(
         # switch-off: below 1 keep moving toward K = 0 until K = 1 has been tried (no early exit before that)
         next_k = min(tried) - 1
         return (next_k, "climb") if next_k >= 1 else (None, "k_zero")
+    climbing = len(trials) == 1 or (u > trials[-2][1] and k > trials[-2][0])
+    jump = saturated and climbing and u >= 1.0 and k < max_k
     if len(trials) >= 3 and u < trials[-2][1] < trials[-3][1]:
         return None, "falling"
-    if len(trials) >= 2 and abs(u - trials[-2][1]) <= tolerance * trials[-2][1]:
+    if not jump and len(trials) >= 2 and abs(u - trials[-2][1]) <= tolerance * trials[-2][1]:
         return None, "converged"
     if len(trials) >= max_trials:
         return None, "max_trials"
     if u < 1.0:
         next_k = min(tried) - 1
+    elif jump:
+        next_k = min(2 * k, max_k)
     elif len(trials) == 1:
         next_k = k + 1 if k < max_k else k - 1
     else:
         prev_k, prev_u = trials[-2]
         step = 1 if k > prev_k else -1
-        next_k = k + step if u > prev_u else prev_k - step
+        if u > prev_u:
+            next_k = k + step
+        elif abs(k - prev_k) > 1:  # fell after a jump: the middle of the bracket
+            next_k = (k + prev_k) // 2
+        else:
+            next_k = prev_k - step
     if next_k <= 0:
         return None, "k_zero"
     if next_k > max_k:
@@ -155,6 +188,14 @@ def choose_set_k(trials: list[tuple[int, float]]) -> tuple[int, int | None]:
         return 0, None
     best_k, best_u = max(trials, key=lambda trial: (trial[1], -trial[0]))
     return (best_k if best_u >= 1.0 else 0), best_k
+
+
+def _usable(baseline) -> bool:
+    try:
+        baseline_s, age = baseline
+        return math.isfinite(float(baseline_s)) and float(baseline_s) > 0 and int(age) >= 0
+    except (TypeError, ValueError):
+        return False
 
 
 class UtilityKPolicy(KPolicy):
@@ -270,7 +311,7 @@ class UtilityKPolicy(KPolicy):
         if window.k == 0:
             self._plain_times.append(time_s)
         else:
-            window.add(outcome.tokens_per_row, time_s)
+            window.add(outcome.tokens_per_row, time_s, outcome.accepted, outcome.drafted)
 
     def state(self) -> dict:
         """Phase and K of the last issued step, last trial utility and the K it was measured at, the K = 0 step
@@ -353,17 +394,30 @@ class UtilityKPolicy(KPolicy):
         already doubled), else None."""
         return self._set_len if self._off else None
 
+    def remembered_baseline(self) -> tuple[float, int] | None:
+        """``(K = 0 step time, steps since the last K = 0 step)`` for the next request of the same shape (see
+        `warm_start`), or None before any K = 0 step was timed."""
+        baseline_s = self._baseline_s()
+        return None if baseline_s is None else (baseline_s, self._step - self._last_plain_step)
+
     def warm_start(
-        self, k: int | None, switched_off_steps: int | None = None, set_k: int | None = None
+        self,
+        k: int | None,
+        switched_off_steps: int | None = None,
+        set_k: int | None = None,
+        baseline: tuple[float, int] | None = None,
     ) -> None:
         """Start from the previous request (call before the first `next_k`): ``k`` its `recent_best_k` (the
-        first trial's K), ``switched_off_steps`` its `switched_off_steps`, ``set_k`` its `speculating_k`.
+        first trial's K), ``switched_off_steps`` its `switched_off_steps`, ``set_k`` its `speculating_k`,
+        ``baseline`` its `remembered_baseline` (only from a request of the same batch size and about the same
+        context: the caller keys it).
 
         - switched off: the baseline, then that many K = 0 steps before the first test, so a model or workload
           where speculation does not pay stops paying for tests on every new request (the back-off carries over;
           it doubles again if the next test fails too);
         - speculating at ``set_k``: a set phase at ``set_k`` first (``set_steps`` steps), then the baseline and a
-          test phase, so a request does not spend its first steps re-learning what the last one found.
+          test phase, so a request does not spend its first steps re-learning what the last one found;
+        - with ``baseline``: no baseline steps until it is ``baseline_refresh`` steps old.
         """
         if k is not None and 1 <= k <= self.max_k:
             self.start_k = k
@@ -374,6 +428,15 @@ class UtilityKPolicy(KPolicy):
             # baseline before the first test rather than before the first token
             self._begin(SET, Window(set_k), self.set_steps)
             self._baseline_ran = False
+        if baseline is not None and self._step == 0 and _usable(baseline):
+            # the K = 0 step time of the same shape is known, and its age carries over: the refresh every
+            # `baseline_refresh` steps counts across requests, so short requests do not each pay B plain steps
+            baseline_s, age = baseline
+            self._plain_times.append(float(baseline_s))
+            self._last_plain_step = -int(age)
+            self._baseline_ran = True
+            if self._phase == BASELINE:
+                self._left = 0  # skip the initial baseline (`next_k` moves on to the next segment)
 
     def _end_trial(self) -> None:
         window = self._window
@@ -391,7 +454,9 @@ class UtilityKPolicy(KPolicy):
             if self._best_k is None:
                 set_k = window.k  # nothing measured: keep speculating at this K
         else:
-            next_k, self._exit = plan_next_trial(measured, self.max_k, self.max_trials, self.tolerance)
+            next_k, self._exit = plan_next_trial(
+                measured, self.max_k, self.max_trials, self.tolerance, saturated=window.saturated
+            )
         if next_k is not None:
             self._exit = None
             self._begin(TEST, Window(next_k), self.trial_steps)
