@@ -85,8 +85,10 @@ class SpeculationConfig:
             a setting with ``benchmarks/bench_sparse_quality.py`` before using it.
         utility_*: constants of the ``utility`` K policy (Cascade, paper defaults): trial length t, trials per
             test phase M, set-phase length S, first K tried, plain-decode steps measured at the start of a
-            request and the refresh period of that measurement, and the relative tolerance under which two
-            utilities count as equal.
+            request and the refresh period of that measurement (a request of the same batch size and prompt
+            length within 2x reuses the previous request's measurement until it is that many steps old), and the
+            relative tolerance under which two utilities count as equal. A trial whose drafts were all accepted
+            doubles K for the next trial (ours; see `UtilityKPolicy`).
     """
 
     strategy: str = "auto"
