@@ -41,8 +41,9 @@ _BASELINE_MEMORY: dict[tuple, tuple[float, int]] = {}
 
 def _model_key(model) -> tuple:
     """Which model a memory entry is for: ``id`` alone can be reused by a model loaded after this one is freed."""
-    config = model.config
-    return (id(model), type(model).__name__, config.num_hidden_layers, config.hidden_size, str(model.dtype))
+    config = model.config.get_text_config()
+    shape = tuple(getattr(config, name, None) for name in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    return (id(model), type(model).__name__, *shape, str(model.dtype))
 
 
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
