@@ -78,6 +78,11 @@ class SpeculationConfig:
             code-target (fp32, 12 held-out prompts, K = 6, ratio 0.07, min_tokens 256), mean acceptance 5.61 /
             5.72 (plain top-k), 5.97 / 5.94 (0.5), 5.97 / 6.09 (0.75), 6.09 / 6.12 (0.875) at 8K / 16K context
             (benchmarks/results/h200_long.json).
+        vegas_pool: width of the max-pooling of the ``vegas`` scores over neighbouring prefix slots before the
+            top-k (odd; 1: none), so the top-k keeps short spans around important tokens (SnapKV-style). Default
+            7: on code-target (fp32, CPU, 12 held-out prompts, K = 6, ratio 0.07) mean acceptance 6.26 / 6.37 at
+            8K / 16K against 6.09 / 6.12 without pooling, Streaming 6.01 / 6.21 and Quest 6.09 / 6.04
+            (benchmarks/NOTES_vegas_scores.md).
         streaming_sinks / quest_page_size: sink tokens of ``streaming``, page size of ``quest``.
         lossy_sparse_verify: None (default): dense, lossless verification. A `LossySparseVerify` (or a dict):
             LOSSY sparse verification, skipping KV blocks in attention, FFN channels and/or routed experts in the
@@ -107,6 +112,7 @@ class SpeculationConfig:
     selection: str = "two_rows"
     vegas_scores: str = "weights"
     vegas_recent_share: float = 0.875
+    vegas_pool: int = 7
     streaming_sinks: int = 4
     quest_page_size: int = 16
     utility_trial_steps: int = 4
@@ -195,6 +201,9 @@ class SpeculationConfig:
             )
         if self.vegas_scores not in VEGAS_SCORES:
             raise ValueError(f"unknown vegas_scores {self.vegas_scores!r}: use one of {VEGAS_SCORES}")
+        _check_int("vegas_pool", self.vegas_pool)
+        if self.vegas_pool < 1 or self.vegas_pool % 2 == 0:
+            raise ValueError(f"vegas_pool must be an odd int >= 1 (1: no pooling), got {self.vegas_pool}")
         _check_int("streaming_sinks", self.streaming_sinks)
         if self.streaming_sinks < 0:
             raise ValueError(f"streaming_sinks must be >= 0, got {self.streaming_sinks}")

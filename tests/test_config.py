@@ -36,6 +36,7 @@ CUSTOM = dict(
     selection="all",
     vegas_scores="logits",
     vegas_recent_share=0.25,
+    vegas_pool=3,
     streaming_sinks=8,
     quest_page_size=32,
     utility_trial_steps=3,
@@ -126,6 +127,9 @@ BAD = [
     (dict(min_tokens=0), r"min_tokens must be >= 1, got 0"),
     (dict(selection="first_row"), r"unknown selection 'first_row'"),
     (dict(streaming_sinks=-1), r"streaming_sinks must be >= 0, got -1"),
+    (dict(vegas_pool=0), r"vegas_pool must be an odd int >= 1 \(1: no pooling\), got 0"),
+    (dict(vegas_pool=4), r"vegas_pool must be an odd int >= 1 \(1: no pooling\), got 4"),
+    (dict(vegas_pool=5.0), r"vegas_pool must be an int, got 5\.0"),
     (dict(quest_page_size=0), r"quest_page_size must be >= 1, got 0"),
     (dict(utility_tolerance=-0.1), r"utility_tolerance must be in \[0, 1\), got -0\.1"),
     (

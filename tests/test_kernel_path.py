@@ -94,8 +94,8 @@ def test_fused_scores_equal_reference_scores(monkeypatch):
     picks = {"triton": [], "reference": []}
     original = self_spec.topk_index
 
-    def spy(scores, pad, recent, count, k_slots, window=None):
-        selected = original(scores, pad, recent, count, k_slots, window)
+    def spy(scores, pad, recent, count, k_slots, window=None, pool=1):
+        selected = original(scores, pad, recent, count, k_slots, window, pool)
         spy.sink.append((selected.clone(), count.clone()))
         return selected
 

@@ -28,6 +28,7 @@ from hf_sparse_verify.generation.drafters.self_spec.selection import (
     budget,
     kept_counts,
     page_summaries,
+    pool_scores,
     select_quest,
     streaming_index,
     topk_index,
@@ -164,6 +165,36 @@ def _brute_topk(scores: torch.Tensor, lo: int, hi: int, k: int, recent_share: fl
     kept = set(range(hi - window, hi))
     order = sorted(range(lo, hi - window), key=lambda j: float(scores[j]), reverse=True)
     return kept | set(order[: k - window])
+
+
+def _brute_pool(scores: torch.Tensor, lo: int, hi: int, pool: int) -> list[float]:
+    """Per slot of ``[lo, hi)``: the highest score within ``pool // 2`` slots of the range either side."""
+    half = pool // 2
+    return [float(scores[max(lo, j - half) : min(hi, j + half + 1)].max()) for j in range(lo, hi)]
+
+
+def _check_pooled_topk(
+    selected: set[int], scores: torch.Tensor, lo: int, hi: int, k: int, recent_share: float, pool: int
+) -> None:
+    """``selected`` is a top-k of ``[lo, hi)`` by pooled score beside the recent window. Pooling makes ties (a span
+    shares its peak), so the kept slots' pooled scores are compared with the best ones, not the slots."""
+    k = min(k, hi - lo)
+    window = int(torch.round(torch.tensor(k * recent_share, dtype=torch.float64)))
+    pooled = _brute_pool(scores, lo, hi, pool)
+    assert len(selected) == k and all(lo <= j < hi for j in selected)
+    assert set(range(hi - window, hi)) <= selected
+    got = sorted((pooled[j - lo] for j in selected if j < hi - window), reverse=True)
+    want = sorted(pooled[: hi - window - lo], reverse=True)[: k - window]
+    assert got == pytest.approx(want, rel=1e-6, abs=0)
+
+
+def _assert_topk(
+    selected: set[int], scores, lo: int, hi: int, k: int, recent_share: float, pool: int
+) -> None:
+    if pool == 1:
+        assert selected == _brute_topk(scores, lo, hi, k, recent_share)
+    else:
+        _check_pooled_topk(selected, scores, lo, hi, k, recent_share, pool)
 
 
 def _slots(mask_row: torch.Tensor) -> set[int]:
@@ -440,6 +471,48 @@ def test_topk_index_keeps_a_recent_window():
             )
 
 
+def test_pool_scores_is_a_centred_running_max():
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(2, 3, 17, generator=gen)
+    scores[0, 1, 4] = float("-inf")  # -inf (a slot outside the prefix) never wins over a real neighbour
+    for pool in (1, 3, 5, 7):
+        got = pool_scores(scores, pool)
+        assert got.shape == scores.shape
+        for idx in range(6):
+            row = scores.view(6, 17)[idx]
+            assert got.view(6, 17)[idx].tolist() == _brute_pool(row, 0, 17, pool)
+    with pytest.raises(ValueError, match="pool must be odd"):
+        pool_scores(scores, 4)
+
+
+@pytest.mark.parametrize("pool", [3, 7])
+def test_topk_index_pools_within_the_prefix(pool):
+    """With ``pool``, a slot ranks by the best score among its prefix neighbours (never slots before ``pad`` or
+    from ``recent_start`` on); the recent window is kept as without pooling."""
+    gen = torch.Generator().manual_seed(11)
+    scores = torch.rand(3, 4, 60, generator=gen)
+    scores[:, :, 50:] = 10.0  # the slots past the prefix score highest: they must not lift their neighbours
+    scores[:, 1, :6] = 10.0  # nor the pad slots of row 1
+    pad, recent, count, window = [0, 6, 2, 30], [50, 50, 41, 50], [9, 12, 6, 20], [3, 0, 5, 20]
+    index = topk_index(
+        scores, torch.tensor(pad), torch.tensor(recent), torch.tensor(count), 24, torch.tensor(window), pool
+    )
+    for layer in range(3):
+        for row in range(4):
+            got = index[layer, row, : count[row]].tolist()
+            assert got == sorted(got)
+            assert index[layer, row, count[row] :].eq(0).all()
+            share = window[row] / count[row]
+            _check_pooled_topk(set(got), scores[layer, row], pad[row], recent[row], count[row], share, pool)
+
+
+def test_topk_index_pooling_keeps_the_span_around_a_peak():
+    scores = torch.tensor([[[0.0, 0.1, 0.0, 0.0, 0.9, 0.0, 0.0, 0.2, 0.3, 0.0]]])
+    args = torch.tensor([0]), torch.tensor([10]), torch.tensor([3])
+    assert topk_index(scores, *args, 3).tolist() == [[[4, 7, 8]]]  # the three best slots
+    assert topk_index(scores, *args, 3, None, 3).tolist() == [[[3, 4, 5]]]  # the peak and its neighbours
+
+
 @pytest.mark.parametrize("q_len", [1, 5])
 def test_attention_logits_match_brute_force(q_len):
     gen = torch.Generator().manual_seed(2)
@@ -603,8 +676,9 @@ def _spy_attention(monkeypatch) -> dict:
     return seen
 
 
+@pytest.mark.parametrize("pool", [1, 7])
 @pytest.mark.parametrize("selection", ["two_rows", "all", "last_token"])
-def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selection):
+def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selection, pool):
     """In a real generate call: the prefill's last rows seed the first selection, every verify pass fills every
     layer's scores (softmax weights, checked against brute force from the attention's own q and k), each
     selection is the top-k of those scores, and every draft step attends through a selection."""
@@ -622,6 +696,7 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
         strategy="vegas",
         selection=selection,
         vegas_recent_share=0.5,
+        vegas_pool=pool,
         **SPARSE,
     )
     stats = out.speculation
@@ -633,10 +708,8 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
     assert seed["prefix_end"] == [PROMPT_LEN] * 3
     for layer in range(layers):
         for row in range(3):
-            want = _brute_topk(
-                seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row], 0.5
-            )
-            assert seed["selected"][layer][row] == want, (layer, row)
+            args = seen["prefill"][layer][row], seed["pad"][row], PROMPT_LEN, seed["budgets"][row], 0.5
+            _assert_topk(seed["selected"][layer][row], *args, pool)
 
     # every verify pass that checked drafts filled every layer's scores; each selection is the top-k of them (a
     # plain step, here the call's last one with one token left, neither collects nor selects)
@@ -648,10 +721,8 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
         for layer in range(layers):
             scores = call["scores"][layer]  # [B, capacity] (the accepted row's, for last_token)
             for row in range(3):
-                want = _brute_topk(
-                    scores[row], call["pad"][row], call["prefix_end"][row], call["budgets"][row], 0.5
-                )
-                assert call["selected"][layer][row] == want
+                args = scores[row], call["pad"][row], call["prefix_end"][row], call["budgets"][row], 0.5
+                _assert_topk(call["selected"][layer][row], *args, pool)
     assert seen["sparse_drafts"] == sum(stats.draft_tokens) * layers and seen["dense_drafts"] == 0
 
 

@@ -68,6 +68,7 @@ class SelfSpecDrafter(Drafter):
         weights: bool = True,
         recent_share: float = 0.875,
         max_k: int = 16,
+        pool: int = 7,
     ):
         if selection not in _ROWS:
             raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
@@ -79,6 +80,7 @@ class SelfSpecDrafter(Drafter):
         self.weights = weights
         self.recent_share = recent_share
         self.max_k = max_k
+        self.pool = pool
         self.target = None
         self.session = None
         self.buffers: _Buffers | None = None
@@ -98,6 +100,7 @@ class SelfSpecDrafter(Drafter):
             weights=config.vegas_scores == "weights",
             recent_share=config.vegas_recent_share,
             max_k=config.max_draft_tokens,
+            pool=config.vegas_pool,
         )
 
     def session_key(self) -> tuple:
@@ -111,6 +114,7 @@ class SelfSpecDrafter(Drafter):
             self.weights,
             self.recent_share,
             self.max_k,
+            self.pool,
         )
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -271,7 +275,8 @@ class SelfSpecDrafter(Drafter):
 
 
 class VegasDrafter(SelfSpecDrafter):
-    """Vegas: the top-scoring prefix tokens by the verify pass's own attention, beside a recent window."""
+    """Vegas: the top-scoring prefix tokens by the verify pass's own attention (max-pooled over ``pool``
+    neighbouring slots), beside a recent window."""
 
     policy = "vegas"
     collects_scores = True
@@ -283,7 +288,7 @@ class VegasDrafter(SelfSpecDrafter):
         scores = self._layer_scores(layers, self.target.cache.capacity)
         window = torch.round(count.double() * self.recent_share).long()
         selection.index.groups[group][1].copy_(
-            topk_index(scores, pad, recent, count, selection.k_slots, window)
+            topk_index(scores, pad, recent, count, selection.k_slots, window, self.pool)
         )
 
 

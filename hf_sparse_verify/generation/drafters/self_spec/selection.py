@@ -42,15 +42,19 @@ def topk_index(
     count: torch.Tensor,
     k_slots: int,
     recent: torch.Tensor | None = None,
+    pool: int = 1,
 ) -> torch.Tensor:
     """Per layer and row, the ``count[b]`` prefix slots with the highest score, ascending, in ``k_slots`` columns
-    (unused columns hold 0); with ``recent``, the last ``recent[b]`` prefix slots are always among them.
+    (unused columns hold 0); with ``recent``, the last ``recent[b]`` prefix slots are always among them; with
+    ``pool > 1``, a slot ranks by the highest score within ``pool // 2`` prefix slots either side of it (`pool_scores`:
+    the top-k keeps short spans around the important tokens, as SnapKV's pooling).
 
     Args:
         scores: ``[N, B, L]`` float (N layers), ``L >= max(recent_start)``.
         pad, recent_start, count: ``[B]`` int64 (``count <= recent_start - pad``).
         k_slots: columns (``>= max(count)``, ``<= L``).
         recent: ``[B]`` int64 (``<= count``), most recent prefix slots kept whatever their score.
+        pool: odd max-pooling width over neighbouring prefix slots (1: the slot's own score).
 
     Returns:
         ``[N, B, k_slots]`` int64.
@@ -63,6 +67,10 @@ def topk_index(
     length = scores.shape[-1]
     valid = prefix_valid(pad, recent_start, length)  # [B, L]
     fill = torch.full((1, length), float("-inf"), device=scores.device)
+    if pool > 1:
+        scores = pool_scores(
+            torch.where(valid, scores.float(), fill), pool
+        )  # neighbours outside the prefix: -inf
     if recent is not None:
         slots = torch.arange(length, device=scores.device)
         window = valid & (slots[None, :] >= (recent_start - recent)[:, None])
@@ -75,6 +83,20 @@ def topk_index(
     keep = torch.arange(k_slots, device=scores.device)[None, :] < count[:, None]  # [B, k]
     ordered = torch.where(keep, top, length).sort(dim=-1).values  # selected slots first, ascending
     return torch.where(ordered < length, ordered, 0)
+
+
+def pool_scores(scores: torch.Tensor, pool: int) -> torch.Tensor:
+    """Max of ``scores`` ``[..., L]`` over the ``pool`` slots centred on each slot (``pool`` odd; slots past either
+    end count as ``-inf``).
+
+    Example:
+        >>> pool_scores(torch.tensor([[0.0, 0.0, 5.0, 0.0, 1.0, 0.0, 0.0]]), 3).tolist()
+        [[0.0, 5.0, 5.0, 5.0, 1.0, 1.0, 0.0]]
+    """
+    if pool % 2 != 1:
+        raise ValueError(f"pool must be odd (centred on the slot), got {pool}")
+    flat = scores.reshape(-1, 1, scores.shape[-1])
+    return torch.nn.functional.max_pool1d(flat, pool, stride=1, padding=pool // 2).view(scores.shape)
 
 
 def streaming_index(
