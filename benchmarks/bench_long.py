@@ -218,9 +218,14 @@ def run_acceptance(args) -> dict:
     tok = AutoTokenizer.from_pretrained(folder / "code-target")
     prompts = [json.loads(line) for line in open(folder / "prompts_long.jsonl", encoding="utf-8")]
     variants = {
-        "vegas": {},  # the default: softmax weights, first and last rows, half the budget for recent tokens
-        "vegas_topk": dict(vegas_recent_share=0.0),  # weights, plain top-k
-        "vegas_logits": dict(vegas_scores="logits", vegas_recent_share=0.0),  # the previous default
+        # the default: softmax weights, first and last rows, 7/8 of the budget for recent tokens, the scores
+        # max-pooled over 7 neighbouring slots before the top-k
+        "vegas": {},
+        "vegas_pool1": dict(vegas_pool=1),  # no pooling (the default before vegas_pool)
+        "vegas_pool5": dict(vegas_pool=5),
+        "vegas_pool9": dict(vegas_pool=9),
+        "vegas_topk": dict(vegas_recent_share=0.0, vegas_pool=1),  # weights, plain top-k
+        "vegas_logits": dict(vegas_scores="logits", vegas_recent_share=0.0, vegas_pool=1),  # an older default
         "vegas_all": dict(selection="all"),
         "vegas_r75": dict(vegas_recent_share=0.75),
         "vegas_r875": dict(vegas_recent_share=0.875),
@@ -373,7 +378,8 @@ def main() -> None:
     acc.add_argument("--prompts", type=int, default=12)
     acc.add_argument(
         "--variants", nargs="+",
-        default=["vegas", "vegas_topk", "vegas_logits", "vegas_all", "vegas_r75", "vegas_r875", "streaming", "quest"],
+        default=["vegas", "vegas_pool1", "vegas_pool5", "vegas_pool9", "vegas_topk", "vegas_logits", "vegas_all",
+                 "vegas_r75", "streaming", "quest"],
     )  # fmt: skip
     acc.add_argument("--new-tokens", type=int, default=128)
     acc.add_argument("--out", required=True)
