@@ -229,7 +229,7 @@ def run_acceptance(args) -> dict:
         "vegas_all": dict(selection="all"),
         "vegas_r75": dict(vegas_recent_share=0.75),
         "vegas_r875": dict(vegas_recent_share=0.875),
-        "vegas_logits_r875": dict(vegas_scores="logits", vegas_recent_share=0.875),
+        "vegas_logits_r875": dict(vegas_scores="logits", vegas_recent_share=0.875, vegas_pool=1),
         "streaming": {},
         "quest": {},
     }
