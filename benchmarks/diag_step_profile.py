@@ -1,12 +1,14 @@
-"""Where the time of one captured decode step goes: torch.profiler over replays of our graph step (Llama-3.1-8B
-shape, random bf16 weights), CUDA kernels grouped by name, and the step's kernel count.
+"""Where the time of one captured decode or verify step goes: torch.profiler over replays of our graph step
+(Llama-3.1-8B shape, random bf16 weights), CUDA kernels grouped by name, and the step's kernel count.
 
-``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``
+``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``; ``--batch 4 --context
+65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -16,7 +18,7 @@ from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.modules import use_fused_modules
-from hf_sparse_verify.step import Phase
+from hf_sparse_verify.step import Phase, ScoreCollection
 
 
 @torch.no_grad()
@@ -25,6 +27,8 @@ def main() -> None:
     parser.add_argument("--shape", default="llama-3.1-8b")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--vegas-scores", action="store_true", help="collect Vegas' two-row weight scores")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -32,21 +36,34 @@ def main() -> None:
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
     with use_sparse_verify_attention(model), use_fused_modules(model):
-        runner = ModelRunner(model, 1, args.context + 16, device, "triton")
-        zero = torch.zeros(1, dtype=torch.long, device=device)
-        at = torch.tensor([args.context], device=device)
-        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
+        batch = args.batch
+        runner = ModelRunner(model, batch, args.context + 16, device, "triton")
+        zero = torch.zeros(batch, dtype=torch.long, device=device)
+        at = torch.full((batch,), args.context, dtype=torch.long, device=device)
+        runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
         for layer in runner.cache.layers:
             layer.keys.normal_()
             layer.values.normal_()
+        scores = None
+        if args.vegas_scores:
+            scores = ScoreCollection("two_rows", weights=True)
+            devices = runner.cache.layer_devices(device)
+            scores.fix_buffers(
+                {layer: ((batch, runner.cache.capacity), d) for layer, d in enumerate(devices)}
+            )
         assert runner.capture([width])
-        ids = torch.randint(0, 1000, (1, width), device=device)
+        if scores is not None:
+            assert runner.capture([width], Phase.VERIFY, scores=scores)
+        ids = torch.randint(0, 1000, (batch, width), device=device)
+        step = functools.partial(
+            runner.forward, ids, at, Phase.VERIFY, kv_len=args.context + width, scores=scores
+        )
         for _ in range(3):
-            runner.forward(ids, at, Phase.VERIFY, kv_len=args.context + width)
+            step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                runner.forward(ids, at, Phase.VERIFY, kv_len=args.context + width)
+                step()
             torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
@@ -60,7 +77,7 @@ def main() -> None:
     total = sum(r["us_per_step"] for r in rows)
     count = sum(r["calls_per_step"] for r in rows)
     print(
-        f"{args.shape} context {args.context} width {width}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
+        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
     )
     for r in rows[:25]:
         print(f"{r['us_per_step']:9.1f} us  {r['calls_per_step']:6.1f}x  {r['kernel']}")

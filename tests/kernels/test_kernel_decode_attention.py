@@ -220,6 +220,19 @@ def test_default_splits_from_shapes():
     assert default_splits(1, 8, 60) == 1
 
 
+def test_default_splits_spread_programs_evenly_over_the_multiprocessors():
+    # 4 x 64K, 8 KV heads: occupancy asks for 9 splits (288 programs: 3 on some of 132 SMs, 2 on others); 12 splits
+    # (384 programs) load every SM with about 3
+    assert default_splits(4, 8, 65536, sm_count=132) == 12
+    # already even: the fewest splits stay (16 x 16K: 384 programs)
+    assert default_splits(16, 8, 16384, sm_count=132) == 3
+    # never below the occupancy count, never above twice it
+    for batch, capacity in ((2, 8192), (3, 40000), (4, 65536), (8, 32768)):
+        splits = default_splits(batch, 8, capacity, sm_count=132)
+        low = -(-264 // (batch * 8))
+        assert low <= splits <= 2 * low
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -248,6 +248,10 @@ def _weights_kernel(
 
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
 TILES = {"block_n": 64, "num_stages": 3}
+#: overrides of `TILES` (and of the warp count, 4 below 128 rows, 8 at 128) by the split kernel's query rows
+#: ``BLOCK_M`` (GQA group x new tokens, padded to a power of two): verify steps hold 32..128 rows, decode steps 16.
+#: ``benchmarks/sweep_decode_attention.py`` times the choices on the long-context shapes.
+TILES_BY_ROWS: dict[int, dict] = {}
 #: softmax-weight scores of first and last rows (``group x 2 <= 16``) from a 16-row dot of those rows' queries
 #: when the step has more than 16 query rows (False: store them from the step's logits tile)
 WEIGHT_ROW_DOT = True
@@ -278,7 +282,8 @@ def launch(
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    block_n = TILES["block_n"] if block_d <= 128 else 32
+    tiles = {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
+    block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
     m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
@@ -308,7 +313,7 @@ def launch(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
         COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
-        num_warps=8 if block_m >= 128 else 4, num_stages=TILES["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )  # fmt: skip
     sink_logits = (
         sinks if sinks is not None else m_part

@@ -1,0 +1,137 @@
+"""Tile sweep of the split-KV decode/verify attention kernel (`hf_sparse_verify.kernels.decode_attention`) on the
+long-context shapes of `bench_long.py` (Llama-3.1-8B heads: 32 query, 8 KV, head_dim 128; random bf16 caches).
+
+For each (batch, context, new tokens) case, every setting of ``block_n x num_warps x num_stages x splits`` is timed
+as a CUDA graph (``bench_kernels.time_case``), with and without Vegas' two-row softmax-weight scores, against the
+K/V bytes at the measured copy bandwidth. Prints and writes the best setting per ``BLOCK_M`` (the split kernel's
+query rows); `kernel.TILES_BY_ROWS` is set by hand from it.
+
+``python benchmarks/sweep_decode_attention.py --json out.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import sys
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.bench_kernels import time_case
+from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.kernels._triton import next_power_of_2
+from hf_sparse_verify.kernels.decode_attention import decode_attention
+from hf_sparse_verify.kernels.decode_attention import kernel as attn_kernel
+from hf_sparse_verify.kernels.decode_attention.op import default_splits
+
+HEADS, KV_HEADS, DIM = 32, 8, 128
+CASES = ((4, 65536), (16, 16384))
+WIDTHS = (1, 5, 7, 9)
+
+
+def _run(args, tiles, splits, scores):
+    saved = dict(attn_kernel.TILES_BY_ROWS)
+    block_m = max(16, next_power_of_2(HEADS // KV_HEADS * args[0].shape[2]))
+    attn_kernel.TILES_BY_ROWS[block_m] = tiles
+    try:
+        if scores:
+            return decode_attention(*args, num_splits=splits, collect="two_rows", weights=True)
+        return decode_attention(*args, num_splits=splits)
+    finally:
+        attn_kernel.TILES_BY_ROWS.clear()
+        attn_kernel.TILES_BY_ROWS.update(saved)
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    bandwidth = copy_bandwidth(device)
+    grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))
+    result = dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1), records=[])
+    total = len(CASES) * (2 * len(WIDTHS) - 1) * len(grid) * 2
+    bar = tqdm(total=total, desc="decode_attention tiles", file=sys.stderr)
+    for batch, context in CASES:
+        gen = torch.Generator(device="cpu").manual_seed(context)
+        key = torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype)
+        value = torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype)
+        floor_us = 1e6 * 2 * key.numel() * 2 / bandwidth
+        for q_len in WIDTHS:
+            query = torch.randn(batch, HEADS, q_len, DIM, generator=gen).to(device, dtype)
+            start = torch.full((batch,), context - q_len, device=device)
+            pad = torch.zeros(batch, dtype=torch.long, device=device)
+            call = (query, key, value, start, pad, DIM**-0.5)
+            base_splits = default_splits(batch, KV_HEADS, context)
+            for (block_n, warps, stages), mult in itertools.product(grid, (1, 2)):
+                splits = min(128, base_splits * mult)
+                tiles = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+                for scores in (False, True) if q_len > 1 else (False,):
+                    record = dict(batch=batch, context=context, q_len=q_len, scores=scores, splits=splits,
+                                  block_m=max(16, next_power_of_2(HEADS // KV_HEADS * q_len)),
+                                  floor_us=round(floor_us, 1), **tiles)  # fmt: skip
+                    try:
+                        us = (
+                            time_case(functools.partial(_run, call, tiles, splits, scores), device, False)[0]
+                            * 1e6
+                        )
+                        record["us"] = round(us, 1)
+                    except Exception as err:  # noqa: BLE001 - e.g. out of shared memory: record and go on
+                        record["error"] = repr(err)[:160]
+                    result["records"].append(record)
+                    bar.update(1)
+            del query
+        del key, value
+        torch.cuda.empty_cache()
+    bar.close()
+    if args.json:  # the raw timings first: the summary below must not lose them
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    default = {"block_n": attn_kernel.TILES["block_n"], "num_stages": attn_kernel.TILES["num_stages"]}
+    best: dict = {}
+    for block_m in sorted({r["block_m"] for r in result["records"]}):
+        for scores in (False, True):
+            ok = [
+                r
+                for r in result["records"]
+                if r["block_m"] == block_m and r["scores"] == scores and "us" in r
+            ]
+            by_setting: dict = {}
+            for r in ok:
+                by_setting.setdefault(
+                    (
+                        r["block_n"],
+                        r["num_warps"],
+                        r["num_stages"],
+                        r["splits"] > default_splits(r["batch"], KV_HEADS, r["context"]),
+                    ),
+                    [],
+                ).append(r)
+            sums = {k: sum(r["us"] for r in v) for k, v in by_setting.items()}
+            if not sums:
+                continue
+            warps_default = 8 if block_m >= 128 else 4
+            key_default = (default["block_n"], warps_default, default["num_stages"], False)
+            winner = min(sums, key=sums.get)
+            best[f"{block_m}_{'scores' if scores else 'plain'}"] = dict(
+                best=dict(zip(("block_n", "num_warps", "num_stages", "double_splits"), winner)),
+                best_sum_us=round(sums[winner], 1), default_sum_us=round(sums.get(key_default, float("nan")), 1),
+                cases=len(by_setting[winner]),
+                per_case=[dict(batch=r["batch"], context=r["context"], q_len=r["q_len"], us=r["us"],
+                               default_us=next((d["us"] for d in by_setting.get(key_default, [])
+                                                if (d["batch"], d["context"], d["q_len"]) == (r["batch"], r["context"], r["q_len"])), None),
+                               floor_us=r["floor_us"]) for r in by_setting[winner]],
+            )  # fmt: skip
+    result["best"] = best
+    print(json.dumps(best, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
