@@ -3,18 +3,20 @@
 For every active row, the last ``n`` tokens (``n`` from ``max_ngram`` down to ``min_ngram``) are searched in the
 row's earlier history; the tokens that followed the most recent earlier occurrence that has ``K`` tokens after it
 (else the earliest occurrence, which has the longest continuation) become the draft. Rows with no match propose
-nothing. Small batches search the host mirror of the history (numpy: no device work, and the loop can trim K to
-the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows the search runs on the device, all rows at once, so
-the host cost no longer grows with the batch. Gives no probabilities: sampling verification then samples from
+nothing. Small batches search the host mirror of the history through an incremental n-gram index per row
+(`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows
+the search runs on the device, all rows at once, so the host cost no longer grows with the batch. Gives no probabilities: sampling verification then samples from
 the target at every position.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 import torch
 
-from ..engine.state import DecodeState, to_device
+from ..engine.state import DecodeState
 from .base import Draft, Drafter
 
 #: rows from which the n-gram search runs on the device (measured on an H200 with code-target: batch 32 spent
@@ -95,12 +97,57 @@ def lookup_ngram_batched(
     return tokens.gather(1, slots), counts
 
 
+class NgramIndex:
+    """One row's history with the start positions of each of its n-grams, extended as tokens are committed:
+    `lookup` answers what `lookup_ngram` answers on the same history, in a dictionary lookup and a bisection
+    instead of a scan of the whole history (140 us for 2.2K tokens with numpy on this project's CPU machine).
+
+    Example:
+        >>> index = NgramIndex(2, 1)
+        >>> index.extend([5, 6, 7, 8, 5, 6])
+        >>> index.lookup(3)
+        [7, 8, 5]
+    """
+
+    def __init__(self, max_ngram: int, min_ngram: int):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self.starts: dict[int, dict[tuple, list[int]]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append committed tokens and index the n-grams they complete."""
+        old = len(self.tokens)
+        self.tokens.extend(tokens)
+        history = self.tokens
+        for n, starts in self.starts.items():
+            for p in range(max(0, old - n + 1), len(history) - n + 1):
+                starts.setdefault(tuple(history[p : p + n]), []).append(p)
+
+    def lookup(self, num_tokens: int) -> list[int]:
+        """Up to ``num_tokens`` tokens that followed the trailing n-gram's most recent earlier occurrence with
+        ``num_tokens`` tokens after it (else its earliest occurrence), longest n first; [] without one."""
+        history, length = self.tokens, len(self.tokens)
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            hits = self.starts[n].get(tuple(history[length - n :]))
+            earlier = (
+                bisect_right(hits, length - 1 - n) if hits else 0
+            )  # the trailing n-gram itself is not a hit
+            if earlier:
+                last_full = bisect_right(hits, length - n - num_tokens, 0, earlier) - 1
+                start = hits[last_full if last_full >= 0 else 0] + n
+                return history[start : start + num_tokens]
+        return []
+
+
 class PromptLookupDrafter(Drafter):
     """Batched prompt-lookup (n-gram) drafter."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self._state: DecodeState | None = None  # the request `_indexes` belong to
+        self._indexes: list[NgramIndex] = []
+        self._staging: list[torch.Tensor] = []  # two pinned buffers, used in turn (see `_to_device`)
 
     @classmethod
     def from_config(cls, config, **_) -> PromptLookupDrafter:
@@ -115,20 +162,43 @@ class PromptLookupDrafter(Drafter):
                 state.tokens, state.committed_t, state.pad_t, num_tokens, self.max_ngram, self.min_ngram
             )
             return Draft(drafts, counts * state.active_t, None, None)
-        host = state.host_tokens.numpy()
-        drafts = np.zeros((state.batch_size, num_tokens), dtype=np.int64)
+        indexes = self._row_indexes(state)
+        host = state.host_tokens
+        drafts = np.zeros((state.batch_size, num_tokens + 1), dtype=np.int64)  # last column: the counts
         counts = [0] * state.batch_size
-        for row in range(state.batch_size):
+        for row, index in enumerate(indexes):
             if not state.active[row]:
                 continue
-            found = lookup_ngram(
-                host[row, state.pad[row] : state.committed[row]], num_tokens, self.max_ngram, self.min_ngram
-            )
-            drafts[row, : found.size] = found
-            counts[row] = int(found.size)
-        tokens = torch.from_numpy(drafts)
-        if state.device.type == "cuda":
-            tokens = tokens.pin_memory()
-        return Draft(
-            tokens.to(state.device, non_blocking=True), to_device(counts, state.device), None, counts
-        )
+            indexed = state.pad[row] + len(index.tokens)
+            if indexed < state.committed[row]:
+                index.extend(host[row, indexed : state.committed[row]].tolist())
+            found = index.lookup(num_tokens)
+            drafts[row, : len(found)] = found
+            counts[row] = len(found)
+        drafts[:, num_tokens] = counts
+        both = self._to_device(drafts, state.device)
+        return Draft(both[:, :num_tokens], both[:, num_tokens], None, counts)
+
+    def _row_indexes(self, state: DecodeState) -> list[NgramIndex]:
+        if self._state is not state:  # a new request
+            self._state = state
+            self._indexes = [NgramIndex(self.max_ngram, self.min_ngram) for _ in range(state.batch_size)]
+        return self._indexes
+
+    def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
+        """``host`` on ``device`` in one asynchronous copy from a pinned buffer kept across steps. Two buffers in
+        turn: the copy from one is finished before the host writes it again, since the step's readback in
+        between waits for the verify forward that reads the copied drafts."""
+        if device.type != "cuda":
+            return torch.from_numpy(host)
+        if not self._staging or self._staging[0].numel() < host.size:
+            self._staging = [
+                torch.empty(max(host.size, 64), dtype=torch.int64, pin_memory=True) for _ in "ab"
+            ]
+        self._staging.reverse()
+        staging = self._staging[0][: host.size].view(host.shape)
+        staging.numpy()[...] = host
+        return staging.to(device, non_blocking=True)
+
+    def close(self) -> None:
+        self._state, self._indexes = None, []
