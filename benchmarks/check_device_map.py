@@ -75,7 +75,13 @@ def main() -> None:
         plain = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
         )
-        for strategy, extra in (("prompt_lookup", {}), ("draft_model", {"draft_model": model})):
+        cases = (
+            ("prompt_lookup", {}, {}),
+            ("draft_model", {}, {"draft_model": model}),
+            ("vegas", {}, {}),
+            ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}, {}),
+        )
+        for strategy, settings, extra in cases:
             t = time.time()
             out = model.generate(
                 input_ids=ids,
@@ -83,7 +89,7 @@ def main() -> None:
                 max_new_tokens=args.new_tokens,
                 do_sample=False,
                 custom_generate=hsv.generate,
-                speculation=dict(strategy=strategy, num_draft_tokens=4),
+                speculation=dict(strategy=strategy, num_draft_tokens=4, **settings),
                 return_dict_in_generate=True,
                 **extra,
             )
@@ -91,9 +97,10 @@ def main() -> None:
             report["cases"].append(
                 {
                     "batch": batch,
-                    "strategy": strategy
-                    if strategy == "prompt_lookup"
-                    else "draft_model (the target drafts for itself)",
+                    "strategy": "draft_model (the target drafts for itself)"
+                    if strategy == "draft_model"
+                    else strategy + (", utility K policy" if settings else ""),
+                    "graph_capture_s": out.speculation.graph_capture_s,
                     "identical_to_plain": bool(same),
                     "mean_acceptance_length": out.speculation.mean_acceptance_length,
                     "steps": out.speculation.steps,
