@@ -47,6 +47,9 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument(
+        "--speculation", default="{}", help="JSON of SpeculationConfig fields added to every case"
+    )
     args = parser.parse_args()
 
     config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": args.layers})
@@ -89,7 +92,9 @@ def main() -> None:
                 max_new_tokens=args.new_tokens,
                 do_sample=False,
                 custom_generate=hsv.generate,
-                speculation=dict(strategy=strategy, num_draft_tokens=4, **settings),
+                speculation=dict(
+                    strategy=strategy, num_draft_tokens=4, **settings, **json.loads(args.speculation)
+                ),
                 return_dict_in_generate=True,
                 **extra,
             )
