@@ -91,7 +91,6 @@ def main() -> None:
     if args.json:  # the raw timings first: the summary below must not lose them
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    default = {"block_n": attn_kernel.TILES["block_n"], "num_stages": attn_kernel.TILES["num_stages"]}
     best: dict = {}
     for block_m in sorted({r["block_m"] for r in result["records"]}):
         for scores in (False, True):
@@ -114,8 +113,8 @@ def main() -> None:
             sums = {k: sum(r["us"] for r in v) for k, v in by_setting.items()}
             if not sums:
                 continue
-            warps_default = 8 if block_m >= 128 else 4
-            key_default = (default["block_n"], warps_default, default["num_stages"], False)
+            default = attn_kernel.split_tiles(block_m)
+            key_default = (default["block_n"], default["num_warps"], default["num_stages"], False)
             winner = min(sums, key=sums.get)
             best[f"{block_m}_{'scores' if scores else 'plain'}"] = dict(
                 best=dict(zip(("block_n", "num_warps", "num_stages", "double_splits"), winner)),

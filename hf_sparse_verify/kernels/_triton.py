@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -33,6 +34,19 @@ def compiled_on(device: torch.device) -> bool:
     The fused module replacements take their kernel paths only there; elsewhere they compute transformers'
     arithmetic."""
     return device.type == "cuda" and triton_runs_on(device)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA ``device`` (cached; no synchronisation), None on other devices: the
+    caller picks its own figure there."""
+    if device.type != "cuda":
+        return None
+    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def next_power_of_2(n: int) -> int:

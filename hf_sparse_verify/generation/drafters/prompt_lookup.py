@@ -5,8 +5,8 @@ row's earlier history; the tokens that followed the most recent earlier occurren
 (else the earliest occurrence, which has the longest continuation) become the draft. Rows with no match propose
 nothing. Small batches search the host mirror of the history through an incremental n-gram index per row
 (`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows
-the search runs on the device, all rows at once, so the host cost no longer grows with the batch. Gives no probabilities: sampling verification then samples from
-the target at every position.
+the search runs on the device, all rows at once, so the host cost no longer grows with the batch. Gives no
+probabilities: sampling verification then samples from the target at every position.
 """
 
 from __future__ import annotations
@@ -128,10 +128,8 @@ class NgramIndex:
         ``num_tokens`` tokens after it (else its earliest occurrence), longest n first; [] without one."""
         history, length = self.tokens, len(self.tokens)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            hits = self.starts[n].get(tuple(history[length - n :]))
-            earlier = (
-                bisect_right(hits, length - 1 - n) if hits else 0
-            )  # the trailing n-gram itself is not a hit
+            hits = self.starts[n].get(tuple(history[length - n :]), [])
+            earlier = bisect_right(hits, length - 1 - n)  # hits before the trailing n-gram itself
             if earlier:
                 last_full = bisect_right(hits, length - n - num_tokens, 0, earlier) - 1
                 start = hits[last_full if last_full >= 0 else 0] + n

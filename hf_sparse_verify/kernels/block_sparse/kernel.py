@@ -14,13 +14,11 @@ are applied to the logits. Online softmax in float32 (base 2), partial results i
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from hf_sparse_verify.kernels._triton import interpreting, next_power_of_2
+from hf_sparse_verify.kernels._triton import interpreting, multiprocessors, next_power_of_2
 
 LOG2E = 1.4426950408889634
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -216,14 +214,9 @@ def local_block_slots(q_len: int, block_size: int) -> int:
     return (q_len + block_size - 2) // block_size + 1
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def default_num_splits(batch: int, kv_heads: int, entries: int, device: torch.device) -> int:
     """Splits per (row, KV head): about one wave of programs, at least 4 schedule entries per split."""
-    wave = -(-_multiprocessors(device) // (batch * kv_heads))
+    wave = -(-(multiprocessors(device) or 4) // (batch * kv_heads))
     return max(1, min(wave, -(-entries // 4)))
 
 

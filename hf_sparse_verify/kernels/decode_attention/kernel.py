@@ -252,6 +252,13 @@ TILES = {"block_n": 64, "num_stages": 3}
 #: ``BLOCK_M`` (GQA group x new tokens, padded to a power of two): verify steps hold 32..128 rows, decode steps 16.
 #: ``benchmarks/sweep_decode_attention.py`` times the choices on the long-context shapes.
 TILES_BY_ROWS: dict[int, dict] = {}
+
+
+def split_tiles(block_m: int) -> dict:
+    """``block_n``, ``num_stages`` and ``num_warps`` of the split kernel for ``block_m`` query rows."""
+    return {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
+
+
 #: softmax-weight scores of first and last rows (``group x 2 <= 16``) from a 16-row dot of those rows' queries
 #: when the step has more than 16 query rows (False: store them from the step's logits tile)
 WEIGHT_ROW_DOT = True
@@ -282,7 +289,7 @@ def launch(
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    tiles = {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
+    tiles = split_tiles(block_m)
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)

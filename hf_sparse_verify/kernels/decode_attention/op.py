@@ -3,11 +3,9 @@ Triton kernel where Triton runs and to the reference elsewhere)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .._triton import triton_runs_on
+from .._triton import multiprocessors, triton_runs_on
 from .naive import decode_attention_naive
 
 COLLECT_MODES = {None: 0, "two_rows": 1, "all_rows": 2}
@@ -90,13 +88,6 @@ def _(
         return out, query.new_empty(batch, 0, dtype=torch.float32)
     shape = (batch, key.shape[1], key.shape[2]) if per_kv_head else (batch, key.shape[2])
     return out, query.new_empty(*shape, dtype=torch.float32)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return SM_COUNT
 
 
 def _validate(query, key, value, start, pad, window, collect, softcap=0.0, sinks=None) -> None:
@@ -193,7 +184,9 @@ def decode_attention(
     """
     _validate(query, key, value, start, pad, window, collect, softcap, sinks)
     if num_splits is None:
-        num_splits = default_splits(query.shape[0], key.shape[1], key.shape[2], _sm_count(query.device))
+        num_splits = default_splits(
+            query.shape[0], key.shape[1], key.shape[2], multiprocessors(query.device) or SM_COUNT
+        )
     out, scores = torch.ops.hsv.decode_attention(
         query,
         key,

@@ -11,13 +11,11 @@ head layout and the power-of-2 merge width do).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .._triton import interpreting, next_power_of_2
+from .._triton import interpreting, multiprocessors, next_power_of_2
 
 BLOCK_N = 64
 #: a split is worth launching for at least this many gathered slots
@@ -197,18 +195,11 @@ def _token_sparse_merge(
     tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def default_num_splits(device: torch.device, batch_kv_heads: int, rows: int, n_index: int, q_len: int) -> int:
     """Splits per (row, KV head), from shapes only: about two programs per SM, each on >= 128 selected slots,
     and float32 partials (``splits * rows * D * 4`` bytes, written and read back) under ~20% of the gathered
     K/V bytes (``n_index * D * 2 * 2``), i.e. ``splits <= n_index / (10 * rows)``; ``rows = GROUP * q``."""
-    sms = 4  # the CPU interpreter: small enough that tests see several splits
-    if device.type == "cuda":
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = multiprocessors(device) or 4  # 4 in the CPU interpreter: small enough that tests see several splits
     by_work = triton.cdiv(n_index + q_len, MIN_SLOTS_PER_SPLIT)
     by_grid = triton.cdiv(2 * sms, batch_kv_heads)
     by_bytes = n_index // (10 * rows)
