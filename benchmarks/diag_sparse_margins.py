@@ -68,7 +68,9 @@ def main() -> None:
             print(json.dumps(records[-1]), flush=True)
     summary = {
         context: {
-            "median_margin": statistics.median(r["median_margin"] for r in records if r["context"] == context),
+            "median_margin": statistics.median(
+                r["median_margin"] for r in records if r["context"] == context
+            ),
             "margins_at_divergence": [r["margin_at_divergence"] for r in records if r["context"] == context],
         }
         for context in args.contexts

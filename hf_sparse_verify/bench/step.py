@@ -112,14 +112,17 @@ def _ours(
     return times, collect_times, mode
 
 
-def _transformers(model, context: int, batch: int, widths, args: StepBenchArgs, device, bar) -> dict:
-    """Median ms per step of each width with plain transformers eager (SDPA, DynamicCache)."""
+def _transformers(
+    model, context: int, batch: int, widths, args: StepBenchArgs, device, bar, ranks: int = 1
+) -> dict:
+    """Median ms per step of each width with plain transformers eager (SDPA, DynamicCache; a rank's share of the
+    KV heads under tensor parallelism)."""
     from transformers import DynamicCache
 
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = DynamicCache(config=model.config)
-    shape = (batch, config.num_key_value_heads, context, head_dim)
+    shape = (batch, config.num_key_value_heads // ranks, context, head_dim)
     dtype = model.dtype
     for layer in range(config.num_hidden_layers):
         cache.update(
@@ -149,8 +152,14 @@ def _crop(cache, context: int) -> None:
 @torch.no_grad()
 def run(args: StepBenchArgs) -> dict:
     device = torch.device(args.device)
+    return run_on(random_model(args.shape, device, getattr(torch, args.dtype)), args, device)
+
+
+@torch.no_grad()
+def run_on(model, args: StepBenchArgs, device: torch.device, ranks: int = 1) -> dict:
+    """`run` on a model already built (e.g. loaded with ``tp_plan="auto"``; ``args.shape`` names it). ``ranks``:
+    the tensor-parallel ranks sharing its weights and cache; the floor is one rank's share of the bytes."""
     dtype = getattr(torch, args.dtype)
-    model = random_model(args.shape, device, dtype)
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
     widths = sorted(set(args.new_tokens))
     records = []
@@ -161,7 +170,7 @@ def run(args: StepBenchArgs) -> dict:
                 ours, ours_collect, mode = _ours(model, context, batch, widths, args, device, bar)
                 _free(device)  # our runner's cache is gone only now
                 theirs = (
-                    _transformers(model, context, batch, widths, args, device, bar)
+                    _transformers(model, context, batch, widths, args, device, bar, ranks)
                     if args.transformers
                     else {}
                 )
@@ -169,7 +178,7 @@ def run(args: StepBenchArgs) -> dict:
                     moved = weight_bytes_per_step(model, width, batch) + kv_bytes(
                         model, context, batch, dtype
                     )
-                    floor_ms = 1000 * moved / bandwidth if bandwidth else None
+                    floor_ms = 1000 * moved / ranks / bandwidth if bandwidth else None
                     record = dict(
                         context=context,
                         new_tokens=width,
@@ -197,7 +206,8 @@ def run(args: StepBenchArgs) -> dict:
         dtype=args.dtype,
         copy_bandwidth_GBps=round(bandwidth / 1e9, 1) if bandwidth else None,
         method=f"median of {args.repeats} calls after {args.warmups} warm-ups, host clock around a synchronized "
-        "call; caches hold random keys and values; floor = (weight bytes read + KV bytes) / copy bandwidth",
+        "call; caches hold random keys and values; floor = (weight bytes read + KV bytes) / copy bandwidth"
+        + (f" / {ranks} tensor-parallel ranks" if ranks > 1 else ""),
         records=records,
     )
 

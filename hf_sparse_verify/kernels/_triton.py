@@ -1,9 +1,12 @@
-"""What every kernel folder needs from Triton: whether Triton can run on a tensor's device."""
+"""What every kernel folder needs from Triton: whether Triton can run on a tensor's device, and launches on the
+device of their tensors."""
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -13,6 +16,8 @@ try:
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - triton is a Linux dependency of the package
     HAVE_TRITON = False
+
+T = TypeVar("T")
 
 
 def interpreting() -> bool:
@@ -47,6 +52,27 @@ def multiprocessors(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def on_input_device(launch: Callable[..., T]) -> Callable[..., T]:
+    """Decorates a kernel-launch function so that the device of its first tensor argument (positional, else keyword)
+    is the current CUDA device while it runs. Triton launches on the *current* device; under an accelerate device
+    map a layer on GPU 1 hands its kernels GPU 1 tensors while GPU 0 is current, which is an illegal memory access.
+    No cost beyond one device query when the device is already current (always, on one GPU)."""
+
+    @functools.wraps(launch)
+    def run(*args, **kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if (
+            first is not None
+            and first.device.type == "cuda"
+            and first.device.index != torch.cuda.current_device()
+        ):
+            with torch.cuda.device(first.device):
+                return launch(*args, **kwargs)
+        return launch(*args, **kwargs)
+
+    return run
 
 
 def next_power_of_2(n: int) -> int:

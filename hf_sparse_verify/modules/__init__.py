@@ -9,6 +9,9 @@ reads the attributes it declares (``reads``) and holds no state of its own beyon
 `use_dispatching_attention` is not a speed-up but a way in: it replaces attention modules whose transformers
 ``forward`` never calls the function registered with `AttentionInterface` (`ATTENTION_REPLACEMENTS`: Falcon's,
 GPT-J's, CodeGen's, GPT-Neo's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
+
+Tensor-parallel models (weights sharded as DTensors by ``tp_plan="auto"``) keep their own modules: ours read plain
+weights and would drop the collectives of transformers' tensor-parallel hooks.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import compiled_on
+from ..placement import tensor_parallel
 from .attention import REPLACEABLE as FUSED_ATTENTION_REPLACEABLE
 from .attention import FusedQKVAttention
 from .attention import replaceable_attention as _fused_attention_replaceable
@@ -198,6 +202,10 @@ def use_fused_modules(
     (``router=True``) every MoE router in `ROUTER_REPLACEABLE` on a CUDA device is a `FusedRouter` (logits, softmax,
     top-k and normalisation in one launch); yields how many modules were replaced. Modules elsewhere stay as they are (the replacements would compute exactly what
     they compute); `use_sparse_ffn` replaces MLPs on any device."""
+    sharded = [m for m in models if tensor_parallel(m)]
+    if sharded:  # our modules read plain weights and would drop the collectives of transformers' TP hooks
+        logger.info("hf_sparse_verify: %d tensor-parallel models keep their own modules", len(sharded))
+        models = tuple(m for m in models if not tensor_parallel(m))
     attentions = [swap for model in models for swap in _fused_attention_swaps(model)] if attention else []
     norms = [swap for model in models for swap in _norm_swaps(model)]
     mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
@@ -231,6 +239,11 @@ def use_sparse_ffn(*models: torch.nn.Module, down_copy: bool = True) -> Iterator
         >>> type(model.model.layers[0].mlp).__name__
         'LlamaMLP'
     """
+    if any(tensor_parallel(m) for m in models):
+        raise ValueError(
+            "the lossy sparse FFN reads whole MLP weights, which tensor parallelism shards: load the model without "
+            "tp_plan, or set lossy_sparse_verify.ffn=None"
+        )
     mlps = [swap for model in models for swap in _mlp_swaps(model, down_copy=down_copy)]
     with _swapped(mlps):
         if mlps:

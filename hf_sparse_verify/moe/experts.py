@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from ..kernels._triton import triton_runs_on
+from ..placement import tensor_parallel
 from . import fused
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ def experts_for_decoding(
     try:
         for model in models:
             original = _implementations(model)
-            if not original:
+            if not original or tensor_parallel(
+                model
+            ):  # keep transformers' sharded experts and their collectives
                 continue
             if expert_skipping:
                 name, replaced = fused.NAME, {k for k, v in original.items() if v is not None}

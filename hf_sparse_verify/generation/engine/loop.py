@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ...moe.experts import experts_for_decoding
+from ...placement import RankAgreement
 from ...step import Phase
 from ..drafters.base import Draft, Drafter, VerifyFeedback, empty_draft
 from ..policies.k_policy import KPolicy, StepOutcome
@@ -89,7 +90,14 @@ def _target_runner(
     needed = settings.cache_len or settings.max_length + settings.max_draft_tokens
     fresh = ModelRunner(model, batch, needed, device, settings.backend)
     graphs = settings.cuda_graphs is not False and fresh.can_capture()
-    if settings.cuda_graphs is True and not graphs:
+    if settings.cuda_graphs is not False and fresh.graph_obstacle is not None and fresh.backend == "triton":
+        name = type(model).__name__
+        warn_once(
+            f"placement:{name}",
+            f"hf_sparse_verify: {name} {fresh.graph_obstacle}; its steps run eagerly, without CUDA graphs "
+            "(slower per step, same output). Set SpeculationConfig(cuda_graphs=False) to silence this.",
+        )
+    elif settings.cuda_graphs is True and not graphs:
         warn_once(
             "cuda_graphs_unavailable",
             f"hf_sparse_verify: cuda_graphs=True, but CUDA graphs need a CUDA model and the 'triton' attention "
@@ -164,6 +172,7 @@ def speculative_decode(
     target.set_padding(pads)
     drafter.attach(target, state, session)
     timer = StepTimer(device)
+    agreement = RankAgreement(model)  # tensor-parallel ranks feed the policy equal step times
 
     def settle(accepted: torch.Tensor, new_tokens: torch.Tensor, counts: torch.Tensor):
         """The step's one readback, then stopping and the host mirrors."""
@@ -238,7 +247,7 @@ def speculative_decode(
                     stats.steps - 1,
                     k,
                     [a for a, act in zip(accepted_rows, active_before) if act],
-                    draft_s + verify_s + update_s,
+                    agreement.seconds(draft_s + verify_s + update_s),
                     drafted=[n for n, act in zip(proposed, active_before) if act],
                 )
             )

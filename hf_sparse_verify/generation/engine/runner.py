@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...attention import SpecCache
+from ...placement import graph_obstacle
 from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySparsity, step_scope
 from .graphs import StepGraphs, warn_once
 from .state import to_device
@@ -41,6 +42,7 @@ class ModelRunner:
         self.no_padding = True
         self.graphs: StepGraphs | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
+        self.graph_obstacle = graph_obstacle(model)  # several GPUs or tensor parallelism: eager steps
 
     def set_padding(self, pad: list[int]) -> None:
         """Left padding of this call's rows (copied into the fixed buffer that captured steps read)."""
@@ -48,8 +50,9 @@ class ModelRunner:
         self.no_padding = max(pad) == 0
 
     def can_capture(self) -> bool:
-        """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device)."""
-        return self.device.type == "cuda" and self.backend == "triton"
+        """CUDA graphs need a CUDA model on one GPU and the ``triton`` backend (whose kernels read lengths on the
+        device); a model on several GPUs or sharded by tensor parallelism runs eager steps (`graph_obstacle`)."""
+        return self.device.type == "cuda" and self.backend == "triton" and self.graph_obstacle is None
 
     def capture(self, widths, phase: Phase = Phase.VERIFY, **slots) -> bool:
         """Capture one CUDA graph per width in ``widths`` (after the prefill) for ``phase`` steps with the given

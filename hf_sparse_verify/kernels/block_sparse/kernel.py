@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_sparse_verify.kernels._triton import interpreting, multiprocessors, next_power_of_2
+from hf_sparse_verify.kernels._triton import interpreting, multiprocessors, next_power_of_2, on_input_device
 
 LOG2E = 1.4426950408889634
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -220,6 +220,7 @@ def default_num_splits(batch: int, kv_heads: int, entries: int, device: torch.de
     return max(1, min(wave, -(-entries // 4)))
 
 
+@on_input_device
 def block_sparse_attention_triton(
     query: torch.Tensor,
     key: torch.Tensor,

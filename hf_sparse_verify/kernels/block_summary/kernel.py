@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2
+from .._triton import next_power_of_2, on_input_device
 from .naive import max_touched_blocks
 
 
@@ -94,6 +94,7 @@ def _tiles(dim: int, block_size: int) -> tuple[int, int]:
     return block_t, block_d
 
 
+@on_input_device
 def launch_build(
     keys: torch.Tensor, pad: torch.Tensor, length: torch.Tensor, block_size: int, out: torch.Tensor
 ):
@@ -110,6 +111,7 @@ def launch_build(
     )  # fmt: skip
 
 
+@on_input_device
 def launch_update(
     keys: torch.Tensor,
     mean_key: torch.Tensor,
@@ -203,6 +205,7 @@ def score_blocks_kernel(
     tl.store(p_o + o_n * stride_on, b_s, mask=mask_n)
 
 
+@on_input_device
 def launch_score(
     query: torch.Tensor,
     mean_key: torch.Tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2
+from .._triton import next_power_of_2, on_input_device
 
 
 @triton.jit
@@ -30,6 +30,7 @@ def _cache_write_kernel(
     tl.store(VC + b * s_vcb + h * s_vch + slot * s_vct + offs, b_v.to(VC.dtype.element_ty), mask=ok)
 
 
+@on_input_device
 def launch(key_cache, value_cache, key, value, slots) -> None:
     batch, kv_heads, q_len, dim = key.shape
     _cache_write_kernel[(batch * kv_heads, q_len)](

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2
+from .._triton import dot_in_float32, next_power_of_2, on_input_device
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -267,6 +267,7 @@ WEIGHT_ROW_DOT = True
 SCORE_DOT_ROWS = True
 
 
+@on_input_device
 def launch(
     query: torch.Tensor,
     key: torch.Tensor,

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2
+from .._triton import next_power_of_2, on_input_device
 
 _TINY = 1e-30
 
@@ -56,6 +56,7 @@ def _expert_skip_kernel(
     tl.store(N_ACTIVE + t, n.to(tl.int32))
 
 
+@on_input_device
 def launch(
     top_k_index: torch.Tensor, top_k_weights: torch.Tensor, budget: bool, max_skip: int, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2
+from .._triton import dot_in_float32, next_power_of_2, on_input_device
 
 #: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
 #: sweep`` prints the best)
@@ -284,6 +284,7 @@ def align(
     return slot_pair, block_expert, block_rows
 
 
+@on_input_device
 def launch(
     hidden: torch.Tensor,
     w_gate_up: torch.Tensor,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2
+from .._triton import next_power_of_2, on_input_device
 
 
 @triton.jit
@@ -51,6 +51,7 @@ def _empty(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
     return torch.empty(shape, device=device, dtype=dtype)
 
 
+@on_input_device
 def launch(
     hidden: torch.Tensor, weight: torch.Tensor, top_k: int, normalize: bool, scores_float32: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

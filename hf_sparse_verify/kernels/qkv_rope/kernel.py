@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2
+from .._triton import dot_in_float32, next_power_of_2, on_input_device
 
 #: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`); ``out_*``: the
 #: single-weight `row_linear` kernel (attention output projection)
@@ -151,6 +151,7 @@ def proj_block_n(n_q: int, n_kv: int) -> int | None:
     return block if block >= 16 else None
 
 
+@on_input_device
 def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x`` ``[T, H]`` (unit last stride), ``w_*`` ``[N_*, H]`` (unit last stride; `proj_block_n` not None),
     optional biases (all or none) -> ``[T, N_q]``, ``[T, N_kv]``, ``[T, N_kv]`` in ``x.dtype``."""
@@ -177,6 +178,7 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
     return q, k, v
 
 
+@on_input_device
 def rope_qk_launch(
     q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps
 ) -> tuple[torch.Tensor, torch.Tensor]:

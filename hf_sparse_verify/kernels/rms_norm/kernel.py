@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2
+from .._triton import next_power_of_2, on_input_device
 
 
 @triton.jit
@@ -23,6 +23,7 @@ def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr):
     tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
 
 
+@on_input_device
 def launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n_cols = x.shape[-1]
     rows = x.reshape(-1, n_cols)  # a view when the last dim is contiguous

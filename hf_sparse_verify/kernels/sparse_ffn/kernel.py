@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2
+from .._triton import dot_in_float32, next_power_of_2, on_input_device
 
 #: tile settings (chosen for decode/verify row counts, not yet tuned on a GPU)
 TILES = {"act_n": 32, "act_k": 128, "up_c": 32, "up_k": 128, "down_n": 64, "down_s": 64, "num_warps": 4}
@@ -143,6 +143,7 @@ def _block(n: int, cap: int) -> int:
     return min(cap, max(16, next_power_of_2(n)))
 
 
+@on_input_device
 def gated_act_launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     """``x`` ``[T, H]`` (unit last stride), ``w_gate`` / ``w_up`` ``[I, H]`` (unit last stride) -> ``[T, I]``."""
     rows, hidden = x.shape
@@ -169,6 +170,7 @@ def down_splits(batch: int, hidden: int, inter: int) -> int:
     return max(1, min(triton.cdiv(DOWN_PROGRAMS, tiles), triton.cdiv(inter, 4 * TILES["down_s"])))
 
 
+@on_input_device
 def sparse_up_down_launch(
     x: torch.Tensor,
     act: torch.Tensor,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import interpreting, multiprocessors, next_power_of_2
+from .._triton import interpreting, multiprocessors, next_power_of_2, on_input_device
 
 BLOCK_N = 64
 #: a split is worth launching for at least this many gathered slots
@@ -206,6 +206,7 @@ def default_num_splits(device: torch.device, batch_kv_heads: int, rows: int, n_i
     return max(1, min(by_work, by_grid, by_bytes, MAX_SPLITS))
 
 
+@on_input_device
 def token_sparse_attention_triton(
     query: torch.Tensor,
     key: torch.Tensor,

@@ -1,0 +1,189 @@
+"""Tensor parallelism through transformers (``tp_plan="auto"``), run under ``torchrun``: greedy output of
+hf_sparse_verify equal to plain ``generate`` on the same sharded model, and (``--steps``) step times of our K = 0
+step and a K = 4 verify step (5 tokens) next to plain transformers on the same shards.
+
+A random model of a `hf_sparse_verify.bench.shapes` preset is saved once (rank 0) to ``--checkpoint`` and loaded
+sharded by every rank. Equality is checked in float32 (see the README); steps are timed in ``--dtype``. Under
+tensor parallelism our steps run eagerly (no CUDA graphs) and without our fused module replacements (see
+`hf_sparse_verify.placement`). Rank 0 writes the JSON.
+
+    torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --layers 4 \\
+        --json benchmarks/results/h200x2_tensor_parallel.json
+    torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --dtype bfloat16 \\
+        --steps --no-equality --context 1024 --json step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.bench.shapes import shape_config
+from hf_sparse_verify.bench.step import StepBenchArgs, run_on
+from hf_sparse_verify.placement import tensor_parallel
+
+CASES = (
+    ("prompt_lookup", {}),
+    ("draft_model", {}),  # the target drafts for itself: the draft path on a sharded model
+    ("vegas", {}),
+    ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}),
+)
+
+
+def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float) -> None:
+    config = shape_config(shape)
+    if layers is not None:
+        config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    for name, param in model.named_parameters():
+        if "norm" not in name:
+            param.data.normal_(0.0, std)
+    model.save_pretrained(path)
+
+
+def load_sharded(path: Path, dtype: torch.dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore", FutureWarning
+        )  # 5.23 prefers distributed_config; 5.17 has only tp_plan
+        model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype)
+    return model.eval()
+
+
+def prompts(vocab: int, pad_id: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batch 1 and a ragged batch of 3 (left padding 0 / 37 / 74), the same on every rank; the last 64 tokens
+    repeat the 64 before them, so prompt lookup has matches to draft from."""
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for batch in (1, 3):
+        ids = torch.randint(0, vocab, (batch, 256), generator=gen)
+        ids[:, -64:] = ids[:, -128:-64].clone()
+        mask = torch.ones_like(ids)
+        for row in range(batch):
+            mask[row, : 37 * row] = 0
+        ids[mask == 0] = pad_id
+        out.append((ids.to(device), mask.to(device)))
+    return out
+
+
+def equality(model, new_tokens: int, device) -> list[dict]:
+    config = model.config.get_text_config()
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    records = []
+    for ids, mask in prompts(config.vocab_size, pad_id, device):
+        common = dict(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+        begin = time.perf_counter()
+        plain = model.generate(**common)
+        plain_s = time.perf_counter() - begin
+        for strategy, settings in CASES:
+            extra = {"draft_model": model} if strategy == "draft_model" else {}
+            begin = time.perf_counter()
+            out = model.generate(
+                **common,
+                custom_generate=hsv.generate,
+                speculation=dict(strategy=strategy, num_draft_tokens=4, **settings),
+                return_dict_in_generate=True,
+                **extra,
+            )
+            seconds = time.perf_counter() - begin
+            same = out.sequences.shape == plain.shape and torch.equal(out.sequences, plain)
+            records.append(
+                dict(
+                    batch=ids.shape[0],
+                    strategy=strategy + (", utility K policy" if settings else ""),
+                    identical_to_plain=bool(same),
+                    mean_acceptance_length=out.speculation.mean_acceptance_length,
+                    steps=out.speculation.steps,
+                    seconds=round(seconds, 3),
+                    plain_seconds=round(plain_s, 3),
+                )
+            )
+            if dist.get_rank() == 0:
+                print(records[-1], flush=True)
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama-3.1-8b")
+    parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers than the preset")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--checkpoint", default=None, help="where the random model is saved (default: /tmp/...)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--init-std", type=float, default=0.02, help="std of the random weights (not norms)")
+    parser.add_argument("--no-equality", action="store_true")
+    parser.add_argument("--steps", action="store_true", help="time K = 0 and K = 4 verify steps")
+    parser.add_argument("--context", type=int, nargs="+", default=[1024])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    dtype = getattr(torch, args.dtype)
+    checkpoint = Path(
+        args.checkpoint or f"/tmp/hsv_tp_{args.shape}_{args.layers}_{args.dtype}_{args.init_std}"
+    )
+    begin = time.time()
+    if dist.get_rank() == 0 and not (checkpoint / "config.json").exists():
+        save_random(args.shape, args.layers, checkpoint, dtype, args.init_std)
+    dist.barrier()
+    model = load_sharded(checkpoint, dtype)
+    if not tensor_parallel(model):
+        raise SystemExit("the model did not load tensor-parallel (no DTensor weights): run under torchrun")
+    report = dict(
+        machine=machine_info(device),
+        ranks=dist.get_world_size(),
+        shape=args.shape,
+        layers=model.config.get_text_config().num_hidden_layers,
+        dtype=args.dtype,
+        load_s=round(time.time() - begin, 1),
+        note="tensor parallel: eager steps (no CUDA graphs), transformers' own modules (no fused replacements)",
+    )
+    if not args.no_equality:
+        report["equality"] = equality(model, args.new_tokens, device)
+    if args.steps:
+        step_args = StepBenchArgs(
+            shape=args.shape,
+            contexts=tuple(args.context),
+            new_tokens=(1, 5),
+            batches=tuple(args.batch),
+            device=str(device),
+            dtype=args.dtype,
+            cuda_graphs=False,
+        )
+        torch.manual_seed(0)
+        report["steps"] = run_on(model, step_args, device, ranks=dist.get_world_size())
+    if dist.get_rank() == 0:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1)[:4000])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Where a model's weights live, and what that rules out: a model spread over several GPUs by an accelerate device
+map, or sharded by tensor parallelism (``tp_plan="auto"``, weights as `torch.distributed.tensor.DTensor`).
+
+- CUDA graphs record the work of one device's streams, and tensor-parallel steps run collectives: steps of such
+  models run eagerly (`graph_obstacle` says why; the loop warns once).
+- Our fused module replacements read plain weights and would drop the collectives that transformers' tensor-parallel
+  hooks add, so tensor-parallel models keep their own modules and experts implementation (`tensor_parallel`).
+- Ranks of a tensor-parallel model must take the same host decisions: the step times a K policy reads are agreed
+  over the ranks (`RankAgreement`).
+- Triton launches follow their tensors' device (`hf_sparse_verify.kernels._triton.on_input_device`), so the
+  attention kernels run on a device map's every GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch builds without distributed support
+    DTensor = None
+
+
+def tensor_parallel(model: torch.nn.Module) -> bool:
+    """Whether any weight of ``model`` is a `DTensor` (sharded by transformers' tensor parallelism)."""
+    return DTensor is not None and any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def cuda_devices(model: torch.nn.Module) -> list[torch.device]:
+    """The CUDA devices ``model``'s weights are on, in index order (several under a multi-GPU device map)."""
+    return sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=lambda d: d.index)
+
+
+def graph_obstacle(model: torch.nn.Module) -> str | None:
+    """Why the steps of ``model`` cannot be captured in one CUDA graph (None when they can)."""
+    if tensor_parallel(model):
+        return "is tensor-parallel (its steps run collectives across processes)"
+    devices = cuda_devices(model)
+    if len(devices) > 1:
+        return f"spans {len(devices)} GPUs ({', '.join(map(str, devices))}; a CUDA graph records one device's work)"
+    elsewhere = sorted({p.device.type for p in model.parameters()} - {"cuda"})
+    if devices and elsewhere:
+        return f"has weights on {' and '.join(elsewhere)} beside the GPU (offloaded layers run outside a CUDA graph)"
+    return None
+
+
+def _tp_group(model: torch.nn.Module):
+    """The process group ``model``'s weights are sharded over (its first DTensor's mesh)."""
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            return p.device_mesh.get_group()
+    raise ValueError("the model has no DTensor weights")
+
+
+@functools.cache
+def _host_group(ranks: tuple[int, ...]):
+    import torch.distributed as dist
+
+    return dist.new_group(ranks=list(ranks), backend="gloo")
+
+
+class RankAgreement:
+    """Host values that steer the loop (the step seconds the utility K policy reads) must be equal on every
+    tensor-parallel rank: ranks that pick different K run different widths, and their collectives mismatch. `seconds`
+    returns the largest value over the ranks; off tensor parallelism it returns its argument.
+
+    The all-reduce runs on the host (a gloo group over the model's ranks, made once; no device synchronisation)
+    when the model's group is gloo or spans the whole world; otherwise on the device, which adds one readback per
+    step."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.group = None
+        self.device = torch.device("cpu")
+        if not tensor_parallel(model):
+            return
+        import torch.distributed as dist
+
+        group = _tp_group(model)
+        ranks = tuple(dist.get_process_group_ranks(group))
+        if len(ranks) < 2:
+            return
+        if dist.get_backend(group) == "gloo":
+            self.group = group
+        elif len(ranks) == dist.get_world_size():
+            self.group = _host_group(ranks)
+        else:
+            self.group = group
+            self.device = next(p.device for p in model.parameters() if isinstance(p, DTensor))
+
+    def seconds(self, value: float) -> float:
+        if self.group is None:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return float(t.item())

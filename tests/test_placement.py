@@ -1,0 +1,150 @@
+"""Models spread over devices: tensor parallelism through transformers' ``tp_plan="auto"`` (run for real on CPU, two
+processes under ``torchrun`` with gloo), the placement checks that turn CUDA graphs and fused modules off, and
+(with two GPUs) Triton launches on the device of their tensors and whole calls under an accelerate device map."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.kernels._triton import on_input_device
+from hf_sparse_verify.placement import cuda_devices, graph_obstacle, tensor_parallel
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+STRATEGIES = ["prompt_lookup", "draft_model", "vegas", "utility"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun() -> list[str] | None:
+    exe = Path(sys.executable).with_name("torchrun")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("torchrun")
+    return [found] if found else None
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without torch.distributed")
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3-moe"])
+def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
+    """Two CPU ranks load one random checkpoint sharded by ``tp_plan="auto"``; prompt lookup, the target drafting
+    for itself, vegas and the utility policy give plain ``generate``'s tokens at batch 1 and a ragged batch of 3."""
+    torchrun = _torchrun()
+    if torchrun is None:
+        pytest.skip("torchrun not found next to the interpreter or on PATH")
+    out = tmp_path / "tp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRITON_INTERPRET", None)  # CPU ranks take the reference backend, as a CPU user's would
+    command = [
+        *torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        str(ROOT / "benchmarks" / "check_tensor_parallel.py"), "--shape", shape, "--new-tokens", "16",
+        "--checkpoint", str(tmp_path / "model"), "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2
+    cases = report["equality"]
+    assert len(cases) == 8 and {c["batch"] for c in cases} == {1, 3}
+    assert all(c["identical_to_plain"] for c in cases), cases
+    # drafts were accepted (fewer steps than tokens), so verification ran on the sharded model, not just decoding
+    assert all(c["mean_acceptance_length"] > 1.0 for c in cases if c["strategy"] in ("draft_model", "vegas"))
+
+
+def test_single_device_model_has_no_obstacle():
+    model = make_model("llama")
+    assert not tensor_parallel(model)
+    assert cuda_devices(model) == [] or len(cuda_devices(model)) == 1
+    assert graph_obstacle(model) is None
+
+
+def test_on_input_device_passes_through_off_cuda():
+    calls = []
+
+    @on_input_device
+    def launch(x, y, scale=1.0):
+        calls.append(torch.cuda.is_initialized() if torch.cuda.is_available() else None)
+        return x * scale + y
+
+    x = torch.ones(3)
+    assert torch.equal(launch(x, x, scale=2.0), torch.full((3,), 3.0))
+    assert torch.equal(launch(x=x, y=x), torch.full((3,), 2.0))  # keyword-only tensors too
+    assert launch.__name__ == "launch" and len(calls) == 2
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+def test_kernel_runs_on_its_tensors_device():
+    """GPU 0 current, tensors on GPU 1: the decode-attention kernel runs there and matches its reference."""
+    from hf_sparse_verify.kernels.decode_attention.naive import decode_attention_naive
+    from hf_sparse_verify.kernels.decode_attention.op import decode_attention
+
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda:1")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(2, 8, 3, 64, device=dev, generator=gen)
+    k = torch.randn(2, 2, 256, 64, device=dev, generator=gen)
+    v = torch.randn(2, 2, 256, 64, device=dev, generator=gen)
+    start = torch.tensor([200, 120], device=dev)
+    pad = torch.tensor([0, 40], device=dev)
+    out, _ = decode_attention(q, k, v, start, pad, scale=0.125)
+    ref, _ = decode_attention_naive(q, k, v, start, pad, 0.125, 0, None)
+    torch.cuda.synchronize(dev)
+    assert torch.cuda.current_device() == 0
+    torch.testing.assert_close(out, ref.to(out.dtype), atol=2e-4, rtol=2e-4)
+
+
+def _split_equals_plain(device_map: dict, strategy: str, obstacle: str) -> None:
+    """A float32 tiny Llama dispatched by ``device_map``, default settings (triton backend where the layer is on a
+    GPU; CUDA graphs fall back to eager steps with one warning): plain ``generate``'s tokens, batch 2 ragged."""
+    from accelerate import dispatch_model
+
+    model = dispatch_model(make_model("llama"), device_map=device_map)
+    assert obstacle in graph_obstacle(model)
+    ids = torch.randint(3, 90, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, -12:] = ids[:, -24:-12]
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
+    plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    settings = {"strategy": strategy, "num_draft_tokens": 4}
+    if strategy == "utility":
+        settings = {"strategy": "prompt_lookup", "k_policy": "utility", "max_draft_tokens": 8}
+    extra = {"draft_model": model} if strategy == "draft_model" else {}
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate,
+        speculation=settings, **extra,
+    )  # fmt: skip
+    assert torch.equal(out, plain)
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_device_map_over_two_gpus_equals_plain(strategy):
+    """Layer 0 on GPU 0, layer 1 and the head on GPU 1."""
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 1,
+                  "model.norm": 1, "lm_head": 1}  # fmt: skip
+    _split_equals_plain(device_map, strategy, "2 GPUs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_device_map_gpu_and_cpu_equals_plain(strategy):
+    """Layer 1 and the head on the CPU (an offloading map on one GPU): its attention runs the reference there."""
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": "cpu",
+                  "model.norm": "cpu", "lm_head": "cpu"}  # fmt: skip
+    _split_equals_plain(device_map, strategy, "cpu beside the GPU")
