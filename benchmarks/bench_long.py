@@ -279,24 +279,40 @@ def assemble(args) -> dict:
     }
     # the library's default vegas setting is the variant the projection uses for strategy "vegas"
     variant_of = dict(vegas=args.vegas_variant, streaming="streaming", quest="quest")
-    k0_rate = {
-        (r["batch"], r["context"]): r.get("decode_tokens_per_s")
-        for r in parts.get("speed", [])
-        if r["strategy"] == "k0"
-    }
-    k0 = {
-        (r["batch"], r["context"]): r["iteration_ms"] for r in parts.get("speed", []) if r["strategy"] == "k0"
-    }
+    # ratios are side by side: each record is compared with the K = 0 step of its own run (commit) where that run
+    # timed one, else with the latest K = 0 step of its shape (``k0_commit`` says which)
+    k0_runs = {}
+    for path in args.inputs:
+        data = json.loads(Path(path).read_text())
+        for r in data["records"] if data["part"] == "speed" else []:
+            if r["strategy"] == "k0":
+                k0_runs[(r["batch"], r["context"], data["machine"]["commit"])] = dict(
+                    r, commit=data["machine"]["commit"]
+                )
+    k0_latest = {(r["batch"], r["context"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"}
+
+    def k0_of(r: dict) -> dict | None:
+        return k0_runs.get((r["batch"], r["context"], r["commit"])) or k0_latest.get(
+            (r["batch"], r["context"])
+        )
+
     plain = {(r["batch"], r["context"]): r["transformers_step_ms"] for r in parts.get("transformers", [])}
     fixture_contexts = sorted({c for _, c, _ in acceptance})
     records = []
     for r in parts.get("speed", []):
         key = (r["batch"], r["context"])
-        out = dict(r, k0_step_ms=k0.get(key), transformers_step_ms=plain.get(key))
-        if r["strategy"] == "vegas_utility" and r.get("decode_tokens_per_s") and k0_rate.get(key):
-            out["utility_over_k0"] = r["decode_tokens_per_s"] / k0_rate[key]  # measured, random weights
+        base = k0_of(r)
+        out = dict(
+            r,
+            k0_step_ms=base and base["iteration_ms"],
+            k0_commit=base and base["commit"],
+            transformers_step_ms=plain.get(key),
+        )
+        k0_rate = base and base.get("decode_tokens_per_s")
+        if r["strategy"] == "vegas_utility" and r.get("decode_tokens_per_s") and k0_rate:
+            out["utility_over_k0"] = r["decode_tokens_per_s"] / k0_rate  # measured, random weights
             if r.get("cold_call_decode_tokens_per_s"):
-                out["utility_over_k0_cold_call"] = r["cold_call_decode_tokens_per_s"] / k0_rate[key]
+                out["utility_over_k0_cold_call"] = r["cold_call_decode_tokens_per_s"] / k0_rate
         if r["strategy"] in variant_of and fixture_contexts:
             at = max((c for c in fixture_contexts if c <= r["context"]), default=fixture_contexts[0])
             acc = acceptance.get((variant_of[r["strategy"]], at, r["k"]))
