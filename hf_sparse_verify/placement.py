@@ -97,3 +97,11 @@ class RankAgreement:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return float(t.item())
+
+
+def swappable(module: torch.nn.Module) -> bool:
+    """Whether one of our module replacements may stand in for ``module`` during a call: not when accelerate hooks
+    it (``_hf_hook``, set by ``accelerate.hooks.add_hook_to_module``: the hook moves inputs to the module's device
+    and streams offloaded weights in, and a replacement carries no hook), nor when a weight of it is on the meta
+    device (offloaded)."""
+    return not hasattr(module, "_hf_hook") and all(p.device.type != "meta" for p in module.parameters())

@@ -73,6 +73,21 @@ def test_single_device_model_has_no_obstacle():
     assert graph_obstacle(model) is None
 
 
+def test_hooked_and_offloaded_modules_are_not_replaced():
+    """accelerate's hook on a module (it moves inputs between devices, streams offloaded weights in) would be lost
+    with a replacement: hooked modules and modules with meta (offloaded) weights keep their class."""
+    from hf_sparse_verify.modules import use_fused_modules
+
+    model = make_model("llama")
+    model.model.norm._hf_hook = object()  # what accelerate.hooks.add_hook_to_module leaves on a module
+    offloaded = model.model.layers[1].input_layernorm
+    offloaded.weight = torch.nn.Parameter(torch.empty(offloaded.weight.shape, device="meta"))
+    with use_fused_modules(model):
+        assert type(model.model.norm).__name__ == "LlamaRMSNorm"
+        assert type(model.model.layers[1].input_layernorm).__name__ == "LlamaRMSNorm"
+        assert type(model.model.layers[0].input_layernorm).__name__ == "TritonRMSNorm"
+
+
 def test_on_input_device_passes_through_off_cuda():
     calls = []
 

@@ -11,7 +11,8 @@ reads the attributes it declares (``reads``) and holds no state of its own beyon
 GPT-J's, CodeGen's, GPT-Neo's) by modules that do, on every device and backend; `hf_sparse_verify.attention.use_sparse_verify_attention` applies it.
 
 Tensor-parallel models (weights sharded as DTensors by ``tp_plan="auto"``) keep their own modules: ours read plain
-weights and would drop the collectives of transformers' tensor-parallel hooks.
+weights and would drop the collectives of transformers' tensor-parallel hooks. So do modules that accelerate hooks
+or whose weights are offloaded (`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from .._compat import decoder_layers
 from ..kernels._triton import compiled_on
-from ..placement import tensor_parallel
+from ..placement import swappable, tensor_parallel
 from .attention import REPLACEABLE as FUSED_ATTENTION_REPLACEABLE
 from .attention import FusedQKVAttention
 from .attention import replaceable_attention as _fused_attention_replaceable
@@ -102,7 +103,7 @@ def _norm_swaps(model: torch.nn.Module) -> list[Swap]:
         (parent, name, child, TritonRMSNorm(child))
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if type(child).__name__ in REPLACEABLE
+        if type(child).__name__ in REPLACEABLE and swappable(child)
     ]
 
 
@@ -132,7 +133,9 @@ def _mlp_swaps(model: torch.nn.Module, down_copy: bool, cuda_only: bool = False)
         for layer_idx, layer in enumerate(layers)
         for parent in list(layer.modules())
         for name, child in list(parent.named_children())
-        if replaceable_mlp(child) and (not cuda_only or compiled_on(child.gate_proj.weight.device))
+        if replaceable_mlp(child)
+        and swappable(child)
+        and (not cuda_only or compiled_on(child.gate_proj.weight.device))
     ]
 
 
@@ -143,7 +146,9 @@ def _fused_attention_swaps(model: torch.nn.Module) -> list[Swap]:
         (parent, name, child, FusedQKVAttention(child))
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if _fused_attention_replaceable(child) and compiled_on(child.q_proj.weight.device)
+        if _fused_attention_replaceable(child)
+        and swappable(child)
+        and compiled_on(child.q_proj.weight.device)
     ]
 
 

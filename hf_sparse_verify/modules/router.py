@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..kernels._triton import compiled_on
 from ..kernels.moe_router import moe_router
 from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
+from ..placement import swappable
 
 #: router classes whose forward is ``F.linear`` -> float32 softmax -> ``torch.topk`` -> optional division by the
 #: float32 sum -> cast to the logits dtype (checked against transformers 5.23.0's source; tests compare each with
@@ -138,5 +139,7 @@ def router_swaps(model: torch.nn.Module, cuda_only: bool = False) -> list[Swap]:
         (parent, name, child, FusedRouter(child))
         for parent in list(model.modules())
         for name, child in list(parent.named_children())
-        if replaceable_router(child) and (not cuda_only or fused_router_runs(child.weight.device))
+        if replaceable_router(child)
+        and swappable(child)
+        and (not cuda_only or fused_router_runs(child.weight.device))
     ]
