@@ -1,9 +1,12 @@
 """Multi-GPU check: an 8B-shaped model dispatched by accelerate over every visible GPU (the balanced map that
 ``device_map="auto"`` resolves to), greedy output of hf_sparse_verify equal to plain ``generate``.
 
-Random float32 weights (equality is tested in float32, see the README). Writes a JSON report.
+Random float32 weights (equality is tested in float32, see the README), or a trained checkpoint (``--model``).
+``--max-memory`` forces a split, e.g. CPU offload on one GPU. Writes a JSON report.
 
     python benchmarks/check_device_map.py --json benchmarks/results/h200x2_device_map.json
+    python benchmarks/check_device_map.py --model ../shared/models/code-target --max-memory '{"0": "20MiB", "cpu": "4GiB"}' \
+        --json benchmarks/results/h200_offload_device_map.json
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import hf_sparse_verify as hsv
 from benchmarks.bench_generate import LLAMA_8B, machine_info
 
 
-def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int = 0):
+def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int = 0, max_memory=None):
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     no_split = model._no_split_modules
-    memory = get_balanced_memory(model, dtype=dtype, no_split_module_classes=no_split)
+    memory = max_memory or get_balanced_memory(model, dtype=dtype, no_split_module_classes=no_split)
     device_map = infer_auto_device_map(
         model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype
     )
@@ -50,14 +53,34 @@ def main() -> None:
     parser.add_argument(
         "--speculation", default="{}", help="JSON of SpeculationConfig fields added to every case"
     )
+    parser.add_argument(
+        "--max-memory",
+        default=None,
+        help='JSON of accelerate max_memory, e.g. \'{"0": "6GiB", "cpu": "64GiB"}\' to force a split (CPU offload '
+        "on one GPU); default: balanced over every visible GPU",
+    )
+    parser.add_argument(
+        "--model", default=None, help="a trained checkpoint folder instead of the random 8B shape"
+    )
     args = parser.parse_args()
 
-    config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": args.layers})
+    max_memory = args.max_memory and {
+        (int(k) if k.isdigit() else k): v for k, v in json.loads(args.max_memory).items()
+    }
     start = time.time()
-    model, device_map = dispatched_random_model(config, torch.float32)
+    if args.model:
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.float32, device_map="auto", max_memory=max_memory
+        ).eval()
+        config, device_map = model.config, model.hf_device_map
+    else:
+        config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": args.layers})
+        model, device_map = dispatched_random_model(config, torch.float32, max_memory=max_memory)
     devices = sorted({str(v) for v in device_map.values()})
     report = {
         "machine": machine_info("cuda"),
+        "model": args.model or f"llama-3.1-8b shape, {args.layers} layers, random float32",
+        "max_memory": args.max_memory,
         "gpus": torch.cuda.device_count(),
         "devices_used": devices,
         "device_map_sizes": {d: sum(1 for v in device_map.values() if str(v) == d) for d in devices},
@@ -71,13 +94,15 @@ def main() -> None:
         mask = torch.ones_like(ids)
         for row in range(batch):
             mask[row, : 37 * row] = 0
-        ids[mask == 0] = config.pad_token_id
+        ids[mask == 0] = config.pad_token_id if config.pad_token_id is not None else 0
         ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
         # a random prompt never repeats: prompt_lookup would rarely draft, so repeat a chunk to give it matches
         ids[:, -64:] = ids[:, -128:-64].clone()
+        t = time.time()
         plain = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
         )
+        plain_s = time.time() - t
         cases = (
             ("prompt_lookup", {}, {}),
             ("draft_model", {}, {"draft_model": model}),
@@ -110,6 +135,7 @@ def main() -> None:
                     "mean_acceptance_length": out.speculation.mean_acceptance_length,
                     "steps": out.speculation.steps,
                     "seconds": time.time() - t,
+                    "plain_generate_seconds": plain_s,
                 }
             )
             print(report["cases"][-1], flush=True)
