@@ -107,6 +107,8 @@ def main() -> None:
             ("prompt_lookup", {}, {}),
             ("draft_model", {}, {"draft_model": model}),
             ("vegas", {}, {}),
+            ("streaming", {}, {}),
+            ("quest", {}, {}),
             ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}, {}),
         )
         for strategy, settings, extra in cases:

@@ -36,6 +36,8 @@ CASES = (
     ("prompt_lookup", {}),
     ("draft_model", {}),  # the target drafts for itself: the draft path on a sharded model
     ("vegas", {}),
+    ("streaming", {}),
+    ("quest", {}),
     ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}),
 )
 

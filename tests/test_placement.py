@@ -22,7 +22,7 @@ from hf_sparse_verify.placement import cuda_devices, graph_obstacle, tensor_para
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-STRATEGIES = ["prompt_lookup", "draft_model", "vegas", "utility"]
+STRATEGIES = ["prompt_lookup", "draft_model", "vegas", "streaming", "quest", "utility"]
 
 
 def _free_port() -> int:
@@ -43,7 +43,8 @@ def _torchrun() -> list[str] | None:
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3-moe"])
 def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     """Two CPU ranks load one random checkpoint sharded by ``tp_plan="auto"``; prompt lookup, the target drafting
-    for itself, vegas and the utility policy give plain ``generate``'s tokens at batch 1 and a ragged batch of 3."""
+    for itself, vegas, streaming, quest and the utility policy give plain ``generate``'s tokens at batch 1 and a
+    ragged batch of 3."""
     torchrun = _torchrun()
     if torchrun is None:
         pytest.skip("torchrun not found next to the interpreter or on PATH")
@@ -60,7 +61,7 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     report = json.loads(out.read_text())
     assert report["ranks"] == 2
     cases = report["equality"]
-    assert len(cases) == 8 and {c["batch"] for c in cases} == {1, 3}
+    assert len(cases) == 12 and {c["batch"] for c in cases} == {1, 3}
     assert all(c["identical_to_plain"] for c in cases), cases
     # drafts were accepted (fewer steps than tokens), so verification ran on the sharded model, not just decoding
     assert all(c["mean_acceptance_length"] > 1.0 for c in cases if c["strategy"] in ("draft_model", "vegas"))
