@@ -62,6 +62,13 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="a trained checkpoint folder instead of the random 8B shape"
     )
+    parser.add_argument("--warm", action="store_true", help="time each call's second run")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="float32 for equality; bfloat16 for times (bf16 outputs may differ at near-ties)",
+    )
     args = parser.parse_args()
 
     max_memory = args.max_memory and {
@@ -70,16 +77,17 @@ def main() -> None:
     start = time.time()
     if args.model:
         model = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=torch.float32, device_map="auto", max_memory=max_memory
+            args.model, dtype=getattr(torch, args.dtype), device_map="auto", max_memory=max_memory
         ).eval()
         config, device_map = model.config, model.hf_device_map
     else:
         config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": args.layers})
-        model, device_map = dispatched_random_model(config, torch.float32, max_memory=max_memory)
+        model, device_map = dispatched_random_model(config, getattr(torch, args.dtype), max_memory=max_memory)
     devices = sorted({str(v) for v in device_map.values()})
     report = {
         "machine": machine_info("cuda"),
-        "model": args.model or f"llama-3.1-8b shape, {args.layers} layers, random float32",
+        "model": args.model or f"llama-3.1-8b shape, {args.layers} layers, random {args.dtype}",
+        "dtype": args.dtype,
         "max_memory": args.max_memory,
         "gpus": torch.cuda.device_count(),
         "devices_used": devices,
@@ -98,11 +106,13 @@ def main() -> None:
         ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
         # a random prompt never repeats: prompt_lookup would rarely draft, so repeat a chunk to give it matches
         ids[:, -64:] = ids[:, -128:-64].clone()
-        t = time.time()
-        plain = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
-        )
-        plain_s = time.time() - t
+        for _ in range(2 if args.warm else 1):  # --warm: time the second call (plans, kernels, graphs built)
+            t = time.time()
+            plain = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
+            )
+            torch.cuda.synchronize()
+            plain_s = time.time() - t
         cases = (
             ("prompt_lookup", {}, {}),
             ("draft_model", {}, {"draft_model": model}),
@@ -112,19 +122,22 @@ def main() -> None:
             ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}, {}),
         )
         for strategy, settings, extra in cases:
-            t = time.time()
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=args.new_tokens,
-                do_sample=False,
-                custom_generate=hsv.generate,
-                speculation=dict(
-                    strategy=strategy, num_draft_tokens=4, **settings, **json.loads(args.speculation)
-                ),
-                return_dict_in_generate=True,
-                **extra,
-            )
+            for _ in range(2 if args.warm else 1):
+                t = time.time()
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=args.new_tokens,
+                    do_sample=False,
+                    custom_generate=hsv.generate,
+                    speculation=dict(
+                        strategy=strategy, num_draft_tokens=4, **settings, **json.loads(args.speculation)
+                    ),
+                    return_dict_in_generate=True,
+                    **extra,
+                )
+                torch.cuda.synchronize()
+                seconds = time.time() - t
             same = out.sequences.shape == plain.shape and torch.equal(out.sequences, plain)
             report["cases"].append(
                 {
@@ -136,7 +149,9 @@ def main() -> None:
                     "identical_to_plain": bool(same),
                     "mean_acceptance_length": out.speculation.mean_acceptance_length,
                     "steps": out.speculation.steps,
-                    "seconds": time.time() - t,
+                    "seconds": seconds,
+                    "tokens_per_s": batch * args.new_tokens / seconds,
+                    "plain_generate_tokens_per_s": batch * args.new_tokens / plain_s,
                     "plain_generate_seconds": plain_s,
                 }
             )

@@ -42,16 +42,22 @@ CASES = (
 )
 
 
-def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float) -> None:
+def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float, device) -> None:
+    """Rank 0: a random model of preset ``shape`` (built on ``device``: a GPU initialises billions of weights in
+    seconds) saved to ``path``."""
     config = shape_config(shape)
     if layers is not None:
         config.num_hidden_layers = layers
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     for name, param in model.named_parameters():
         if "norm" not in name:
             param.data.normal_(0.0, std)
     model.save_pretrained(path)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def load_sharded(path: Path, dtype: torch.dtype):
@@ -151,7 +157,7 @@ def main() -> None:
     )
     begin = time.time()
     if dist.get_rank() == 0 and not (checkpoint / "config.json").exists():
-        save_random(args.shape, args.layers, checkpoint, dtype, args.init_std)
+        save_random(args.shape, args.layers, checkpoint, dtype, args.init_std, device)
     dist.barrier()
     model = load_sharded(checkpoint, dtype)
     if not tensor_parallel(model):

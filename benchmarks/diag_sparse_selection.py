@@ -213,7 +213,9 @@ def main() -> None:
                 )
     with open(args.out, "w") as f:
         json.dump(
-            dict(machine=machine_info(torch.device("cpu")), method=__doc__.split("\n\n")[1], records=records), f, indent=1
+            dict(machine=machine_info(torch.device("cpu")), method=__doc__.split("\n\n")[1], records=records),
+            f,
+            indent=1,
         )
 
 
