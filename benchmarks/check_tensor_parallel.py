@@ -30,7 +30,7 @@ import hf_sparse_verify as hsv
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.bench.shapes import shape_config
 from hf_sparse_verify.bench.step import StepBenchArgs, run_on
-from hf_sparse_verify.placement import tensor_parallel
+from hf_sparse_verify.placement import RankAgreement, tensor_parallel
 
 CASES = (
     ("prompt_lookup", {}),
@@ -161,7 +161,10 @@ def main() -> None:
     dist.barrier()
     model = load_sharded(checkpoint, dtype)
     if not tensor_parallel(model):
-        raise SystemExit("the model did not load tensor-parallel (no DTensor weights): run under torchrun")
+        raise SystemExit(
+            "the model did not load tensor-parallel (no DTensor weights): run under torchrun with "
+            "--nproc-per-node 2 or more (transformers does not shard over one rank)"
+        )
     report = dict(
         machine=machine_info(device),
         ranks=dist.get_world_size(),
@@ -170,6 +173,8 @@ def main() -> None:
         dtype=args.dtype,
         load_s=round(time.time() - begin, 1),
         note="tensor parallel: eager steps (no CUDA graphs), transformers' own modules (no fused replacements)",
+        # every rank offers its rank + 1 as a step time: the agreed value is the largest, the world size
+        agreed_seconds=RankAgreement(model).seconds(dist.get_rank() + 1.0),
     )
     if not args.no_equality:
         report["equality"] = equality(model, args.new_tokens, device)

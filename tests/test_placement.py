@@ -60,6 +60,7 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     assert done.returncode == 0, done.stderr[-6000:]
     report = json.loads(out.read_text())
     assert report["ranks"] == 2
+    assert report["agreed_seconds"] == 2.0  # rank 0 offered 1.0, rank 1 offered 2.0: both use the largest
     cases = report["equality"]
     assert len(cases) == 12 and {c["batch"] for c in cases} == {1, 3}
     assert all(c["identical_to_plain"] for c in cases), cases
