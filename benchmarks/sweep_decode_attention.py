@@ -34,8 +34,10 @@ WIDTHS = (1, 5, 7, 9)
 
 def _run(args, tiles, splits, scores):
     saved = dict(attn_kernel.TILES_BY_ROWS)
+    saved_weights = dict(attn_kernel.TILES_WITH_WEIGHTS)
     block_m = max(16, next_power_of_2(HEADS // KV_HEADS * args[0].shape[2]))
     attn_kernel.TILES_BY_ROWS[block_m] = tiles
+    attn_kernel.TILES_WITH_WEIGHTS.clear()  # the grid's setting holds for the score variant too
     try:
         if scores:
             return decode_attention(*args, num_splits=splits, collect="two_rows", weights=True)
@@ -43,6 +45,7 @@ def _run(args, tiles, splits, scores):
     finally:
         attn_kernel.TILES_BY_ROWS.clear()
         attn_kernel.TILES_BY_ROWS.update(saved)
+        attn_kernel.TILES_WITH_WEIGHTS.update(saved_weights)
 
 
 @torch.no_grad()
@@ -113,7 +116,7 @@ def main() -> None:
             sums = {k: sum(r["us"] for r in v) for k, v in by_setting.items()}
             if not sums:
                 continue
-            default = attn_kernel.split_tiles(block_m)
+            default = attn_kernel.split_tiles(block_m, scores)
             key_default = (default["block_n"], default["num_warps"], default["num_stages"], False)
             winner = min(sums, key=sums.get)
             best[f"{block_m}_{'scores' if scores else 'plain'}"] = dict(

@@ -254,9 +254,18 @@ TILES = {"block_n": 64, "num_stages": 3}
 TILES_BY_ROWS: dict[int, dict] = {}
 
 
-def split_tiles(block_m: int) -> dict:
-    """``block_n``, ``num_stages`` and ``num_warps`` of the split kernel for ``block_m`` query rows."""
-    return {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
+#: overrides of the split kernel's tiles when it also writes Vegas' softmax-weight score rows. Measured on an H200
+#: (fifth session, 8B heads, bf16, us per layer, default splits): two pipeline stages instead of three, 7-token
+#: verify at 4 x 64K 361 against 427 (no scores: 294), at 16 x 16K 366 against 376; 5 tokens 354 / 421 and 359 /
+#: 373. The extra 16-row dot and store per key tile make a third stage cost more than it hides.
+TILES_WITH_WEIGHTS = {"num_stages": 2}
+
+
+def split_tiles(block_m: int, weights: bool = False) -> dict:
+    """``block_n``, ``num_stages`` and ``num_warps`` of the split kernel for ``block_m`` query rows (``weights``:
+    when it also writes softmax-weight score rows)."""
+    tiles = {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
+    return {**tiles, **TILES_WITH_WEIGHTS} if weights else tiles
 
 
 #: softmax-weight scores of first and last rows (``group x 2 <= 16``) from a 16-row dot of those rows' queries
@@ -290,7 +299,8 @@ def launch(
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    tiles = split_tiles(block_m)
+    weights = bool(collect) and weights
+    tiles = split_tiles(block_m, weights)
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
@@ -298,7 +308,6 @@ def launch(
     l_part = torch.empty_like(m_part)
     rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
     score_scale = 1.0 / (group * rows_per_group)
-    weights = bool(collect) and weights
     if weights:  # raw logits of every scored row, normalised after the merge
         s_part = torch.empty(
             batch, kv_heads, group * rows_per_group, capacity, device=device, dtype=torch.float32
