@@ -254,18 +254,19 @@ TILES = {"block_n": 64, "num_stages": 3}
 TILES_BY_ROWS: dict[int, dict] = {}
 
 
-#: overrides of the split kernel's tiles when it also writes Vegas' softmax-weight score rows. Measured on an H200
-#: (fifth session, 8B heads, bf16, us per layer, default splits): two pipeline stages instead of three, 7-token
-#: verify at 4 x 64K 361 against 427 (no scores: 294), at 16 x 16K 366 against 376; 5 tokens 354 / 421 and 359 /
-#: 373. The extra 16-row dot and store per key tile make a third stage cost more than it hides.
-TILES_WITH_WEIGHTS = {"num_stages": 2}
+#: overrides of the split kernel's tiles by ``BLOCK_M`` when it also writes Vegas' softmax-weight score rows.
+#: Measured on an H200 (fifth session, 8B heads, bf16, us per layer, default splits): at 32 rows (5-8 new tokens) two
+#: pipeline stages instead of three, 7-token verify at 4 x 64K 361 against 427 (no scores: 294), at 16 x 16K 366
+#: against 376; 5 tokens 354 / 421 and 359 / 373. At 64 rows (9 tokens) two stages were slower end to end (a 9-token
+#: verify at 4 x 64K: 22.76 against 19.00 ms per step), so only 32 rows.
+TILES_WITH_WEIGHTS: dict[int, dict] = {32: {"num_stages": 2}}
 
 
 def split_tiles(block_m: int, weights: bool = False) -> dict:
     """``block_n``, ``num_stages`` and ``num_warps`` of the split kernel for ``block_m`` query rows (``weights``:
     when it also writes softmax-weight score rows)."""
     tiles = {"num_warps": 8 if block_m >= 128 else 4, **TILES, **TILES_BY_ROWS.get(block_m, {})}
-    return {**tiles, **TILES_WITH_WEIGHTS} if weights else tiles
+    return {**tiles, **TILES_WITH_WEIGHTS.get(block_m, {})} if weights else tiles
 
 
 #: softmax-weight scores of first and last rows (``group x 2 <= 16``) from a 16-row dot of those rows' queries
