@@ -263,6 +263,11 @@ def assemble(args) -> dict:
         machine = machine or data["machine"]
         sources.append(dict(file=Path(path).name, part=data["part"], commit=data["machine"]["commit"],
                             date=data["machine"]["date"], gpu=data["machine"]["gpu"]))  # fmt: skip
+    # ratios are side by side: each record is compared with the K = 0 step of its own run (commit) where that run
+    # timed one, else with the latest K = 0 step of its shape (``k0_commit`` says which)
+    k0_runs = {
+        (r["batch"], r["context"], r["commit"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"
+    }
     # later files win: a case measured twice keeps its last measurement; a sync count (measured per shape, batch
     # and strategy) missing from it comes from an earlier run of the same case
     speed, syncs = {}, {}
@@ -279,16 +284,6 @@ def assemble(args) -> dict:
     }
     # the library's default vegas setting is the variant the projection uses for strategy "vegas"
     variant_of = dict(vegas=args.vegas_variant, streaming="streaming", quest="quest")
-    # ratios are side by side: each record is compared with the K = 0 step of its own run (commit) where that run
-    # timed one, else with the latest K = 0 step of its shape (``k0_commit`` says which)
-    k0_runs = {}
-    for path in args.inputs:
-        data = json.loads(Path(path).read_text())
-        for r in data["records"] if data["part"] == "speed" else []:
-            if r["strategy"] == "k0":
-                k0_runs[(r["batch"], r["context"], data["machine"]["commit"])] = dict(
-                    r, commit=data["machine"]["commit"]
-                )
     k0_latest = {(r["batch"], r["context"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"}
 
     def k0_of(r: dict) -> dict | None:

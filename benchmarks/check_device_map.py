@@ -23,6 +23,31 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import hf_sparse_verify as hsv
 from benchmarks.bench_generate import LLAMA_8B, machine_info
 
+CASES = (
+    ("prompt_lookup", {}),
+    ("draft_model", {}),  # the target drafts for itself: the draft path on a split model
+    ("vegas", {}),
+    ("streaming", {}),
+    ("quest", {}),
+    ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}),
+)
+
+
+def prompts(vocab: int, pad_id: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batch 1 and a ragged batch of 3 (left padding 0 / 37 / 74), the same on every rank; the last 64 tokens
+    repeat the 64 before them, so prompt lookup has matches to draft from."""
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for batch in (1, 3):
+        ids = torch.randint(0, vocab, (batch, 256), generator=gen)
+        ids[:, -64:] = ids[:, -128:-64].clone()
+        mask = torch.ones_like(ids)
+        for row in range(batch):
+            mask[row, : 37 * row] = 0
+        ids[mask == 0] = pad_id
+        out.append((ids.to(device), mask.to(device)))
+    return out
+
 
 def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int = 0, max_memory=None):
     with init_empty_weights():
@@ -95,17 +120,9 @@ def main() -> None:
         "build_s": time.time() - start,
         "cases": [],
     }
-    gen = torch.Generator().manual_seed(1)
-    vocab = config.vocab_size
-    for batch in (1, 3):
-        ids = torch.randint(0, vocab, (batch, 256), generator=gen)
-        mask = torch.ones_like(ids)
-        for row in range(batch):
-            mask[row, : 37 * row] = 0
-        ids[mask == 0] = config.pad_token_id if config.pad_token_id is not None else 0
-        ids, mask = ids.to("cuda:0"), mask.to("cuda:0")
-        # a random prompt never repeats: prompt_lookup would rarely draft, so repeat a chunk to give it matches
-        ids[:, -64:] = ids[:, -128:-64].clone()
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    for ids, mask in prompts(config.vocab_size, pad_id, "cuda:0"):
+        batch = ids.shape[0]
         for _ in range(2 if args.warm else 1):  # --warm: time the second call (plans, kernels, graphs built)
             t = time.time()
             plain = model.generate(
@@ -113,15 +130,8 @@ def main() -> None:
             )
             torch.cuda.synchronize()
             plain_s = time.time() - t
-        cases = (
-            ("prompt_lookup", {}, {}),
-            ("draft_model", {}, {"draft_model": model}),
-            ("vegas", {}, {}),
-            ("streaming", {}, {}),
-            ("quest", {}, {}),
-            ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}, {}),
-        )
-        for strategy, settings, extra in cases:
+        for strategy, settings in CASES:
+            extra = {"draft_model": model} if strategy == "draft_model" else {}
             for _ in range(2 if args.warm else 1):
                 t = time.time()
                 out = model.generate(

@@ -27,19 +27,11 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 import hf_sparse_verify as hsv
+from benchmarks.check_device_map import CASES, prompts
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.bench.shapes import shape_config
 from hf_sparse_verify.bench.step import StepBenchArgs, run_on
 from hf_sparse_verify.placement import RankAgreement, tensor_parallel
-
-CASES = (
-    ("prompt_lookup", {}),
-    ("draft_model", {}),  # the target drafts for itself: the draft path on a sharded model
-    ("vegas", {}),
-    ("streaming", {}),
-    ("quest", {}),
-    ("prompt_lookup", {"k_policy": "utility", "max_draft_tokens": 8}),
-)
 
 
 def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float, device) -> None:
@@ -67,22 +59,6 @@ def load_sharded(path: Path, dtype: torch.dtype):
         )  # 5.23 prefers distributed_config; 5.17 has only tp_plan
         model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype)
     return model.eval()
-
-
-def prompts(vocab: int, pad_id: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Batch 1 and a ragged batch of 3 (left padding 0 / 37 / 74), the same on every rank; the last 64 tokens
-    repeat the 64 before them, so prompt lookup has matches to draft from."""
-    gen = torch.Generator().manual_seed(1)
-    out = []
-    for batch in (1, 3):
-        ids = torch.randint(0, vocab, (batch, 256), generator=gen)
-        ids[:, -64:] = ids[:, -128:-64].clone()
-        mask = torch.ones_like(ids)
-        for row in range(batch):
-            mask[row, : 37 * row] = 0
-        ids[mask == 0] = pad_id
-        out.append((ids.to(device), mask.to(device)))
-    return out
 
 
 def equality(model, new_tokens: int, device) -> list[dict]:

@@ -37,10 +37,11 @@ def graph_obstacle(model: torch.nn.Module) -> str | None:
     """Why the steps of ``model`` cannot be captured in one CUDA graph (None when they can)."""
     if tensor_parallel(model):
         return "is tensor-parallel (its steps run collectives across processes)"
-    devices = cuda_devices(model)
+    placed = {p.device for p in model.parameters()}
+    devices = sorted((d for d in placed if d.type == "cuda"), key=lambda d: d.index)
     if len(devices) > 1:
         return f"spans {len(devices)} GPUs ({', '.join(map(str, devices))}; a CUDA graph records one device's work)"
-    elsewhere = sorted({p.device.type for p in model.parameters()} - {"cuda"})
+    elsewhere = sorted({d.type for d in placed} - {"cuda"})
     if devices and elsewhere:
         return f"has weights on {' and '.join(elsewhere)} beside the GPU (offloaded layers run outside a CUDA graph)"
     return None
