@@ -16,7 +16,8 @@ for stage in "$@"; do
   echo "=== $name $* $(date +%T)"
   case $name in
     tests) python -m pytest tests/test_spine_gpu.py tests/test_kernel_path.py tests/kernels/test_kernel_decode_attention.py \
-             tests/kernels/test_kernel_token_sparse.py -q -p no:cacheprovider -x 2>&1 | tail -25 ;;
+             tests/kernels/test_kernel_token_sparse.py tests/kernels/test_kernel_topk_slots.py -q -p no:cacheprovider -x 2>&1 | tail -25 ;;
+    kbench) python benchmarks/bench_kernels.py --ops "$@" --json "$OUT/kernels_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -20 ;;
     acceptance) python benchmarks/bench_long.py acceptance --models .carry/shared/models --out "$OUT/long_acceptance.json" "$@" 2>&1 \
              | grep -v "it/s\]$" | grep -v "^Loading" | tail -40 ;;
     speed) python benchmarks/bench_long.py speed --cases "$@" --out "$OUT/long_speed_$tag.json" 2>&1 | grep -v "it/s\]$" | tail -60 ;;

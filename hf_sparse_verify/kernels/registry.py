@@ -55,6 +55,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.qkv_rope.bench",
     "hf_sparse_verify.kernels.moe_router.bench",
     "hf_sparse_verify.kernels.expert_skip.bench",
+    "hf_sparse_verify.kernels.topk_slots.bench",
 )
 
 

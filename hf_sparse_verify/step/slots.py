@@ -113,6 +113,7 @@ class ScoreCollection:
         self.per_kv_head = per_kv_head
         self.scores: dict[int, torch.Tensor] = {}
         self.buffers: dict[int, torch.Tensor] = {}
+        self.blocks: dict[tuple[int, ...], torch.Tensor] = {}
 
     def write(self, layer: int, scores: torch.Tensor) -> None:
         """Store layer ``layer``'s scores ``[B, (H_kv,) L]`` (``[B, q, L]`` for ``"per_row"``). Layers with a fixed
@@ -126,10 +127,31 @@ class ScoreCollection:
         self.scores[layer] = buffer
 
     def fix_buffers(self, shapes: dict[int, tuple[tuple, torch.device]]) -> None:
-        """Give layers fixed float32 buffers (``layer -> (shape, device)``) that later writes copy into."""
+        """Give layers fixed float32 buffers (``layer -> (shape, device)``) that later writes copy into. Consecutive
+        layers of one device and shape share one ``[n, *shape]`` block (`block`), so a selection over all of them
+        reads the block without stacking."""
+        runs: list[tuple[torch.device, tuple, list[int]]] = []
         for layer, (shape, device) in shapes.items():
-            if layer not in self.buffers:
-                self.buffers[layer] = torch.zeros(shape, dtype=torch.float32, device=device)
+            if layer in self.buffers:
+                continue
+            if runs and runs[-1][:2] == (device, shape) and runs[-1][2][-1] == layer - 1:
+                runs[-1][2].append(layer)
+            else:
+                runs.append((device, shape, [layer]))
+        for device, shape, layers in runs:
+            block = torch.zeros(len(layers), *shape, dtype=torch.float32, device=device)
+            self.blocks[tuple(layers)] = block
+            for i, layer in enumerate(layers):
+                self.buffers[layer] = block[i]
+
+    def block(self, layers: list[int]) -> torch.Tensor | None:
+        """The fixed buffers of ``layers`` as one ``[N, ...]`` tensor when they were allocated as one block (None
+        otherwise)."""
+        block = self.blocks.get(tuple(layers))
+        if block is not None:
+            for layer in layers:
+                self.layer(layer)  # every layer must have written its scores
+        return block
 
     def layer(self, layer: int) -> torch.Tensor:
         if layer not in self.scores:

@@ -211,20 +211,12 @@ def _merge_kernel(
 
 
 @triton.jit
-def _weights_kernel(
-    S_ROWS, LSE, START, PAD, OUT,
-    score_scale, window, q_len, group, rows_per_group, capacity,
-    COLLECT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+def _head_weights(
+    S_ROWS, LSE, b, kvh, kv_heads, start, pad, offs_n, n_ok, offs_r, window, q_len, group, rows_per_group, capacity,
+    COLLECT: tl.constexpr,
 ):  # fmt: skip
-    # one program per (slot tile, KV head, batch row): softmax weights of the scored rows, summed over them
-    nb = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    kv_heads = tl.num_programs(1)
-    start = tl.load(START + b)
-    pad = tl.load(PAD + b)
+    # softmax weights of one KV head's scored rows on the slots `offs_n`, summed over the rows: [BLOCK_N]
     n_rows = group * rows_per_group
-    offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < n_rows
     g = offs_r // rows_per_group
     if COLLECT == 1:
@@ -232,8 +224,6 @@ def _weights_kernel(
     else:
         i = offs_r % rows_per_group
     lse = tl.load(LSE + (b * kv_heads + kvh) * (group * q_len) + g * q_len + i, mask=r_ok, other=0.0)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < capacity
     own = start + i
     valid = (offs_n[None, :] >= pad) & (offs_n[None, :] <= own[:, None])
     if window > 0:
@@ -243,7 +233,39 @@ def _weights_kernel(
     p_s = S_ROWS + ((b * kv_heads + kvh) * n_rows + offs_r[:, None]) * capacity + offs_n[None, :]
     b_s = tl.load(p_s, mask=valid, other=NEG_INF)  # [BLOCK_R, BLOCK_N]
     b_w = tl.exp(b_s - tl.where(valid, lse[:, None], 0.0))
-    tl.store(OUT + (b * kv_heads + kvh) * capacity + offs_n, tl.sum(b_w, 0) * score_scale, mask=n_ok)
+    return tl.sum(b_w, 0)
+
+
+@triton.jit
+def _weights_kernel(
+    S_ROWS, LSE, START, PAD, OUT,
+    score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
+    COLLECT: tl.constexpr, MEAN_HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # one program per (slot tile, KV head or all of them with MEAN_HEADS, batch row): softmax weights of the scored
+    # rows, summed over them (and averaged over the KV heads with MEAN_HEADS)
+    nb = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    start = tl.load(START + b)
+    pad = tl.load(PAD + b)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < capacity
+    if MEAN_HEADS:
+        b_sum = tl.zeros([BLOCK_N], tl.float32)
+        for kvh in range(0, kv_heads):
+            b_sum += _head_weights(
+                S_ROWS, LSE, b, kvh, kv_heads, start, pad, offs_n, n_ok, offs_r, window, q_len, group,
+                rows_per_group, capacity, COLLECT,
+            )  # fmt: skip
+        tl.store(OUT + b * capacity + offs_n, b_sum * (score_scale / kv_heads), mask=n_ok)
+    else:
+        kvh = tl.program_id(1)
+        b_w = _head_weights(
+            S_ROWS, LSE, b, kvh, kv_heads, start, pad, offs_n, n_ok, offs_r, window, q_len, group, rows_per_group,
+            capacity, COLLECT,
+        )  # fmt: skip
+        tl.store(OUT + (b * kv_heads + kvh) * capacity + offs_n, b_w * score_scale, mask=n_ok)
 
 
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
@@ -291,16 +313,19 @@ def launch(
     weights: bool = False,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    mean_heads: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
     per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
-    the raw logits, or of the softmax weights with ``weights``; or None)."""
+    the raw logits, or of the softmax weights with ``weights``; or None). With ``weights`` and ``mean_heads`` the
+    weights kernel also averages over the KV heads: scores ``[B, C]``."""
     batch, heads, q_len, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
     weights = bool(collect) and weights
+    mean_heads = weights and mean_heads
     tiles = split_tiles(block_m, weights)
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
@@ -347,12 +372,13 @@ def launch(
         return out, None
     if not weights:
         return out, s_part
-    scores = torch.empty(batch, kv_heads, capacity, device=device, dtype=torch.float32)
+    shape = (batch, capacity) if mean_heads else (batch, kv_heads, capacity)
+    scores = torch.empty(shape, device=device, dtype=torch.float32)
     block_r = max(2, next_power_of_2(group * rows_per_group))
     block_n_w = max(16, min(256, 4096 // block_r))
-    _weights_kernel[(triton.cdiv(capacity, block_n_w), kv_heads, batch)](
+    _weights_kernel[(triton.cdiv(capacity, block_n_w), 1 if mean_heads else kv_heads, batch)](
         s_part, lse, start, pad, scores,
-        score_scale, window, q_len, group, rows_per_group, capacity,
-        COLLECT=collect, BLOCK_R=block_r, BLOCK_N=block_n_w, num_warps=4,
+        score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
+        COLLECT=collect, MEAN_HEADS=mean_heads, BLOCK_R=block_r, BLOCK_N=block_n_w, num_warps=4,
     )  # fmt: skip
     return out, scores

@@ -63,11 +63,12 @@ def _decode_attention_op(
         from .kernel import launch
 
         out, per_head = launch(
-            query, key, value, start, pad, scale, window, collect, num_splits, weights, softcap, sinks
-        )
+            query, key, value, start, pad, scale, window, collect, num_splits, weights, softcap, sinks,
+            mean_heads=not per_kv_head,
+        )  # fmt: skip
         if per_head is None:
             return out, query.new_empty(batch, 0, dtype=torch.float32)
-        return out, (per_head if per_kv_head else per_head.mean(dim=1))
+        return out, (per_head if per_kv_head or per_head.dim() == 2 else per_head.mean(dim=1))
     mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
     out, scores = decode_attention_naive(
         query, key, value, start, pad, scale, window, mode, weights=weights, per_kv_head=per_kv_head,

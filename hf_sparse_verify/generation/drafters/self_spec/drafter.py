@@ -203,6 +203,9 @@ class SelfSpecDrafter(Drafter):
     def _layer_scores(self, layers: list[int], capacity: int) -> torch.Tensor:
         """``[N, B, capacity]`` scores of ``layers`` (padded with -inf past what the step wrote)."""
         collection = self.buffers.collection
+        block = collection.block(layers)
+        if block is not None and block.shape[-1] == capacity:  # the fixed buffers: no copy
+            return block
         rows = []
         for layer in layers:
             scores = collection.layer(layer)

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from ....kernels.topk_slots import pool_scores, prefix_valid, topk_slots  # noqa: F401 (pool_scores re-exported)
 from ....step import KVSelection, LayerStack
 
 
@@ -29,12 +30,6 @@ def kept_counts(prefix_len: torch.Tensor, ratio: float, min_tokens: int) -> torc
     return torch.minimum(wanted, prefix_len)
 
 
-def prefix_valid(pad: torch.Tensor, recent_start: torch.Tensor, length: int) -> torch.Tensor:
-    """``[B, length]`` bool: slot in ``[pad, recent_start)``."""
-    slots = torch.arange(length, device=pad.device)
-    return (slots[None, :] >= pad[:, None]) & (slots[None, :] < recent_start[:, None])
-
-
 def topk_index(
     scores: torch.Tensor,
     pad: torch.Tensor,
@@ -47,7 +42,8 @@ def topk_index(
     """Per layer and row, the ``count[b]`` prefix slots with the highest score, ascending, in ``k_slots`` columns
     (unused columns hold 0); with ``recent``, the last ``recent[b]`` prefix slots are always among them; with
     ``pool > 1``, a slot ranks by the highest score within ``pool // 2`` prefix slots either side of it (`pool_scores`:
-    the top-k keeps short spans around the important tokens, as SnapKV's pooling).
+    the top-k keeps short spans around the important tokens, as SnapKV's pooling). Ties rank the lower slot first.
+    One op over all layers (`hf_sparse_verify.kernels.topk_slots`: a radix-select Triton kernel on CUDA).
 
     Args:
         scores: ``[N, B, L]`` float (N layers), ``L >= max(recent_start)``.
@@ -64,39 +60,7 @@ def topk_index(
         >>> topk_index(s, torch.tensor([0]), torch.tensor([4]), torch.tensor([2]), 3).tolist()
         [[[1, 3, 0]]]
     """
-    length = scores.shape[-1]
-    valid = prefix_valid(pad, recent_start, length)  # [B, L]
-    fill = torch.full((1, length), float("-inf"), device=scores.device)
-    if pool > 1:
-        scores = pool_scores(
-            torch.where(valid, scores.float(), fill), pool
-        )  # neighbours outside the prefix: -inf
-    if recent is not None:
-        slots = torch.arange(length, device=scores.device)
-        window = valid & (slots[None, :] >= (recent_start - recent)[:, None])
-        fill = torch.where(
-            window, float("inf"), fill
-        )  # [B, L]: the window ranks first, non-prefix slots last
-        valid = valid & ~window
-    ranked = torch.where(valid, scores.float(), fill)  # one pass over the [N, B, L] scores
-    top = ranked.topk(k_slots, dim=-1).indices  # [N, B, k], best first: a row keeps its first count[b]
-    keep = torch.arange(k_slots, device=scores.device)[None, :] < count[:, None]  # [B, k]
-    ordered = torch.where(keep, top, length).sort(dim=-1).values  # selected slots first, ascending
-    return torch.where(ordered < length, ordered, 0)
-
-
-def pool_scores(scores: torch.Tensor, pool: int) -> torch.Tensor:
-    """Max of ``scores`` ``[..., L]`` over the ``pool`` slots centred on each slot (``pool`` odd; slots past either
-    end count as ``-inf``).
-
-    Example:
-        >>> pool_scores(torch.tensor([[0.0, 0.0, 5.0, 0.0, 1.0, 0.0, 0.0]]), 3).tolist()
-        [[0.0, 5.0, 5.0, 5.0, 1.0, 1.0, 0.0]]
-    """
-    if pool % 2 != 1:
-        raise ValueError(f"pool must be odd (centred on the slot), got {pool}")
-    flat = scores.reshape(-1, 1, scores.shape[-1])
-    return torch.nn.functional.max_pool1d(flat, pool, stride=1, padding=pool // 2).view(scores.shape)
+    return topk_slots(scores, pad, recent_start, count, k_slots, recent, pool)
 
 
 def streaming_index(
