@@ -64,7 +64,7 @@ def _topk_slots_kernel(
     prefix = tl.zeros([], tl.uint32)
     bins = tl.arange(0, 512)
     for p in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * p
+        shift = 24 - 8 * p
         hist = tl.zeros([512], tl.int32)
         for c in range(0, length, BLOCK):
             offs = c + offs0
