@@ -240,7 +240,8 @@ def _head_weights(
 def _weights_kernel(
     S_ROWS, LSE, START, PAD, OUT,
     score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
-    COLLECT: tl.constexpr, MEAN_HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    COLLECT: tl.constexpr, MEAN_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # one program per (slot tile, KV head or all of them with MEAN_HEADS, batch row): softmax weights of the scored
     # rows, summed over them (and averaged over the KV heads with MEAN_HEADS)
@@ -253,7 +254,7 @@ def _weights_kernel(
     n_ok = offs_n < capacity
     if MEAN_HEADS:
         b_sum = tl.zeros([BLOCK_N], tl.float32)
-        for kvh in range(0, kv_heads):
+        for kvh in tl.static_range(KV_HEADS):  # unrolled: the heads' loads are in flight together
             b_sum += _head_weights(
                 S_ROWS, LSE, b, kvh, kv_heads, start, pad, offs_n, n_ok, offs_r, window, q_len, group,
                 rows_per_group, capacity, COLLECT,
@@ -379,6 +380,7 @@ def launch(
     _weights_kernel[(triton.cdiv(capacity, block_n_w), 1 if mean_heads else kv_heads, batch)](
         s_part, lse, start, pad, scores,
         score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
-        COLLECT=collect, MEAN_HEADS=mean_heads, BLOCK_R=block_r, BLOCK_N=block_n_w, num_warps=4,
+        COLLECT=collect, MEAN_HEADS=mean_heads, KV_HEADS=kv_heads if mean_heads else 1, BLOCK_R=block_r,
+        BLOCK_N=block_n_w, num_warps=4,
     )  # fmt: skip
     return out, scores

@@ -46,7 +46,9 @@ def _topk_slots_kernel(
     p_out = OUT + pid.to(tl.int64) * k_slots
     offs0 = tl.arange(0, BLOCK)
 
-    # pass 0: the (pooled) score of every slot as an ordered key
+    # pass 0: the (pooled) score of every slot as an ordered key, and the histogram of the keys' top 8 bits
+    bins = tl.arange(0, 256)
+    hist = tl.zeros([256], tl.int32)
     for c in range(0, length, BLOCK):
         offs = c + offs0
         b_best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -58,26 +60,28 @@ def _topk_slots_kernel(
         key = tl.where(offs >= window_lo, tl.full([BLOCK], 0xFFFFFFFF, tl.uint32), key)
         key = tl.where((offs >= pad) & (offs < recent_start), key, tl.zeros([BLOCK], tl.uint32))
         tl.store(p_keys + offs, key.to(tl.int32, bitcast=True), mask=offs < length)
+        hist += tl.histogram((key >> 24).to(tl.int32), 256)
+    hist -= tl.where(bins == 0, tl.cdiv(length, BLOCK) * BLOCK - length, 0)  # the last chunk's tail went to bin 0
 
-    # passes 1-4: the key of the count-th largest slot, 8 bits at a time
+    # passes 1-4: the key of the count-th largest slot, 8 bits at a time (pass p > 1 counts only the keys whose
+    # higher digits match the prefix found so far; the others go to bin 0 and are taken out again)
     need = tl.maximum(count, 1)
     prefix = tl.zeros([], tl.uint32)
-    bins = tl.arange(0, 512)
     for p in tl.static_range(4):
         shift = 24 - 8 * p
-        hist = tl.zeros([512], tl.int32)
-        for c in range(0, length, BLOCK):
-            offs = c + offs0
-            key = tl.load(p_keys + offs, mask=offs < length, other=0).to(tl.uint32, bitcast=True)
-            match = offs < length
-            if p > 0:
-                match = match & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            digit = ((key >> shift) & 255).to(tl.int32)
-            hist += tl.histogram(tl.where(match, digit, 256), 512)  # bin 256: other prefixes, ignored
-        h = tl.where(bins < 256, hist, 0)
-        at_least = tl.sum(h, 0) - tl.cumsum(h, 0) + h  # keys (of this prefix) with digit >= d
+        if p > 0:
+            hist = tl.zeros([256], tl.int32)
+            others = tl.zeros([], tl.int32)
+            for c in range(0, length, BLOCK):
+                offs = c + offs0
+                key = tl.load(p_keys + offs, mask=offs < length, other=0).to(tl.uint32, bitcast=True)
+                match = ((key >> (shift + 8)) == (prefix >> (shift + 8))) & (offs < length)
+                hist += tl.histogram(tl.where(match, ((key >> shift) & 255).to(tl.int32), 0), 256)
+                others += tl.sum((~match).to(tl.int32), 0)
+            hist -= tl.where(bins == 0, others, 0)
+        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys (of this prefix) with digit >= d
         d = tl.sum((at_least >= need).to(tl.int32), 0) - 1
-        need -= tl.sum(tl.where(bins == d, at_least - h, 0), 0)  # the keys above digit d are all taken
+        need -= tl.sum(tl.where(bins == d, at_least - hist, 0), 0)  # the keys above digit d are all taken
         prefix = prefix | (d.to(tl.uint32) << shift)
 
     # final pass: keys above the threshold, and the first `need` equal to it, in slot order
@@ -101,8 +105,9 @@ def _topk_slots_kernel(
         tl.store(p_out + cols, tl.zeros([BLOCK], tl.int64), mask=(cols < k_slots) & (cols >= count))
 
 
-#: slots per chunk of a program's passes over its row
+#: slots per chunk of a program's passes over its row, and warps per program
 BLOCK = 2048
+NUM_WARPS = 8
 
 
 @on_input_device
@@ -114,17 +119,20 @@ def topk_slots_triton(
     k_slots: int,
     recent: torch.Tensor | None = None,
     pool: int = 1,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
-    """Launch; arguments as `hf_sparse_verify.kernels.topk_slots.topk_slots` (checked there). ``[N, B, k_slots]``."""
+    """Launch; arguments as `hf_sparse_verify.kernels.topk_slots.topk_slots` (checked there). ``[N, B, k_slots]``.
+    ``block`` / ``num_warps``: chunk of slots per loop step and warps per program (benchmarks sweep them)."""
     layers, batch, length = scores.shape
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     keys = torch.empty(layers * batch, length, dtype=torch.int32, device=scores.device)
     out = torch.empty(layers, batch, k_slots, dtype=torch.int64, device=scores.device)
-    block = min(BLOCK, max(16, next_power_of_2(max(length, k_slots))))
+    block = min(block, max(16, next_power_of_2(max(length, k_slots))))
     _topk_slots_kernel[(layers * batch,)](
         scores, pad, recent_start, count, recent if recent is not None else count, keys, out,
         batch, length, k_slots, scores.stride(0), scores.stride(1),
-        POOL=pool, HAS_WINDOW=recent is not None, BLOCK=block, num_warps=8,
+        POOL=pool, HAS_WINDOW=recent is not None, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
     return out
