@@ -368,6 +368,55 @@ def _plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+#: row order of the README table
+_CASE_ORDER = ["1x16384", "4x32768", "4x65536", "16x16384", "32x8192"]
+_STRATEGY_LABEL = {"k0": "K = 0", "vegas": "vegas", "streaming": "streaming", "quest": "quest",
+                   "vegas_utility": "vegas, utility (warm call)"}  # fmt: skip
+
+
+def table(args) -> str:
+    """The README's markdown table of an assembled ``h200_long.json``."""
+    data = json.loads(Path(args.input).read_text())
+
+    def num(x, digits=2):
+        return "" if x is None else f"{x:.{digits}f}"
+
+    def order(r):
+        case = f"{r['batch']}x{r['context']}"
+        rank = _CASE_ORDER.index(case) if case in _CASE_ORDER else len(_CASE_ORDER)
+        return rank, r["batch"], r["context"], list(_STRATEGY_LABEL).index(r["strategy"]), r["k"]
+
+    lines = [
+        "| batch x context | strategy | K | draft | verify | update | iteration ms | K = 0 step | acceptance (fixture "
+        "ctx) | projected (utility: tokens/s of K = 0) | syncs / step | capture 1st / 2nd call (s) | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(data["records"], key=order):
+        if r.get("acceptance_length") is not None:
+            acceptance = f"{r['acceptance_length']:.2f} ({r['acceptance_context'] // 1024}K)"
+        else:
+            acceptance = "-"
+        if r["strategy"] == "vegas_utility":
+            projected = (
+                f"{r['utility_over_k0']:.3f} of K = 0 (cold call {r['utility_over_k0_cold_call']:.2f})"
+            )
+        elif r.get("projected_speedup") is not None:
+            projected = f"**{r['projected_speedup']:.2f}**"
+        else:
+            projected = "-"
+        first, second = r.get("capture_first_s"), r.get("capture_second_s")
+        capture = "" if first is None else f"{first:.1f} / {'-' if second is None else f'{second:.1f}'}"
+        cells = [
+            f"{r['batch']} x {r['context'] // 1024}K", _STRATEGY_LABEL[r["strategy"]], str(r["k"]),
+            num(r["draft_ms"]), num(r["verify_ms"]), num(r["update_ms"]), num(r["iteration_ms"]),
+            num(r["k0_step_ms"]), acceptance, projected, num(r.get("syncs_per_step")), capture, r["commit"][:7],
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -400,12 +449,18 @@ def main() -> None:
     asm.add_argument(
         "--vegas-variant", default="vegas", help="acceptance variant of the default vegas setting"
     )
+    tab = sub.add_parser("table", help="print the README table of an assembled JSON")
+    tab.add_argument("input")
     args = parser.parse_args()
     runner = dict(
-        speed=run_speed, transformers=run_transformers, acceptance=run_acceptance, assemble=assemble
+        speed=run_speed,
+        transformers=run_transformers,
+        acceptance=run_acceptance,
+        assemble=assemble,
+        table=table,
     )
     result = runner[args.part](args)
-    if args.part != "assemble":
+    if args.part not in ("assemble", "table"):
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 
