@@ -888,3 +888,21 @@ def test_chunked_prefill_equals_plain_generate(monkeypatch, name):
         )  # fmt: skip
     assert torch.equal(out.sequences, _plain("llama", 3))
     assert forwards[:3] == [8, 16, 16]  # the target's prompt of 40 tokens: three chunks, the first short
+
+
+def test_score_buffers_of_a_device_form_one_block():
+    """Fixed score buffers of consecutive layers on one device are views of one block, so the selection update reads
+    all layers without stacking; a layer on another device starts a new block; the block is refused until every
+    layer has written."""
+    collection = ScoreCollection("two_rows", weights=True)
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    collection.fix_buffers({0: ((2, 5), cpu), 1: ((2, 5), cpu), 2: ((2, 5), meta), 3: ((2, 5), meta)})
+    assert set(collection.blocks) == {(0, 1), (2, 3)}
+    with pytest.raises(RuntimeError, match="no attention scores for layer 0"):
+        collection.block([0, 1])
+    collection.write(0, torch.ones(2, 3))
+    collection.write(1, torch.full((2, 5), 2.0))
+    block = collection.block([0, 1])
+    assert block.shape == (2, 2, 5)
+    assert block[0, :, :3].eq(1).all() and block[1].eq(2).all()  # writes landed in the block
+    assert collection.block([0]) is None  # not allocated as its own block
