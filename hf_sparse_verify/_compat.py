@@ -3,7 +3,7 @@
 - transformers drops ``streamer`` (and ``tokenizer``) before calling a ``custom_generate`` *callable*
   (`GenerationMixin._extract_generation_mode_kwargs` rebuilds the mode kwargs from the callable's own
   parameters). The prompt has already been streamed by then, so we read the streamer back from the ``generate``
-  frame that called us. Checked on 5.17.0 and 5.23.0.
+  frame that called us (below its decorators: 5.24 adds two). Checked on 5.17.0, 5.23.0 and 5.24.0.
 - ``assistant_model`` is dropped the same way (it is a named parameter of ``generate``, never part of the kwargs a
   callable receives); we read it back from that frame too and use it as the draft model. Checked on 5.17.0.
 - Architectures are admitted by capability, not by name (`check_architecture`): the engine needs a causal decoder
@@ -28,6 +28,9 @@
   Checked on 5.23.0.
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
+- transformers 5.24 renamed the cache argument of model forwards, decoder layers and attention modules from
+  ``past_key_values`` to ``cache`` (the old name is deprecated until 5.40) and ``generate`` prepares it under the new
+  name: `CACHE_KWARG` is the name this version uses. Checked on 5.17.0, 5.23.0 and 5.24.0.
 - Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
   ``use_experts_implementation`` sets on them and numbers them by their decoder layer (``get_decoder().layers``,
   the layer's attention ``layer_idx`` where it has one). Checked on 5.23.0.
@@ -48,6 +51,9 @@ from transformers.modeling_utils import PreTrainedModel
 
 TRANSFORMERS_MIN = Version("5.17.0")
 TRANSFORMERS_MAX = Version("6.0.0")
+
+#: the name of the cache argument of model forwards and of ``generate``'s prepared model inputs
+CACHE_KWARG = "cache" if Version(version("transformers")) >= Version("5.24.0") else "past_key_values"
 
 #: cache layer kinds our `SpecCache` and attention implement (chunked attention is refused: its mask is not a
 #: sliding window)
@@ -271,8 +277,7 @@ def _dispatches_attention(cls: type) -> bool:
 
 def _generate_argument(name: str):
     """The argument ``name`` of the innermost `GenerationMixin.generate` call that is running us, if any."""
-    target = GenerationMixin.generate
-    code = getattr(target, "__wrapped__", target).__code__
+    code = inspect.unwrap(GenerationMixin.generate).__code__  # 5.24 wraps it in two deprecation decorators
     frame = inspect.currentframe()
     try:
         while frame is not None:

@@ -1,5 +1,6 @@
 """Attention modules that never call `AttentionInterface`, replaced for the call (`use_dispatching_attention`):
-GPT-J, CodeGen, GPT-Neo (global and local layers). Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
+GPT-J and CodeGen (before transformers 5.24, which makes them dispatch themselves), GPT-Neo (global and local
+layers). Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
 the replacements ran; the originals are back after every call, also after an error."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hf_sparse_verify.modules import (
     CodeGenAttentionDispatch,
     GPTJAttentionDispatch,
     GPTNeoAttentionDispatch,
+    replaceable_attention,
     use_dispatching_attention,
 )
 
@@ -98,6 +100,27 @@ def _attention_modules(model) -> list[torch.nn.Module]:
     return [getattr(block.attn, "attention", block.attn) for block in model.transformer.h]  # GPT-Neo nests it
 
 
+def _runs_own_attention(variant: str) -> bool:
+    """Whether the variant's attention modules run their own attention (so they are replaced): GPT-Neo always,
+    GPT-J and CodeGen before transformers 5.24."""
+    return replaceable_attention(_attention_modules(_model(variant))[0])
+
+
+def _attending_class(variant: str) -> type:
+    """The class whose modules call the attention function during our calls: the replacement, or the model's own
+    module where it dispatches through `AttentionInterface` itself."""
+    if _runs_own_attention(variant):
+        return MODELS[variant][2]
+    return type(_attention_modules(_model(variant))[0])
+
+
+def _needs_replacement(variant: str) -> None:
+    if not _runs_own_attention(variant):
+        pytest.skip(
+            f"{variant}: this transformers version's attention dispatches through AttentionInterface itself"
+        )
+
+
 @contextlib.contextmanager
 def _sdpa(model):
     """transformers' SDPA attention function and 4D mask for the replaced modules (these models default to their
@@ -114,6 +137,7 @@ def _sdpa(model):
 def test_replacement_computes_what_the_original_computes(variant):
     """Under transformers' SDPA attention (its 4D mask, a `DynamicCache`), the replaced model's logits and greedy
     output equal the original's: projections, rotary embedding and cache update are the model's own."""
+    _needs_replacement(variant)
     model = _model(variant)
     common = _common()
     ids, mask = common["input_ids"], common["attention_mask"]
@@ -147,7 +171,7 @@ def test_greedy_equals_plain_generate(attended, variant, strategy):
     assert torch.equal(out.sequences, expected)
     accepted = [a for row in out.speculation.accepted_tokens for a in row if a is not None]
     assert any(a > 0 for a in accepted) and any(a < 3 for a in accepted)
-    assert set(attended) == {MODELS[variant][2].__name__}
+    assert set(attended) == {_attending_class(variant).__name__}
     assert _attention_modules(model) == originals
     assert model.config._attn_implementation == implementation
 
@@ -177,7 +201,7 @@ def test_originals_restored_after_an_error(variant):
     assert _attention_modules(model) == originals
     assert model.config._attn_implementation == implementation
     with pytest.raises(RuntimeError, match="inside"), use_sparse_verify_attention(model):
-        assert {type(m) for m in _attention_modules(model)} == {MODELS[variant][2]}
+        assert {type(m) for m in _attention_modules(model)} == {_attending_class(variant)}
         assert model.config._attn_implementation == NAME
         raise RuntimeError("inside")
     assert _attention_modules(model) == originals
@@ -186,6 +210,7 @@ def test_originals_restored_after_an_error(variant):
 
 @pytest.mark.parametrize("variant", list(MODELS))
 def test_replacement_shares_weights(variant):
+    _needs_replacement(variant)
     model = _model(variant)
     original = _attention_modules(model)[0]
     replaced = MODELS[variant][2](original, model.config)
@@ -201,6 +226,7 @@ def test_replacement_shares_weights(variant):
 
 def test_codegen_replacement_needs_the_model_config():
     """``CodeGenAttention`` keeps no config; its replacement reads ``_attn_implementation`` from the model's."""
+    _needs_replacement("codegen")
     model = _model("codegen")
     with pytest.raises(ValueError, match="keeps no config"):
         CodeGenAttentionDispatch(_attention_modules(model)[0])
@@ -218,4 +244,4 @@ def test_triton_backend(attended, variant):
         expected = model.generate(**common)
         out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation)
     assert torch.equal(out, expected)
-    assert set(attended) == {MODELS[variant][2].__name__}
+    assert set(attended) == {_attending_class(variant).__name__}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from .._compat import CACHE_KWARG
 from .machine import copy_bandwidth, machine_info, median, time_calls
 from .shapes import kv_bytes, random_model, weight_bytes_per_step
 
@@ -134,7 +135,7 @@ def _transformers(
     for width in widths:
         ids = torch.randint(0, config.vocab_size, (batch, width), device=device)
         call = functools.partial(
-            model, input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=width
+            model, input_ids=ids, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=width
         )
         # crop with a negative count: drop the step's tokens again (untimed)
         crop = functools.partial(_crop, cache, context)

@@ -47,7 +47,14 @@ def _model_key(model) -> tuple:
 
 
 #: model kwargs transformers prepares for every decoding mode; we read or ignore these
-_PREPARED_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+_PREPARED_KWARGS = {
+    "attention_mask",
+    "position_ids",
+    "past_key_values",
+    "cache",
+    "use_cache",
+    "logits_to_keep",
+}
 
 
 @dataclasses.dataclass
@@ -104,12 +111,13 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
             )
     if model_kwargs.get("inputs_embeds") is not None:
         raise NotImplementedError("inputs_embeds are not supported: pass input_ids")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and (not isinstance(cache, Cache) or cache.get_seq_length() > 0):
-        raise NotImplementedError(
-            "continuing from a user-provided past_key_values is not supported: hf_sparse_verify builds its own "
-            "preallocated cache; pass no past_key_values"
-        )
+    for name in ("past_key_values", "cache"):  # the cache's name before / from transformers 5.24
+        cache = model_kwargs.get(name)
+        if cache is not None and (not isinstance(cache, Cache) or cache.get_seq_length() > 0):
+            raise NotImplementedError(
+                f"continuing from a user-provided {name} is not supported: hf_sparse_verify builds its own "
+                f"preallocated cache; pass no {name}"
+            )
     # an empty dict is transformers' placeholder for absent pre-encoded multimodal inputs (mm_encoder_outputs)
     given = {k for k, v in model_kwargs.items() if v is not None and not (isinstance(v, dict) and not v)}
     unexpected = sorted(given - _PREPARED_KWARGS)

@@ -147,6 +147,7 @@ class FusedQKVAttention(torch.nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values=None,
+        cache=None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         """The arguments the decoder layer passes: ``hidden_states`` ``[B, T, hidden]``, ``position_embeddings``
@@ -164,8 +165,9 @@ class FusedQKVAttention(torch.nn.Module):
             v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)
         else:
             q, k, v = self._project_eager(hidden_states, cos, sin)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        cache = cache if cache is not None else past_key_values  # its name from transformers 5.24 / before
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, _no_eager)
         if self._passes_window:
             kwargs["sliding_window"] = self.sliding_window

@@ -24,8 +24,10 @@ REPLACEABLE = frozenset({"GPTJAttention", "GPTJFlashAttention2"})
 
 
 def replaceable_attention(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a GPT-J attention module (`REPLACEABLE`)."""
-    return type(module).__name__ in REPLACEABLE
+    """Whether ``module`` is a GPT-J attention module (`REPLACEABLE`) that runs its own attention: one that keeps
+    its sinusoid table ``embed_positions`` (transformers < 5.24; from 5.24 the module takes the model's rotary
+    embedding and dispatches through `AttentionInterface` itself, so it needs no stand-in)."""
+    return type(module).__name__ in REPLACEABLE and hasattr(module, "embed_positions")
 
 
 def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:

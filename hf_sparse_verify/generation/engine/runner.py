@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..._compat import CACHE_KWARG
 from ...attention import SpecCache
 from ...placement import graph_obstacle
 from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySparsity, step_scope
@@ -105,7 +106,7 @@ class ModelRunner:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.clamp_min(0),
-                past_key_values=self.cache,
+                **{CACHE_KWARG: self.cache},
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
             )

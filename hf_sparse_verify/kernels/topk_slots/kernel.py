@@ -61,7 +61,9 @@ def _topk_slots_kernel(
         key = tl.where((offs >= pad) & (offs < recent_start), key, tl.zeros([BLOCK], tl.uint32))
         tl.store(p_keys + offs, key.to(tl.int32, bitcast=True), mask=offs < length)
         hist += tl.histogram((key >> 24).to(tl.int32), 256)
-    hist -= tl.where(bins == 0, tl.cdiv(length, BLOCK) * BLOCK - length, 0)  # the last chunk's tail went to bin 0
+    hist -= tl.where(
+        bins == 0, tl.cdiv(length, BLOCK) * BLOCK - length, 0
+    )  # the last chunk's tail went to bin 0
 
     # passes 1-4: the key of the count-th largest slot, 8 bits at a time (pass p > 1 counts only the keys whose
     # higher digits match the prefix found so far; the others go to bin 0 and are taken out again)
