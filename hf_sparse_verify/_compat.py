@@ -88,9 +88,8 @@ MISMATCHED_MODEL_TYPES = {
     "decode steps do not, which no per-layer window reproduces",
     "hrm_text": "decoder layers reused across reasoning cycles, each cycle writing cache slot layer_idx + offset, "
     "so per-layer attention state (Vegas scores, KV selections) cannot be keyed by the module's layer_idx",
-    "dory": "recurrent loops over a block of decoder layers (transformers 5.24), the earlier loops reading the "
-    "cache layers' tensors directly and the later ones writing copies appended past the model's layers, so "
-    "per-layer attention state (Vegas scores, KV selections) and the preallocated cache cannot follow them",
+    "dory": "recurrent loops over a block of decoder layers (transformers 5.24) that write cache copies past the "
+    "model's layers, so per-layer state (Vegas scores, KV selections) and the preallocated cache cannot follow them",
     "git": "a text self-attention class picked once at construction (GIT_SELF_ATTENTION_CLASSES) that never "
     "calls the attention function registered with AttentionInterface",
 }
