@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from hf_sparse_verify.bench.shapes import SHAPES, random_model, shape_config, weight_bytes_per_step
+from hf_sparse_verify.bench.shapes import (
+    SHAPES,
+    expected_experts,
+    random_model,
+    shape_config,
+    weight_bytes_per_step,
+)
 from hf_sparse_verify.cli import main
 
 
@@ -56,11 +62,24 @@ def test_shape_presets_build_and_count_bytes():
     config = shape_config("llama-3.1-8b")
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (4096, 32, 8)
     model = random_model("tiny-qwen3-moe", "cpu", __import__("torch").float32)
-    # one token reaches top_k experts per layer; many tokens at most all of them
-    assert weight_bytes_per_step(model, 1, 1) < weight_bytes_per_step(model, 16, 1)
-    # past 4 tokens (8 experts, top 2) every expert is counted: only embedding rows are added
-    row = model.config.hidden_size * 4
-    assert weight_bytes_per_step(model, 64, 1) - weight_bytes_per_step(model, 16, 1) == 48 * row
+    # one token reads top_k experts per layer; more tokens read the distinct experts a uniform router touches
+    experts, top_k = model.config.num_experts, model.config.num_experts_per_tok
+    expert_params = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n and p.dim() == 3)
+    row = model.config.hidden_size * 4  # one float32 embedding row
+    dense = weight_bytes_per_step(model, 1, 1) - row - 4 * expert_params * top_k // experts
+    for tokens in (1, 2, 16, 64):
+        share = expected_experts(experts, top_k, tokens) / experts
+        want = dense + tokens * row + 4 * expert_params * share
+        assert abs(weight_bytes_per_step(model, tokens, 1) - want) <= 4 * model.config.num_hidden_layers
+    # a batch of rows counts its tokens like one row's: 4 x 4 tokens touch what 16 do
+    assert weight_bytes_per_step(model, 4, 4) == weight_bytes_per_step(model, 16, 1)
+    # a uniform router almost surely touches all 8 experts with 64 tokens; 4 tokens leave about 2.5 untouched
+    assert (
+        expected_experts(experts, top_k, 4)
+        < experts - 2
+        < experts - 0.01
+        < expected_experts(experts, top_k, 64)
+    )
     with pytest.raises(ValueError, match="unknown shape"):
         shape_config("llama-5")
 
