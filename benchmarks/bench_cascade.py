@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Qwen
 
 import hf_sparse_verify as hsv
 from benchmarks.bench_generate import _sync, machine_info
+from hf_sparse_verify._compat import CACHE_KWARG
 from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.bench.shapes import SHAPES
 from hf_sparse_verify.generation.engine.runner import ModelRunner
@@ -191,7 +192,7 @@ def step_sweep(
     assert ids.shape[1] >= context + max_k + 1, "need K + 1 tokens after the context"
     prompt = ids[:, :context]
     dyn_cache = DynamicCache(config=model.config)
-    model(input_ids=prompt, past_key_values=dyn_cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=prompt, **{CACHE_KWARG: dyn_cache}, use_cache=True, logits_to_keep=1)
     runner = ModelRunner(model, 1, context + max_k + 1, ids.device)  # the loop's SpecCache + StepContext
     zero, at = torch.zeros(1, dtype=torch.long, device=ids.device), torch.tensor([context], device=ids.device)
     with use_sparse_verify_attention(model):
@@ -206,7 +207,7 @@ def step_sweep(
             )  # float32 logits [1, K + 1, V], as the loop gets them
 
         def theirs(new=new):
-            model(input_ids=new, past_key_values=dyn_cache, use_cache=True).logits.float()
+            model(input_ids=new, **{CACHE_KWARG: dyn_cache}, use_cache=True).logits.float()
 
         with use_sparse_verify_attention(model):
             ours_ms = time_ms(ours, device, sizes.step_warmups, sizes.step_repeats)

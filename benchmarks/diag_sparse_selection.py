@@ -32,6 +32,7 @@ from tqdm import tqdm
 from transformers import AttentionInterface, DynamicCache
 
 from benchmarks.bench_sparse_quality import _load, _prompts
+from hf_sparse_verify._compat import CACHE_KWARG
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.sparse import SparseAttention
 
@@ -132,7 +133,7 @@ def run_prompt(model, ids: torch.Tensor, new_tokens: int, k: int) -> dict:
     continuation = dense[0, ids.numel() :]
     Study.rule = "dense"
     cache = DynamicCache(config=model.config)
-    model(ids[None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(ids[None], **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)
     per_rule = {
         r: dict(flips=0, flips_low_margin=0, abs_err_sum=0.0, abs_err_max=0.0, positions=0) for r in RULES
     }
@@ -148,7 +149,7 @@ def run_prompt(model, ids: torch.Tensor, new_tokens: int, k: int) -> dict:
         outs = {}
         for rule in RULES:
             Study.rule = rule
-            outs[rule] = model(chunk, past_key_values=cache, use_cache=True).logits[0].float()
+            outs[rule] = model(chunk, **{CACHE_KWARG: cache}, use_cache=True).logits[0].float()
             _crop_to(cache, length)
         dense_logits = outs["dense"]
         top2 = dense_logits.topk(2, dim=-1).values
@@ -167,7 +168,7 @@ def run_prompt(model, ids: torch.Tensor, new_tokens: int, k: int) -> dict:
             (margin < 0.25).sum()
         )
         Study.rule = "dense"
-        model(chunk, past_key_values=cache, use_cache=True)  # advance over the window densely
+        model(chunk, **{CACHE_KWARG: cache}, use_cache=True)  # advance over the window densely
         length += window
         start += window
     return per_rule

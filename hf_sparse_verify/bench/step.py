@@ -3,9 +3,10 @@ tokens) with our fast path and with plain transformers eager, next to the bandwi
 
 - ours: `ModelRunner` on the ``triton`` attention backend with the fused RMSNorm modules, each width a captured
   CUDA graph (on CUDA), the call timed as the engine makes it (token ids in, float32 logits out);
-- transformers: ``model(input_ids, past_key_values=DynamicCache, logits_to_keep=new_tokens)`` with SDPA, the
-  cache cropped back after each call (untimed);
-- floor: (weight bytes the step must read + KV bytes) / measured copy bandwidth (`shapes.weight_bytes_per_step`).
+- transformers: ``model(input_ids, cache=DynamicCache, logits_to_keep=new_tokens)`` (``past_key_values=`` before
+  5.24) with SDPA, the cache cropped back after each call (untimed);
+- floor: (weight bytes the step must read, for MoE layers the distinct experts a uniform router touches on
+  average, + KV bytes) / measured copy bandwidth (`shapes.weight_bytes_per_step`).
 
 Both caches hold random keys and values (step time does not depend on their values). Each figure is the median of
 ``--repeats`` calls after warm-ups, host clock around a synchronized call.
