@@ -49,6 +49,8 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.generation.utils import GenerationMixin
 from transformers.modeling_utils import PreTrainedModel
 
+#: the import check refuses versions outside [MIN, MAX): below MIN is known not to work, and 6 may break the API;
+#: pyproject.toml pins the narrower range CI has tested (to 5.24), which the import check does not enforce
 TRANSFORMERS_MIN = Version("5.17.0")
 TRANSFORMERS_MAX = Version("6.0.0")
 

@@ -30,37 +30,9 @@ def kept_counts(prefix_len: torch.Tensor, ratio: float, min_tokens: int) -> torc
     return torch.minimum(wanted, prefix_len)
 
 
-def topk_index(
-    scores: torch.Tensor,
-    pad: torch.Tensor,
-    recent_start: torch.Tensor,
-    count: torch.Tensor,
-    k_slots: int,
-    recent: torch.Tensor | None = None,
-    pool: int = 1,
-) -> torch.Tensor:
-    """Per layer and row, the ``count[b]`` prefix slots with the highest score, ascending, in ``k_slots`` columns
-    (unused columns hold 0); with ``recent``, the last ``recent[b]`` prefix slots are always among them; with
-    ``pool > 1``, a slot ranks by the highest score within ``pool // 2`` prefix slots either side of it (`pool_scores`:
-    the top-k keeps short spans around the important tokens, as SnapKV's pooling). Ties rank the lower slot first.
-    One op over all layers (`hf_sparse_verify.kernels.topk_slots`: a radix-select Triton kernel on CUDA).
-
-    Args:
-        scores: ``[N, B, L]`` float (N layers), ``L >= max(recent_start)``.
-        pad, recent_start, count: ``[B]`` int64 (``count <= recent_start - pad``).
-        k_slots: columns (``>= max(count)``, ``<= L``).
-        recent: ``[B]`` int64 (``<= count``), most recent prefix slots kept whatever their score.
-        pool: odd max-pooling width over neighbouring prefix slots (1: the slot's own score).
-
-    Returns:
-        ``[N, B, k_slots]`` int64.
-
-    Example:
-        >>> s = torch.tensor([[[0.1, 0.9, 0.3, 0.8, 0.5]]])
-        >>> topk_index(s, torch.tensor([0]), torch.tensor([4]), torch.tensor([2]), 3).tolist()
-        [[[1, 3, 0]]]
-    """
-    return topk_slots(scores, pad, recent_start, count, k_slots, recent, pool)
+#: Vegas' selection: per layer and row, the ``count[b]`` best-scored prefix slots (with a kept recent window and
+#: optional max-pooling), ascending, one op over all layers. The kernel folder's op under the name the drafters use.
+topk_index = topk_slots
 
 
 def streaming_index(
