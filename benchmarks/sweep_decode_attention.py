@@ -52,25 +52,35 @@ def _run(args, tiles, splits, scores):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
+    parser.add_argument("--cases", nargs="*", default=[f"{b}x{c}" for b, c in CASES], help="batch x context")
+    parser.add_argument("--widths", nargs="*", type=int, default=list(WIDTHS), help="new tokens per row")
+    parser.add_argument("--stages", nargs="*", type=int, default=[2, 3])
+    parser.add_argument("--block-n", nargs="*", type=int, default=[32, 64, 128])
+    parser.add_argument("--warps", nargs="*", type=int, default=[4, 8])
+    parser.add_argument(
+        "--split-mults", nargs="*", type=int, default=[1, 2], help="multiples of default_splits"
+    )
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     bandwidth = copy_bandwidth(device)
-    grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))
+    cases = [tuple(int(x) for x in case.split("x")) for case in args.cases]
+    widths = args.widths
+    grid = list(itertools.product(tuple(args.block_n), tuple(args.warps), tuple(args.stages)))
     result = dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1), records=[])
-    total = len(CASES) * (2 * len(WIDTHS) - 1) * len(grid) * 2
+    total = len(cases) * sum(2 if w > 1 else 1 for w in widths) * len(grid) * len(args.split_mults)
     bar = tqdm(total=total, desc="decode_attention tiles", file=sys.stderr)
-    for batch, context in CASES:
+    for batch, context in cases:
         gen = torch.Generator(device="cpu").manual_seed(context)
         key = torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype)
         value = torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype)
         floor_us = 1e6 * 2 * key.numel() * 2 / bandwidth
-        for q_len in WIDTHS:
+        for q_len in widths:
             query = torch.randn(batch, HEADS, q_len, DIM, generator=gen).to(device, dtype)
             start = torch.full((batch,), context - q_len, device=device)
             pad = torch.zeros(batch, dtype=torch.long, device=device)
             call = (query, key, value, start, pad, DIM**-0.5)
             base_splits = default_splits(batch, KV_HEADS, context)
-            for (block_n, warps, stages), mult in itertools.product(grid, (1, 2)):
+            for (block_n, warps, stages), mult in itertools.product(grid, args.split_mults):
                 splits = min(128, base_splits * mult)
                 tiles = dict(block_n=block_n, num_warps=warps, num_stages=stages)
                 for scores in (False, True) if q_len > 1 else (False,):
@@ -109,7 +119,7 @@ def main() -> None:
                         r["block_n"],
                         r["num_warps"],
                         r["num_stages"],
-                        r["splits"] > default_splits(r["batch"], KV_HEADS, r["context"]),
+                        round(r["splits"] / default_splits(r["batch"], KV_HEADS, r["context"])),
                     ),
                     [],
                 ).append(r)
@@ -117,10 +127,10 @@ def main() -> None:
             if not sums:
                 continue
             default = attn_kernel.split_tiles(block_m, scores)
-            key_default = (default["block_n"], default["num_warps"], default["num_stages"], False)
+            key_default = (default["block_n"], default["num_warps"], default["num_stages"], 1)
             winner = min(sums, key=sums.get)
             best[f"{block_m}_{'scores' if scores else 'plain'}"] = dict(
-                best=dict(zip(("block_n", "num_warps", "num_stages", "double_splits"), winner)),
+                best=dict(zip(("block_n", "num_warps", "num_stages", "split_mult"), winner)),
                 best_sum_us=round(sums[winner], 1), default_sum_us=round(sums.get(key_default, float("nan")), 1),
                 cases=len(by_setting[winner]),
                 per_case=[dict(batch=r["batch"], context=r["context"], q_len=r["q_len"], us=r["us"],

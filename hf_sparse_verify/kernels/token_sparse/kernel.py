@@ -21,6 +21,14 @@ BLOCK_N = 64
 #: a split is worth launching for at least this many gathered slots
 MIN_SLOTS_PER_SPLIT = 128
 MAX_SPLITS = 64
+#: launch settings of the forward kernel; ``benchmarks/sweep_token_sparse.py`` times the choices on the
+#: long-context draft shapes. ``programs_per_sm``: how many programs per multiprocessor the default split count
+#: aims for (``default_num_splits``). Measured on an H200 (eighth session, 8B heads, bf16, one new token, 7% of
+#: the prefix selected, us per layer, 2 warps against 4): 1 x 16K 8.6 / 9.2, 4 x 32K 17.3 / 18.5, 4 x 64K
+#: 30.8 / 31.8, 16 x 16K 29.9 / 30.4, 32 x 8K 28.7 / 29.1; 4 tokens at 4 x 64K 32.2 / 33.4. No setting of block
+#: size, warps, stages or programs per SM came within 1.4x of the gathered bytes' copy time at 4 x 64K (18.4 us):
+#: each slot is a 256-byte row per KV head, read in index order.
+TILES = {"block_n": BLOCK_N, "num_warps": 2, "num_stages": 2, "programs_per_sm": 2}
 
 
 @triton.jit
@@ -196,12 +204,13 @@ def _token_sparse_merge(
 
 
 def default_num_splits(device: torch.device, batch_kv_heads: int, rows: int, n_index: int, q_len: int) -> int:
-    """Splits per (row, KV head), from shapes only: about two programs per SM, each on >= 128 selected slots,
+    """Splits per (row, KV head), from shapes only: about ``TILES["programs_per_sm"]`` programs per SM, each on
+    >= 128 selected slots,
     and float32 partials (``splits * rows * D * 4`` bytes, written and read back) under ~20% of the gathered
     K/V bytes (``n_index * D * 2 * 2``), i.e. ``splits <= n_index / (10 * rows)``; ``rows = GROUP * q``."""
     sms = multiprocessors(device) or 4  # 4 in the CPU interpreter: small enough that tests see several splits
     by_work = triton.cdiv(n_index + q_len, MIN_SLOTS_PER_SPLIT)
-    by_grid = triton.cdiv(2 * sms, batch_kv_heads)
+    by_grid = triton.cdiv(TILES["programs_per_sm"] * sms, batch_kv_heads)
     by_bytes = n_index // (10 * rows)
     return max(1, min(by_work, by_grid, by_bytes, MAX_SPLITS))
 
@@ -266,12 +275,12 @@ def token_sparse_attention_triton(
         HEAD_DIM=dim,
         BLOCK_D=block_d,
         BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=TILES["block_n"],
         SINGLE_SPLIT=splits == 1,
         DOT_PRECISION=precision,
         DOT_F32=dot_f32,
-        num_warps=4,
-        num_stages=2,
+        num_warps=TILES["num_warps"],
+        num_stages=TILES["num_stages"],
     )
     if splits > 1:
         _token_sparse_merge[(batch * kv_heads, rows)](
