@@ -15,7 +15,6 @@ import argparse
 import functools
 import itertools
 import json
-import math
 import sys
 
 import torch
@@ -24,29 +23,11 @@ from tqdm import tqdm
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.token_sparse import kernel as ts_kernel
+from hf_sparse_verify.kernels.token_sparse.bench import _inputs
 from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
-RATIO, RECENT = 0.07, 64
-
-
-def _inputs(batch, context, q_len, device, dtype, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    recent_start = context - RECENT
-    n_index = math.ceil(RATIO * recent_start)
-    index = torch.stack(
-        [torch.randperm(recent_start, generator=gen)[:n_index].sort().values for _ in range(batch)]
-    )
-    return dict(
-        query=torch.randn(batch, HEADS, q_len, DIM, generator=gen).to(device, dtype),
-        key=torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype),
-        value=torch.randn(batch, KV_HEADS, context, DIM, generator=gen).to(device, dtype),
-        index=index.to(device, torch.int32),
-        index_count=torch.full((batch,), n_index, dtype=torch.int32, device=device),
-        recent_start=torch.full((batch,), recent_start, device=device),
-        start=torch.full((batch,), context - q_len, device=device),
-        scale=DIM**-0.5,
-    )
+RECENT = 64
 
 
 def _run(inputs, tiles):
@@ -86,7 +67,7 @@ def main() -> None:
     cases = [tuple(int(x) for x in case.split("x")) for case in args.cases]
     bar = tqdm(total=len(cases) * len(grid), desc="token_sparse tiles", file=sys.stderr)
     for batch, context in cases:
-        inputs = _inputs(batch, context, args.q_len, device, dtype)
+        inputs = _inputs(device, dtype, context, args.q_len, HEADS, KV_HEADS, DIM, batch=batch, recent=RECENT)
         gathered = inputs["index"].shape[1] + RECENT
         floor_us = 1e6 * batch * gathered * KV_HEADS * DIM * 2 * dtype.itemsize / bandwidth
         for tiles in grid:

@@ -37,19 +37,22 @@ def gather_sdpa(query, key, value, index, index_valid, recent_lo, kv_len, recent
     return out.transpose(1, 2).contiguous()
 
 
-def _inputs(device, dtype, context, q_len, heads, kv_heads, dim, seed=0):
+def _inputs(device, dtype, context, q_len, heads, kv_heads, dim, seed=0, batch=1, recent=RECENT):
+    """Kernel arguments: random caches, ``RATIO`` of each row's prefix selected (sorted), ``recent`` recent slots."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    recent_start = context - RECENT
+    recent_start = context - recent
     n_index = math.ceil(round(RATIO * recent_start, 9))
-    index = torch.randperm(recent_start, generator=gen)[:n_index].sort().values
+    index = torch.stack(
+        [torch.randperm(recent_start, generator=gen)[:n_index].sort().values for _ in range(batch)]
+    )
     return dict(
-        query=torch.randn(1, heads, q_len, dim, generator=gen).to(device, dtype),
-        key=torch.randn(1, kv_heads, context, dim, generator=gen).to(device, dtype),
-        value=torch.randn(1, kv_heads, context, dim, generator=gen).to(device, dtype),
-        index=index[None].to(device, torch.int32),
-        index_count=torch.tensor([n_index], dtype=torch.int32, device=device),
-        recent_start=torch.tensor([recent_start], device=device),
-        start=torch.tensor([context - q_len], device=device),
+        query=torch.randn(batch, heads, q_len, dim, generator=gen).to(device, dtype),
+        key=torch.randn(batch, kv_heads, context, dim, generator=gen).to(device, dtype),
+        value=torch.randn(batch, kv_heads, context, dim, generator=gen).to(device, dtype),
+        index=index.to(device, torch.int32),
+        index_count=torch.full((batch,), n_index, dtype=torch.int32, device=device),
+        recent_start=torch.full((batch,), recent_start, device=device),
+        start=torch.full((batch,), context - q_len, device=device),
         scale=dim**-0.5,
     )
 

@@ -17,7 +17,6 @@ import triton.language as tl
 
 from .._triton import interpreting, multiprocessors, next_power_of_2, on_input_device
 
-BLOCK_N = 64
 #: a split is worth launching for at least this many gathered slots
 MIN_SLOTS_PER_SPLIT = 128
 MAX_SPLITS = 64
@@ -25,10 +24,10 @@ MAX_SPLITS = 64
 #: long-context draft shapes. ``programs_per_sm``: how many programs per multiprocessor the default split count
 #: aims for (``default_num_splits``). Measured on an H200 (eighth session, 8B heads, bf16, one new token, 7% of
 #: the prefix selected, us per layer, 2 warps against 4): 1 x 16K 8.6 / 9.2, 4 x 32K 17.3 / 18.5, 4 x 64K
-#: 30.8 / 31.8, 16 x 16K 29.9 / 30.4, 32 x 8K 28.7 / 29.1; 4 tokens at 4 x 64K 32.2 / 33.4. No setting of block
-#: size, warps, stages or programs per SM came within 1.4x of the gathered bytes' copy time at 4 x 64K (18.4 us):
-#: each slot is a 256-byte row per KV head, read in index order.
-TILES = {"block_n": BLOCK_N, "num_warps": 2, "num_stages": 2, "programs_per_sm": 2}
+#: 30.8 / 31.8, 16 x 16K 29.9 / 30.4, 32 x 8K 28.7 / 29.1; 4 tokens at 4 x 64K 32.2 / 33.4. The best of 81
+#: settings of block size, warps, stages and programs per SM at 4 x 64K (28.5 us) is 1.55x the gathered bytes'
+#: copy time (18.4 us): each slot is a 256-byte row per KV head, read in index order.
+TILES = {"block_n": 64, "num_warps": 2, "num_stages": 2, "programs_per_sm": 2}
 
 
 @triton.jit
@@ -205,8 +204,7 @@ def _token_sparse_merge(
 
 def default_num_splits(device: torch.device, batch_kv_heads: int, rows: int, n_index: int, q_len: int) -> int:
     """Splits per (row, KV head), from shapes only: about ``TILES["programs_per_sm"]`` programs per SM, each on
-    >= 128 selected slots,
-    and float32 partials (``splits * rows * D * 4`` bytes, written and read back) under ~20% of the gathered
+    >= 128 selected slots, and float32 partials (``splits * rows * D * 4`` bytes, written and read back) under ~20% of the gathered
     K/V bytes (``n_index * D * 2 * 2``), i.e. ``splits <= n_index / (10 * rows)``; ``rows = GROUP * q``."""
     sms = multiprocessors(device) or 4  # 4 in the CPU interpreter: small enough that tests see several splits
     by_work = triton.cdiv(n_index + q_len, MIN_SLOTS_PER_SPLIT)
