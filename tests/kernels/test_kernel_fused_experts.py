@@ -276,3 +276,56 @@ def test_one_token_never_reads_unselected_experts(poisoned, one_token_only):
     w_gate_up[unused], w_down[unused] = float("nan"), float("nan")
     out = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
     check(out, reference(x, w_gate_up, w_down, index, weights, n_active), torch.float32)
+
+
+@pytest.fixture
+def no_align(monkeypatch):
+    """Fail if a launch runs the align kernel."""
+    monkeypatch.setattr(kernel_module, "_align_kernel", _Refuse())
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, skip", [(2, False), (7, True), (16, True), (16, False)])
+def test_expert_grid_equals_aligned_layout(monkeypatch, dtype, tokens, skip):
+    """2 .. EXPERT_GRID_MAX_TOKENS tokens run the EXPERTS layout (no align launch) and give the ALIGNED layout's
+    result bit for bit (same rounding points, same rank-order sum), with ids outside [0, E) at some pairs."""
+    x, w_gate_up, w_down, index, weights, n_active = make_inputs(
+        tokens, 16, 8, 64, 48, dtype, seed=tokens, skip=skip
+    )
+    index[0, 3], index[-1, 0] = -1, 16
+    assert kernel_module._layout(index, n_active, 16).code == kernel_module.EXPERTS
+    with monkeypatch.context() as m:
+        m.setattr(kernel_module, "_align_kernel", _Refuse())
+        grid = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    monkeypatch.setattr(kernel_module, "EXPERT_GRID_MAX_TOKENS", 1)
+    assert kernel_module._layout(index, n_active, 16).code == kernel_module.ALIGNED
+    aligned = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    assert torch.equal(grid, aligned)
+    check(grid, reference(x, w_gate_up, w_down, index, weights, n_active), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("tokens", [3, 20])
+def test_repeated_expert_ids_count_every_pair(poisoned, tokens):
+    """A token whose ids repeat an expert gets that expert once per pair, weighted by each pair's weight, in both
+    the EXPERTS (3 tokens) and the ALIGNED (20 tokens) layout."""
+    x, w_gate_up, w_down, index, weights, n_active = make_inputs(tokens, 8, 4, 32, 24, seed=17, skip=True)
+    index[1] = torch.tensor([5, 2, 5, 5])
+    n_active[1] = 3  # the last repeat is dropped
+    out = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    check(out, reference(x, w_gate_up, w_down, index, weights, n_active), torch.float32)
+
+
+@needs_triton
+def test_expert_grid_never_reads_unselected_experts(poisoned, no_align):
+    """EXPERTS layout: NaN weights in every expert no active pair selects; those programs return before loading."""
+    x, w_gate_up, w_down, index, weights, _ = make_inputs(8, 16, 4, 32, 24, seed=19)
+    n_active = torch.tensor([4, 1, 0, 2, 3, 4, 1, 2])
+    used = index[active_pairs(index, 16, n_active)].unique()
+    unused = torch.ones(16, dtype=torch.bool)
+    unused[used] = False
+    assert unused.sum() >= 2
+    w_gate_up[unused], w_down[unused] = float("nan"), float("nan")
+    out = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
+    check(out, reference(x, w_gate_up, w_down, index, weights, n_active), torch.float32)

@@ -1,29 +1,39 @@
 """Triton fused experts for the few tokens of decode and verify steps: every selected expert's weights are read
 once per block of its (token, rank) pairs, not once per pair as with ``batched_mm``.
 
-Four launches, all with grids from shapes only (no host sync, CUDA-graph capturable):
+Up to four launches, all with grids from shapes only (no host sync, CUDA-graph capturable):
 
-1. ``_align_kernel`` (one program): groups the pairs by expert into blocks of ``BLOCK_M`` slots. Expert ``e``
-   owns ``ceil(count_e / BLOCK_M)`` consecutive blocks; ``slot_pair[slot]`` is the pair in that slot (pairs keep
-   token order within an expert), ``block_expert[b]`` / ``block_rows[b]`` the block's expert and real rows. The
-   worst-case block count (`max_blocks`) fixes the grids; blocks past the real ones have 0 rows.
-2. ``_gate_up_kernel``, grid ``(blocks, I / BLOCK_N)``: ``h = silu(x @ gate^T) * (x @ up^T)`` for one block and one
-   tile of the intermediate dimension, stored per slot in the activation dtype.
-3. ``_down_kernel``, grid ``(blocks, H / BLOCK_N)``: ``y = h @ down^T`` times the pair's routing weight, stored
+1. ``_align_kernel`` (one program; only above `EXPERT_GRID_MAX_TOKENS` tokens): groups the pairs by expert into
+   blocks of ``BLOCK_M`` slots. Expert ``e`` owns ``ceil(count_e / BLOCK_M)`` consecutive blocks;
+   ``slot_pair[slot]`` is the pair in that slot (pairs keep token order within an expert), ``block_expert[b]`` /
+   ``block_rows[b]`` the block's expert and real rows. The worst-case block count (`max_blocks`) fixes the grids;
+   blocks past the real ones have 0 rows.
+2. ``_gate_up_kernel``, grid ``(programs, I / BLOCK_N)``: ``h = silu(x @ gate^T) * (x @ up^T)`` for one block
+   and one tile of the intermediate dimension, stored per row of ``h`` in the activation dtype.
+3. ``_down_kernel``, grid ``(programs, H / BLOCK_N)``: ``y = h @ down^T`` times the pair's routing weight, stored
    per pair in float32.
 4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs summed in rank order, in float32, then
    cast: deterministic (no atomics).
 
-One token (``T == 1``, the decode step) skips ``_align_kernel``: block ``b`` is pair ``b`` (one row, expert
-``top_k_index[0, b]``; the distinct experts of one token need no grouping), and the other three kernels run as
-above. Measured on an H200 (Qwen3-30B-A3B decode step, 48 layers): a variant that also folded the sum into the down
-kernel (grid ``H / 16``, the k pairs in a loop) took 21.5 us per layer against 8.8 + 2.8 us for down + sum.
+Three layouts say which pairs a program of launches 2 and 3 computes (`_layout`, from shapes only):
+
+- `PAIRS`, one token (the decode step): program ``b`` is pair ``b`` (one row, expert ``top_k_index[0, b]``; the
+  distinct experts of one token need no grouping). Measured on an H200 (Qwen3-30B-A3B decode step, 48 layers): a
+  variant that also folded the sum into the down kernel (grid ``H / 16``, the k pairs in a loop) took 21.5 us per
+  layer against 8.8 + 2.8 us for down + sum.
+- `EXPERTS`, 2 .. `EXPERT_GRID_MAX_TOKENS` tokens (verify steps): program ``e`` is expert ``e``, its row ``t`` is
+  token ``t`` when one of the token's active pairs selects ``e``; each program finds its rows in the ``[T, k]`` ids
+  itself, so no align launch (10-15 us per layer on the H200, a single program). Experts no pair selects return
+  at once.
+- `ALIGNED`, more tokens: the blocks of ``_align_kernel``.
 
 Blocks with no rows return before loading any weight. A pair takes part when its expert id is in ``[0, E)`` and its
-rank is below the token's ``n_active`` (the expert-skipping hook); the align and sum kernels apply the same rule.
+rank is below the token's ``n_active`` (the expert-skipping hook); every kernel applies the same rule.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -100,54 +110,59 @@ def _align_kernel(
 
 @triton.jit
 def _block(
-    SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, top_k, n_experts,
-    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr,
+    SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """The program's block (``program_id(0)``): whether it has work, its expert (int64), which of its ``BLOCK_M``
-    rows are real, each row's pair (int64) and the slot of its first row. With ``PAIR_BLOCKS`` (one token) block
-    ``b`` is pair ``b``, one row; otherwise the `align` layout says."""
+    rows are real, each row's token and the row of ``h`` it owns (both int64). Layouts (see the module docstring):
+    `PAIRS` block ``b`` is pair ``b``, one row; `ALIGNED` as ``_align_kernel`` wrote it; `EXPERTS` program ``e`` is
+    expert ``e``, row ``t`` is token ``t`` when one of its active pairs selects ``e`` (``h`` row: the first such
+    pair)."""
     blk = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
-    if PAIR_BLOCKS:
+    if LAYOUT == 0:  # PAIRS
         e, live = _pair_active(TOPK_IDS, N_ACTIVE, blk, top_k, top_k, n_experts, HAS_N_ACTIVE)
         row_ok = offs_m < 1
-        pair = tl.zeros([BLOCK_M], dtype=tl.int64) + blk
-        first_slot = blk
-    else:
+        token = tl.zeros([BLOCK_M], dtype=tl.int64)
+        slot = offs_m.to(tl.int64) + blk
+    elif LAYOUT == 1:  # ALIGNED
         rows = tl.load(BLOCK_ROWS + blk)
         live = rows > 0
         e = tl.load(BLOCK_EXPERT + blk)
         row_ok = offs_m < rows
         pair = tl.load(SLOT_PAIR + blk * BLOCK_M + offs_m, mask=row_ok, other=0).to(tl.int64)
-        first_slot = blk * BLOCK_M
-    return live, e.to(tl.int64), row_ok, pair, first_slot
+        token = pair // top_k
+        slot = (blk * BLOCK_M + offs_m).to(tl.int64)
+    else:  # EXPERTS
+        e = blk
+        token = offs_m.to(tl.int64)
+        first = tl.full([BLOCK_M], -1, dtype=tl.int64)  # rank of the token's first active pair selecting e
+        for r in range(top_k):
+            ids, ok = _pair_active(
+                TOPK_IDS, N_ACTIVE, token * top_k + r, n_pairs, top_k, n_experts, HAS_N_ACTIVE
+            )
+            first = tl.where(ok & (ids == e) & (first < 0), r, first)
+        row_ok = first >= 0
+        live = tl.max(row_ok.to(tl.int32), axis=0) > 0
+        slot = token * top_k + tl.maximum(first, 0)
+    return live, e.to(tl.int64), row_ok, token, slot
 
 
 @triton.jit
 def _gate_up_kernel(
     X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
     hidden, inter, top_k, n_experts,
-    s_xt, s_we, s_wn, s_wk, s_ht,
-    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
+    s_xt, s_we, s_wn, s_wk, s_ht, n_pairs,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    live, e, row_ok, pair, first_slot = _block(
-        SLOT_PAIR,
-        BLOCK_EXPERT,
-        BLOCK_ROWS,
-        TOPK_IDS,
-        N_ACTIVE,
-        top_k,
-        n_experts,
-        PAIR_BLOCKS,
-        HAS_N_ACTIVE,
-        BLOCK_M,
-    )
+    live, e, row_ok, token, slot = _block(
+        SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
+        LAYOUT, HAS_N_ACTIVE, BLOCK_M,
+    )  # fmt: skip
     if not live:
         return
-    token = pair // top_k
-    offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     offs_k = tl.arange(0, BLOCK_K)
@@ -169,7 +184,7 @@ def _gate_up_kernel(
         p_g += BLOCK_K * s_wk
         p_u += BLOCK_K * s_wk
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BLOCK_M, BLOCK_N]
-    p_h = H + (first_slot + offs_m)[:, None] * s_ht + offs_n[None, :]
+    p_h = H + slot[:, None] * s_ht + offs_n[None, :]
     tl.store(p_h, b_h.to(H.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -177,31 +192,22 @@ def _gate_up_kernel(
 def _down_kernel(
     H, W, TOPK_W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
     hidden, inter, top_k, n_experts,
-    s_ht, s_we, s_wn, s_wk, s_pt,
-    PAIR_BLOCKS: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
+    s_ht, s_we, s_wn, s_wk, s_pt, n_pairs,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    live, e, row_ok, pair, first_slot = _block(
-        SLOT_PAIR,
-        BLOCK_EXPERT,
-        BLOCK_ROWS,
-        TOPK_IDS,
-        N_ACTIVE,
-        top_k,
-        n_experts,
-        PAIR_BLOCKS,
-        HAS_N_ACTIVE,
-        BLOCK_M,
-    )
+    live, e, row_ok, token, slot = _block(
+        SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
+        LAYOUT, HAS_N_ACTIVE, BLOCK_M,
+    )  # fmt: skip
     if not live:
         return
-    offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)
 
-    p_h = H + (first_slot + offs_m)[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_h = H + slot[:, None] * s_ht + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     p_w = W + e * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk  # [BLOCK_K, BLOCK_N] of down^T
     b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
@@ -211,9 +217,24 @@ def _down_kernel(
         b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
         p_h += BLOCK_K
         p_w += BLOCK_K * s_wk
-    b_r = tl.load(TOPK_W + pair, mask=row_ok, other=0.0).to(tl.float32)  # routing weight per row
+    if (
+        LAYOUT == 2
+    ):  # EXPERTS: every active pair of the row's token that selects e (a repeated id: each of them)
+        for r in range(top_k):
+            pair = token * top_k + r
+            ids, ok = _pair_active(TOPK_IDS, N_ACTIVE, pair, n_pairs, top_k, n_experts, HAS_N_ACTIVE)
+            _store_pair(PAIR_OUT, TOPK_W, pair, b_y, row_ok & ok & (ids == e), offs_n, n_ok, s_pt)
+    else:  # h row = pair (PAIRS) or the slot's pair (ALIGNED)
+        pair = slot if LAYOUT == 0 else tl.load(SLOT_PAIR + slot, mask=row_ok, other=0).to(tl.int64)
+        _store_pair(PAIR_OUT, TOPK_W, pair, b_y, row_ok, offs_n, n_ok, s_pt)
+
+
+@triton.jit
+def _store_pair(PAIR_OUT, TOPK_W, pair, b_y, rows, offs_n, n_ok, s_pt):
+    """``PAIR_OUT[pair] = b_y * weight[pair]`` for the ``rows`` that are set (float32)."""
+    b_r = tl.load(TOPK_W + pair, mask=rows, other=0.0).to(tl.float32)  # routing weight per row
     p_o = PAIR_OUT + pair[:, None] * s_pt + offs_n[None, :]
-    tl.store(p_o, b_y * b_r[:, None], mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(p_o, b_y * b_r[:, None], mask=rows[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -284,6 +305,40 @@ def align(
     return slot_pair, block_expert, block_rows
 
 
+#: layout codes of the kernels' ``LAYOUT`` (`_block`)
+PAIRS, ALIGNED, EXPERTS = 0, 1, 2
+#: steps of 2 .. this many tokens use the `EXPERTS` layout (no align launch); more tokens are grouped by `align`.
+#: Measured on an H200 (Qwen3-30B-A3B, 8-token verify step, 48 layers): ``_align_kernel`` alone took 10 us per layer,
+#: 14.6 with expert skipping (``benchmarks/diag_moe_skip.py``)
+EXPERT_GRID_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which pairs each program of the gate/up and down grids computes (see `_block`): the code, the programs
+    along the grid's first axis, rows per program, rows of ``h``, and the `align` buffers (`ALIGNED` only)."""
+
+    code: int
+    programs: int
+    block_m: int
+    h_rows: int
+    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+def _layout(top_k_index: torch.Tensor, n_active: torch.Tensor | None, n_experts: int) -> _Layout:
+    """From shapes only: `PAIRS` for one token (block ``b`` is pair ``b``), `EXPERTS` up to
+    `EXPERT_GRID_MAX_TOKENS` tokens (program ``e`` is expert ``e``, its rows are tokens), `ALIGNED` above."""
+    tokens, top_k = top_k_index.shape
+    if tokens == 1:
+        return _Layout(PAIRS, top_k, 16, top_k)
+    if tokens <= EXPERT_GRID_MAX_TOKENS:
+        return _Layout(EXPERTS, n_experts, max(16, next_power_of_2(tokens)), tokens * top_k)
+    block_m = block_m_for(tokens * top_k, n_experts)
+    buffers = align(top_k_index, n_active, n_experts, block_m)
+    blocks = buffers[2].shape[0]
+    return _Layout(ALIGNED, blocks, block_m, blocks * block_m, buffers)
+
+
 @on_input_device
 def launch(
     hidden: torch.Tensor,
@@ -296,8 +351,8 @@ def launch(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run the kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride, ``top_k_index`` /
-    ``top_k_weights`` contiguous): three launches for one token (no align), four otherwise. Returns
-    ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given)."""
+    ``top_k_weights`` contiguous): three launches up to `EXPERT_GRID_MAX_TOKENS` tokens (no align), four above.
+    Returns ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given)."""
     tokens, dim = hidden.shape
     if out is None:
         out = _empty((tokens, dim), hidden.device, hidden.dtype)
@@ -305,27 +360,35 @@ def launch(
         return out
     top_k = top_k_index.shape[1]
     n_experts = w_gate_up.shape[0]
-    if tokens == 1:  # the pairs of one token need no grouping: block b is pair b
-        layout, block_m, n_blocks = None, 16, top_k
-    else:
-        block_m = block_m_for(tokens * top_k, n_experts)
-        layout = align(top_k_index, n_active, n_experts, block_m)
-        n_blocks = layout[2].shape[0]
-    h = _gate_up(hidden, w_gate_up, top_k_index, n_active, transposed, layout, block_m)
+    layout = _layout(top_k_index, n_active, n_experts)
+    n_active_or_ids = n_active if n_active is not None else top_k_index
+    buffers = layout.buffers or (top_k_index,) * 3  # unread outside ALIGNED
+    tiles = TILES_ONE_TOKEN if layout.code == PAIRS else TILES
+    dot_dtype, precision = _dot_settings(hidden.dtype)
+    common = dict(
+        LAYOUT=layout.code, HAS_N_ACTIVE=n_active is not None, BLOCK_M=layout.block_m, DOT_DTYPE=dot_dtype,
+        DOT_PRECISION=precision, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+    )  # fmt: skip
+
+    inter = w_gate_up.shape[2 if transposed else 1] // 2
+    h = _empty((layout.h_rows, inter), hidden.device, hidden.dtype)
+    bn = min(tiles["gate_up_n"], max(16, next_power_of_2(inter)))
+    bk = min(tiles["gate_up_k"], max(16, next_power_of_2(dim)))
+    _gate_up_kernel[(layout.programs, triton.cdiv(inter, bn))](
+        hidden, w_gate_up, h, *buffers, top_k_index, n_active_or_ids,
+        dim, inter, top_k, n_experts,
+        hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0), tokens * top_k,
+        BLOCK_N=bn, BLOCK_K=bk, **common,
+    )  # fmt: skip
 
     pair_out = _empty((tokens * top_k, dim), hidden.device, torch.float32)  # [T * k, H]
-    tiles = TILES_ONE_TOKEN if layout is None else TILES
     bn = min(tiles["down_n"], max(16, next_power_of_2(dim)))
-    bk = min(tiles["down_k"], max(16, next_power_of_2(h.shape[1])))
-    dot_dtype, precision = _dot_settings(hidden.dtype)
-    n_active_or_ids = n_active if n_active is not None else top_k_index
-    _down_kernel[(n_blocks, triton.cdiv(dim, bn))](
-        h, w_down, top_k_weights, pair_out, *(layout or (top_k_index,) * 3), top_k_index, n_active_or_ids,
-        dim, h.shape[1], top_k, n_experts,
-        h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0),
-        PAIR_BLOCKS=layout is None, HAS_N_ACTIVE=n_active is not None,
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+    bk = min(tiles["down_k"], max(16, next_power_of_2(inter)))
+    _down_kernel[(layout.programs, triton.cdiv(dim, bn))](
+        h, w_down, top_k_weights, pair_out, *buffers, top_k_index, n_active_or_ids,
+        dim, inter, top_k, n_experts,
+        h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0), tokens * top_k,
+        BLOCK_N=bn, BLOCK_K=bk, **common,
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
@@ -342,40 +405,3 @@ def _dot_settings(dtype: torch.dtype) -> tuple:
     """``(DOT_DTYPE, DOT_PRECISION)`` of the matmul kernels for activations of ``dtype``."""
     dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(dtype) else dtype]
     return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"  # tf32 only matters for float32 operands
-
-
-def _gate_up(
-    hidden: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    top_k_index: torch.Tensor,
-    n_active: torch.Tensor | None,
-    transposed: bool,
-    layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    block_m: int,
-) -> torch.Tensor:
-    """``h = silu(x @ gate^T) * (x @ up^T)`` in ``hidden.dtype``: ``[blocks * block_m, I]`` by slot for the `align`
-    ``layout`` ``(slot_pair, block_expert, block_rows)``, or ``[k, I]`` by pair for one token (``layout=None``)."""
-    dim = hidden.shape[1]
-    top_k = top_k_index.shape[1]
-    inter = w_gate_up.shape[2 if transposed else 1] // 2
-    pair_blocks = layout is None
-    if pair_blocks:
-        n_blocks, slots = top_k, top_k
-        layout = (top_k_index, top_k_index, top_k_index)  # unread: pair blocks
-    else:
-        n_blocks = layout[2].shape[0]
-        slots = n_blocks * block_m
-    h = _empty((slots, inter), hidden.device, hidden.dtype)
-    tiles = TILES_ONE_TOKEN if pair_blocks else TILES
-    bn = min(tiles["gate_up_n"], max(16, next_power_of_2(inter)))
-    bk = min(tiles["gate_up_k"], max(16, next_power_of_2(dim)))
-    dot_dtype, precision = _dot_settings(hidden.dtype)
-    _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn))](
-        hidden, w_gate_up, h, *layout, top_k_index, n_active if n_active is not None else top_k_index,
-        dim, inter, top_k, w_gate_up.shape[0],
-        hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0),
-        PAIR_BLOCKS=pair_blocks, HAS_N_ACTIVE=n_active is not None,
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
-    )  # fmt: skip
-    return h
