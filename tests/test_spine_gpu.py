@@ -120,3 +120,33 @@ def test_memory_bounded_over_fifty_varied_calls():
         assert len(SESSIONS) <= 2
     assert max(allocated[25:]) <= 1.05 * max(allocated[:25]), allocated
     hsv.clear_graph_cache()
+
+
+def test_captured_graph_keeps_its_step_slots_alive():
+    """A graph captured with a step slot holds that slot, so the slot's id (part of the graph's key) cannot be
+    reused by a new slot object that would then find and replay the stale graph."""
+    import gc
+    import weakref
+
+    from hf_sparse_verify.attention import use_sparse_verify_attention
+    from hf_sparse_verify.generation.engine.runner import ModelRunner
+    from hf_sparse_verify.sparse import LossySparseVerify, SparseMoE
+    from hf_sparse_verify.sparse.state import SparseVerifyState
+    from hf_sparse_verify.step import Phase
+
+    model, _ = _pair()
+    device = torch.device("cuda")
+    with use_sparse_verify_attention(model):
+        runner = ModelRunner(model, 1, 64, device, "triton")
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
+        layers = model.config.num_hidden_layers
+        cfg = LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5))
+        state = SparseVerifyState(cfg, layers, None, runner.cache.layer_devices(device))
+        assert runner.capture([2], Phase.VERIFY, verify_sparsity=state)
+    alive = weakref.ref(state)
+    del state
+    gc.collect()
+    assert alive() is not None  # the graph holds it
+    (entry,) = [g for key, g in runner.graphs.graphs.items() if key[0] is not None]
+    assert entry.slots == (alive(),)

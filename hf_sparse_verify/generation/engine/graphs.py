@@ -82,6 +82,9 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor  # [B, W] static input
     logits: torch.Tensor  # [B, W, V] static output
+    #: the step slots captured with it: the graph reads their tensors, and its key holds their ``id``s, so they
+    #: live as long as the graph (a freed slot's id could be reused by a new one, which would find this graph)
+    slots: tuple = ()
 
 
 class StepGraphs:
@@ -125,7 +128,8 @@ class StepGraphs:
             raise RuntimeError(
                 f"capturing a {phase.value} step of width {width}: {type(err).__name__}: {err}"
             ) from err
-        self.graphs[self._key(phase, width, slots)] = _Graph(graph, ids, logits)
+        kept = tuple(v for v in slots.values() if v is not None)
+        self.graphs[self._key(phase, width, slots)] = _Graph(graph, ids, logits, kept)
 
     def _step(self, ids: torch.Tensor, phase: Phase, slots: dict) -> torch.Tensor:
         """The forward that gets captured: everything derived from ``start`` is computed inside the graph."""

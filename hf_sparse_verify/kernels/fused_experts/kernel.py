@@ -10,10 +10,9 @@ Up to four launches, all with grids from shapes only (no host sync, CUDA-graph c
    blocks past the real ones have 0 rows.
 2. ``_gate_up_kernel``, grid ``(programs, I / BLOCK_N)``: ``h = silu(x @ gate^T) * (x @ up^T)`` for one block
    and one tile of the intermediate dimension, stored per row of ``h`` in the activation dtype.
-3. ``_down_kernel``, grid ``(programs, H / BLOCK_N)``: ``y = h @ down^T`` times the pair's routing weight, stored
-   per pair in float32.
-4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs summed in rank order, in float32, then
-   cast: deterministic (no atomics).
+3. ``_down_kernel``, grid ``(programs, H / BLOCK_N)``: ``y = h @ down^T``, stored per pair in float32.
+4. ``_sum_kernel``, grid ``(T, H / BLOCK_H)``: each token's active pairs times their routing weights, summed in
+   rank order in float32, then cast: deterministic (no atomics). A token that lists one expert twice gets it twice.
 
 Three layouts say which pairs a program of launches 2 and 3 computes (`_layout`, from shapes only):
 
@@ -109,9 +108,24 @@ def _align_kernel(
 
 
 @triton.jit
+def _expert_hits(
+    TOPK_IDS, N_ACTIVE, e, token, n_pairs, top_k, HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr
+):
+    """``[rows, K_PAD]``: whether pair ``(token, r)`` is active and selects expert ``e`` (one load of the ids)."""
+    ranks = tl.arange(0, K_PAD)[None, :]
+    pair = token[:, None] * top_k + ranks
+    in_range = (ranks < top_k) & (pair < n_pairs)
+    ok = in_range & (tl.load(TOPK_IDS + pair, mask=in_range, other=-1) == e)
+    if HAS_N_ACTIVE:
+        n = tl.load(N_ACTIVE + token, mask=token * top_k < n_pairs, other=0)
+        ok = ok & (ranks < n[:, None])
+    return ok
+
+
+@triton.jit
 def _block(
     SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
-    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr, K_PAD: tl.constexpr,
 ):  # fmt: skip
     """The program's block (``program_id(0)``): whether it has work, its expert (int64), which of its ``BLOCK_M``
     rows are real, each row's token and the row of ``h`` it owns (both int64). Layouts (see the module docstring):
@@ -136,15 +150,12 @@ def _block(
     else:  # EXPERTS
         e = blk
         token = offs_m.to(tl.int64)
-        first = tl.full([BLOCK_M], -1, dtype=tl.int64)  # rank of the token's first active pair selecting e
-        for r in range(top_k):
-            ids, ok = _pair_active(
-                TOPK_IDS, N_ACTIVE, token * top_k + r, n_pairs, top_k, n_experts, HAS_N_ACTIVE
-            )
-            first = tl.where(ok & (ids == e) & (first < 0), r, first)
-        row_ok = first >= 0
+        hits = _expert_hits(TOPK_IDS, N_ACTIVE, e, token, n_pairs, top_k, HAS_N_ACTIVE, K_PAD)
+        ranks = tl.arange(0, K_PAD)[None, :]
+        first = tl.min(tl.where(hits, ranks, K_PAD), axis=1)  # the token's first active pair selecting e
+        row_ok = first < K_PAD
         live = tl.max(row_ok.to(tl.int32), axis=0) > 0
-        slot = token * top_k + tl.maximum(first, 0)
+        slot = token * top_k + tl.where(row_ok, first, 0)
     return live, e.to(tl.int64), row_ok, token, slot
 
 
@@ -153,13 +164,13 @@ def _gate_up_kernel(
     X, W, H, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
     hidden, inter, top_k, n_experts,
     s_xt, s_we, s_wn, s_wk, s_ht, n_pairs,
-    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     live, e, row_ok, token, slot = _block(
         SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
-        LAYOUT, HAS_N_ACTIVE, BLOCK_M,
+        LAYOUT, HAS_N_ACTIVE, BLOCK_M, K_PAD,
     )  # fmt: skip
     if not live:
         return
@@ -190,16 +201,16 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    H, W, TOPK_W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
+    H, W, PAIR_OUT, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE,
     hidden, inter, top_k, n_experts,
     s_ht, s_we, s_wn, s_wk, s_pt, n_pairs,
-    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr,
+    LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     live, e, row_ok, token, slot = _block(
         SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
-        LAYOUT, HAS_N_ACTIVE, BLOCK_M,
+        LAYOUT, HAS_N_ACTIVE, BLOCK_M, K_PAD,
     )  # fmt: skip
     if not live:
         return
@@ -217,41 +228,38 @@ def _down_kernel(
         b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
         p_h += BLOCK_K
         p_w += BLOCK_K * s_wk
-    if (
-        LAYOUT == 2
-    ):  # EXPERTS: every active pair of the row's token that selects e (a repeated id: each of them)
-        for r in range(top_k):
-            pair = token * top_k + r
-            ids, ok = _pair_active(TOPK_IDS, N_ACTIVE, pair, n_pairs, top_k, n_experts, HAS_N_ACTIVE)
-            _store_pair(PAIR_OUT, TOPK_W, pair, b_y, row_ok & ok & (ids == e), offs_n, n_ok, s_pt)
-    else:  # h row = pair (PAIRS) or the slot's pair (ALIGNED)
-        pair = slot if LAYOUT == 0 else tl.load(SLOT_PAIR + slot, mask=row_ok, other=0).to(tl.int64)
-        _store_pair(PAIR_OUT, TOPK_W, pair, b_y, row_ok, offs_n, n_ok, s_pt)
-
-
-@triton.jit
-def _store_pair(PAIR_OUT, TOPK_W, pair, b_y, rows, offs_n, n_ok, s_pt):
-    """``PAIR_OUT[pair] = b_y * weight[pair]`` for the ``rows`` that are set (float32)."""
-    b_r = tl.load(TOPK_W + pair, mask=rows, other=0.0).to(tl.float32)  # routing weight per row
-    p_o = PAIR_OUT + pair[:, None] * s_pt + offs_n[None, :]
-    tl.store(p_o, b_y * b_r[:, None], mask=rows[:, None] & n_ok[None, :])
+    # y unweighted in float32, at the row of the block's pair: the ALIGNED slot's pair, else the h row (PAIRS: the
+    # pair; EXPERTS: the token's first active pair that selects e). `_sum_kernel` applies the routing weights.
+    row = tl.load(SLOT_PAIR + slot, mask=row_ok, other=0).to(tl.int64) if LAYOUT == 1 else slot
+    tl.store(PAIR_OUT + row[:, None] * s_pt + offs_n[None, :], b_y, mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _sum_kernel(
-    PAIR_OUT, TOPK_IDS, N_ACTIVE, OUT,
+    PAIR_OUT, TOPK_IDS, TOPK_W, N_ACTIVE, OUT,
     hidden, top_k, n_experts, s_pt, s_ot,
-    HAS_N_ACTIVE: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
+    """``out[t] = sum_r w[t, r] * y[t, r]`` over the token's active pairs in rank order, in float32. ``y`` of pair
+    ``(t, r)`` is the row of the token's first active pair with the same expert (the one `_down_kernel` wrote when
+    an id repeats)."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < hidden
+    ranks = tl.arange(0, K_PAD)
+    in_row = ranks < top_k
+    ids = tl.load(TOPK_IDS + t * top_k + ranks, mask=in_row, other=-1)
+    ok = in_row & (ids >= 0) & (ids < n_experts)
+    if HAS_N_ACTIVE:
+        ok = ok & (ranks < tl.load(N_ACTIVE + t))
     b_out = tl.zeros([BLOCK_H], dtype=tl.float32)
     for r in range(top_k):  # rank order
         p = t * top_k + r
-        _, active = _pair_active(TOPK_IDS, N_ACTIVE, p, p + 1, top_k, n_experts, HAS_N_ACTIVE)
+        e, active = _pair_active(TOPK_IDS, N_ACTIVE, p, p + 1, top_k, n_experts, HAS_N_ACTIVE)
         if active:
-            b_out += tl.load(PAIR_OUT + p * s_pt + offs_h, mask=h_ok, other=0.0)
+            first = tl.min(tl.where(ok & (ids == e), ranks, K_PAD), axis=0)
+            b_w = tl.load(TOPK_W + p).to(tl.float32)
+            b_out += tl.load(PAIR_OUT + (t * top_k + first) * s_pt + offs_h, mask=h_ok, other=0.0) * b_w
     tl.store(OUT + t * s_ot + offs_h, b_out.to(OUT.dtype.element_ty), mask=h_ok)
 
 
@@ -366,8 +374,9 @@ def launch(
     tiles = TILES_ONE_TOKEN if layout.code == PAIRS else TILES
     dot_dtype, precision = _dot_settings(hidden.dtype)
     common = dict(
-        LAYOUT=layout.code, HAS_N_ACTIVE=n_active is not None, BLOCK_M=layout.block_m, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=precision, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        LAYOUT=layout.code, HAS_N_ACTIVE=n_active is not None, K_PAD=max(2, next_power_of_2(top_k)),
+        BLOCK_M=layout.block_m, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )  # fmt: skip
 
     inter = w_gate_up.shape[2 if transposed else 1] // 2
@@ -385,7 +394,7 @@ def launch(
     bn = min(tiles["down_n"], max(16, next_power_of_2(dim)))
     bk = min(tiles["down_k"], max(16, next_power_of_2(inter)))
     _down_kernel[(layout.programs, triton.cdiv(dim, bn))](
-        h, w_down, top_k_weights, pair_out, *buffers, top_k_index, n_active_or_ids,
+        h, w_down, pair_out, *buffers, top_k_index, n_active_or_ids,
         dim, inter, top_k, n_experts,
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0), tokens * top_k,
         BLOCK_N=bn, BLOCK_K=bk, **common,
@@ -393,9 +402,9 @@ def launch(
 
     block_h = min(1024, next_power_of_2(dim))
     _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
-        pair_out, top_k_index, n_active_or_ids, out,
+        pair_out, top_k_index, top_k_weights, n_active_or_ids, out,
         dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
-        HAS_N_ACTIVE=n_active is not None, BLOCK_H=block_h,
+        HAS_N_ACTIVE=n_active is not None, K_PAD=common["K_PAD"], BLOCK_H=block_h,
         num_warps=4,
     )  # fmt: skip
     return out
