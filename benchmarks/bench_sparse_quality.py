@@ -57,6 +57,11 @@ MOE_SETTINGS = {
         attention=None, moe=SparseMoE(rule="budget", max_skip=2, max_damage=1.0)
     ),
     "attn+moe_skip1": LossySparseVerify(moe=SparseMoE(max_skip=1, max_damage=1.0)),
+    # a quarter of the routed experts kept (1 of code-moe's 4), as `moe_skip6` keeps 2 of 8 on the 30B-A3B shape in
+    # bench_sparse_verify.py
+    "moe_keep1": LossySparseVerify(
+        attention=None, moe=SparseMoE(rule="budget", max_skip=3, budget=0.1, max_damage=1.0)
+    ),
 }
 
 
