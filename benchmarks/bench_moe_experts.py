@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.bench.profile import kernel_rows
 from hf_sparse_verify.kernels.fused_experts import bench as fe_bench
 from hf_sparse_verify.kernels.fused_experts import fused_experts
 from hf_sparse_verify.kernels.fused_experts import kernel as fe_kernel
@@ -241,15 +242,7 @@ def profile_steps(device, dtype, steps: int = 10) -> list[dict]:
                 for _ in range(steps):
                     runner.forward(ids, at, Phase.VERIFY, kv_len=1000 + width)
                 torch.cuda.synchronize()
-            kernels: dict[str, list[float]] = {}
-            for event in prof.events():
-                if event.device_type == torch.autograd.DeviceType.CUDA:
-                    kernels.setdefault(event.name, []).append(event.device_time)
-            rows = sorted(
-                ({"kernel": k[:90], "calls_per_step": len(v) / steps, "us_per_step": round(sum(v) / steps, 1)}
-                 for k, v in kernels.items()),
-                key=lambda r: -r["us_per_step"],
-            )  # fmt: skip
+            rows = [dict(r, us_per_step=round(r["us_per_step"], 1)) for r in kernel_rows(prof, steps)]
             total = sum(r["us_per_step"] for r in rows)
             experts_us = sum(r["us_per_step"] for r in rows if any(k in r["kernel"] for k in FUSED_KERNELS))
             results.append(dict(width=width, gpu_ms=round(total / 1000, 4), fused_experts_ms=round(experts_us / 1000, 4),

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.bench.profile import kernel_rows
 from hf_sparse_verify.kernels.fused_experts import bench as fe_bench
 from hf_sparse_verify.kernels.fused_experts import fused_experts
 from hf_sparse_verify.kernels.fused_experts import kernel as fe_kernel
@@ -47,18 +48,8 @@ def _profile(run, steps: int = 10, top: int = 14) -> list[dict]:
         for _ in range(steps):
             run()
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name, []).append(event.device_time)
-    rows = sorted(
-        (
-            {"kernel": k[:80], "calls": len(v) / steps, "us": round(sum(v) / steps, 1)}
-            for k, v in kernels.items()
-        ),
-        key=lambda r: -r["us"],
-    )
-    return [dict(total_us=round(sum(r["us"] for r in rows), 1))] + rows[:top]
+    rows = [dict(r, us_per_step=round(r["us_per_step"], 1)) for r in kernel_rows(prof, steps)]
+    return [dict(total_us=round(sum(r["us_per_step"] for r in rows), 1))] + rows[:top]
 
 
 def _layouts():
@@ -154,7 +145,7 @@ def step(device, dtype, names: list[str], repeats: int, bar) -> dict:
     for rec in records:
         print(f"== {rec['layout']} {rec['setting']}: {rec['ms']} ms; GPU {rec['profile'][0]['total_us']} us")
         for row in rec["profile"][1:9]:
-            print(f"   {row['us']:9.1f} us {row['calls']:6.1f}x  {row['kernel']}")
+            print(f"   {row['us_per_step']:9.1f} us {row['calls_per_step']:6.1f}x  {row['kernel']}")
     del model
     torch.cuda.empty_cache()
     return out

@@ -15,6 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hf_sparse_verify.attention import use_sparse_verify_attention
+from hf_sparse_verify.bench.profile import kernel_rows
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.modules import use_fused_modules
@@ -65,15 +66,7 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name, []).append(event.device_time)
-    rows = sorted(
-        ({"kernel": k[:90], "calls_per_step": len(v) / args.steps, "us_per_step": sum(v) / args.steps}
-         for k, v in kernels.items()),
-        key=lambda r: -r["us_per_step"],
-    )  # fmt: skip
+    rows = kernel_rows(prof, args.steps)
     total = sum(r["us_per_step"] for r in rows)
     count = sum(r["calls_per_step"] for r in rows)
     print(

@@ -253,12 +253,12 @@ def _sum_kernel(
     if HAS_N_ACTIVE:
         ok = ok & (ranks < tl.load(N_ACTIVE + t))
     b_out = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for r in range(top_k):  # rank order
-        p = t * top_k + r
-        e, active = _pair_active(TOPK_IDS, N_ACTIVE, p, p + 1, top_k, n_experts, HAS_N_ACTIVE)
-        if active:
+    for r in tl.static_range(K_PAD):  # rank order
+        pick = ranks == r
+        if tl.max((pick & ok).to(tl.int32), axis=0) > 0:
+            e = tl.sum(tl.where(pick, ids, 0), axis=0)
             first = tl.min(tl.where(ok & (ids == e), ranks, K_PAD), axis=0)
-            b_w = tl.load(TOPK_W + p).to(tl.float32)
+            b_w = tl.load(TOPK_W + t * top_k + r).to(tl.float32)
             b_out += tl.load(PAIR_OUT + (t * top_k + first) * s_pt + offs_h, mask=h_ok, other=0.0) * b_w
     tl.store(OUT + t * s_ot + offs_h, b_out.to(OUT.dtype.element_ty), mask=h_ok)
 
