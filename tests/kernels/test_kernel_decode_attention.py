@@ -268,3 +268,149 @@ def test_real_shapes_on_gpu(q_len, context):
             query, key, value, start, pad, 128**-0.5, 0, "two_rows", weights=weights
         )
         assert _rel(out, ref) < 2e-2 and _rel(scores, ref_scores) < 2e-2
+
+
+# ----------------------------------------------------------------------------------- merge inside the split kernel
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """``torch.empty`` filled with NaN (floating dtypes): partial states and outputs nobody writes fail loudly."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def _both_paths(monkeypatch, *args, **kwargs):
+    """The op's outputs with the fused merge and with the two-launch merge, and the counters after the fused call."""
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(kernel, "FUSED_MERGE", fused)
+        results.append(decode_attention(*args, **kwargs))
+        if fused:
+            held = kernel._COUNTERS.get(args[0].device, [])
+            assert all(int(c.abs().sum()) == 0 for c in held), "a counter was left non-zero"
+    return results
+
+
+MERGE_CASES = {
+    # batch, heads, kv_heads, q_len, dim, capacity, dtype, options. Rows end near the capacity, so with 64-slot
+    # tiles a 300-slot cache in 3 splits gives shares of 128, 128 and the uneven rest
+    "uneven_last_split": (2, 4, 2, 3, 16, 300, torch.float32, dict(num_splits=3)),
+    "padding_rows": (2, 6, 2, 3, 24, 260, torch.float32, dict(num_splits=2)),  # 9 of 16 rows used
+    "empty_splits": (2, 4, 2, 4, 16, 150, torch.float32, dict(num_splits=7)),
+    "one_split": (2, 4, 2, 2, 16, 60, torch.float32, dict(num_splits=1)),
+    "short_window": (2, 6, 3, 4, 24, 300, torch.float32, dict(num_splits=3, window=9)),
+    "window_across_splits": (2, 4, 2, 5, 16, 400, torch.float32, dict(num_splits=3, window=150)),
+    "weights": (3, 8, 2, 6, 16, 300, torch.float32, dict(num_splits=3, collect="two_rows", weights=True)),
+    "weights_per_kv_head_all_rows": (
+        2, 8, 2, 3, 16, 200, torch.float32,
+        dict(num_splits=2, collect="all_rows", weights=True, per_kv_head=True),
+    ),
+    "logit_scores": (2, 8, 2, 5, 16, 200, torch.float32, dict(num_splits=3, collect="two_rows")),
+    "softcap_sinks_weights_bf16": (
+        2, 8, 2, 6, 16, 300, torch.bfloat16,
+        dict(num_splits=3, window=160, collect="two_rows", weights=True, softcap=3.0, sinks="linspace"),
+    ),
+    "sinks_one_split": (1, 8, 2, 2, 16, 50, torch.float16, dict(num_splits=1, sinks="linspace")),
+}  # fmt: skip
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(MERGE_CASES))
+def test_fused_merge_matches_reference_and_two_launch_path(monkeypatch, nan_empty, case, device):
+    """The splits merged by the last-arriving program (or, with one split, written directly) against the reference
+    and the two-launch path, with NaN-poisoned buffers; the counters are 0 again after the call."""
+    batch, heads, kv_heads, q_len, dim, capacity, dtype, options = MERGE_CASES[case]
+    options = dict(options)
+    if options.get("sinks") == "linspace":
+        options["sinks"] = torch.linspace(-1.0, 2.0, heads, device=device)
+    query, key, value, _, pad = _inputs(batch, heads, kv_heads, q_len, dim, capacity, dtype, device, seed=21)
+    start = torch.maximum(
+        capacity - q_len - 1 - 7 * torch.arange(batch, device=device), pad
+    )  # long ragged rows
+    scale = dim**-0.5
+    (out, scores), (out2, scores2) = _both_paths(monkeypatch, query, key, value, start, pad, scale, **options)
+    reference = {k: v for k, v in options.items() if k != "num_splits"}
+    ref, ref_scores = decode_attention_naive(
+        query.double(), key.double(), value.double(), start, pad, scale, **reference
+    )
+    assert not out.isnan().any()
+    assert _rel(out, ref) < TOL[dtype]
+    assert _rel(out, out2) < TOL[dtype]
+    if options.get("collect"):
+        assert not scores.isnan().any()
+        assert _rel(scores, ref_scores) < TOL[dtype]
+        assert _rel(scores, scores2) < TOL[dtype]
+
+
+def test_fused_merge_repeats_exactly(monkeypatch):
+    """Two successive calls (the second finds the counters the first reset) give the same bits."""
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    monkeypatch.setattr(kernel, "FUSED_MERGE", True)
+    query, key, value, start, pad = _inputs(2, 8, 2, 3, 16, 77, torch.float32, seed=22)
+    args = (query, key, value, start, pad, 0.25)
+    first = decode_attention(*args, num_splits=5, collect="two_rows", weights=True)
+    second = decode_attention(*args, num_splits=5, collect="two_rows", weights=True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_merge_counters_grow_and_keep_the_old_buffer(monkeypatch):
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    monkeypatch.setattr(kernel, "_COUNTERS", {})
+    device = torch.device("cpu")
+    small = kernel.merge_counters(device, 4)
+    assert small.dtype == torch.int32 and small.numel() >= kernel.MIN_COUNTERS
+    assert kernel.merge_counters(device, 8) is small
+    big = kernel.merge_counters(device, kernel.MIN_COUNTERS + 1)
+    assert big.numel() > kernel.MIN_COUNTERS and not bool(big.any())
+    held = kernel._COUNTERS[device]
+    assert (
+        len(held) == 2 and held[0] is small and held[1] is big
+    )  # captured graphs may still point at `small`
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("q_len, splits", [(1, 16), (7, 9), (3, 1)])
+def test_cuda_graph_replays_with_new_inputs(monkeypatch, fused, q_len, splits):
+    """The op captured in a CUDA graph (after a warm-up call) and replayed with new queries, caches and lengths."""
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    monkeypatch.setattr(kernel, "FUSED_MERGE", fused)
+    static = _inputs(2, 32, 8, q_len, 128, 1100, torch.bfloat16, "cuda", seed=30)
+    options = dict(
+        num_splits=splits, collect="two_rows", weights=True, sinks=torch.linspace(-1, 1, 32).cuda()
+    )
+
+    def run():
+        return decode_attention(*static, 128**-0.5, **options)
+
+    run()  # warm-up: compiles, allocates the counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, scores = run()
+    for seed in (31, 32):
+        fresh = _inputs(2, 32, 8, q_len, 128, 1100, torch.bfloat16, "cuda", seed=seed)
+        for target, source in zip(static, fresh):
+            target.copy_(source)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        reference = {k: v for k, v in options.items() if k != "num_splits"}
+        ref, ref_scores = decode_attention_naive(*fresh, 128**-0.5, **reference)
+        assert _rel(out, ref) < 2e-2 and _rel(scores, ref_scores) < 2e-2
+        assert all(not bool(c.any()) for c in kernel._COUNTERS.get(out.device, []))
