@@ -3,10 +3,7 @@
 Grid ``(splits, H_kv, B)``: each program reads one contiguous share of one row's valid slots for one KV head and
 processes all ``group * q`` query rows of that KV head at once (GQA packing: every K/V row is loaded once per
 KV head). The share is computed on the device from ``start``/``pad``, so the grid depends on shapes only and the
-launch can be captured in a CUDA graph. The splits' partial softmax states are merged either by a second kernel
-(`_merge_kernel`, the default) or, with `FUSED_MERGE`, inside the split kernel: each program counts its arrival on a
-per-(row, KV head) int32 counter (`merge_counters`) and the last one to arrive merges all splits and resets the counter
-to 0; with one split the program then writes the output directly (measured slower: see `FUSED_MERGE`).
+launch can be captured in a CUDA graph. A second kernel merges the splits' partial softmax states.
 
 Optionally (``COLLECT``) the split kernel also writes, per KV head, the raw logits ``q . k * scale`` summed over the
 group's heads and the chosen query rows: the Vegas "Collect-2-Query" signal, at the cost of one float32 store per
@@ -43,20 +40,15 @@ def _soft_cap(x, cap):
 @triton.jit
 def _split_kernel(
     Q, K, V, START, PAD,
-    O_PART, M_PART, L_PART, S_PART, OUT, LSE, SINKS, COUNTERS,
+    O_PART, M_PART, L_PART, S_PART,
     scale, score_scale, softcap, window, q_len, group, num_splits, capacity, rows_per_group,
     s_qb, s_qh, s_qt, s_qd,
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
-    s_ob, s_ot, s_oh, s_od,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
     IEEE: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
-    MERGE: tl.constexpr, STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCK_S: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr,
 ):  # fmt: skip
-    # MERGE: 0 store the partial state for `_merge_kernel`; 1 store it, and the last program of the (row, KV head)
-    # merges all splits; 2 (one split) store the output directly
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -174,86 +166,10 @@ def _split_kernel(
             b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
         b_m = m_new
 
-    if MERGE == 2:
-        _store_output(
-            OUT, LSE, SINKS, b_m, b_l, b_acc, b, kvh, kv_heads, offs_m, offs_d, row_ok, d_ok, g, i, q_len, group,
-            s_ob, s_ot, s_oh, s_od, STORE_LSE, HAS_SINKS,
-        )  # fmt: skip
-    else:
-        head = b * kv_heads + kvh
-        part = head * num_splits + split
-        tl.store(M_PART + part * BLOCK_M + offs_m, b_m)
-        tl.store(L_PART + part * BLOCK_M + offs_m, b_l)
-        tl.store(O_PART + (part * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :], b_acc)
-        if MERGE == 1:
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            arrived = tl.atomic_add(COUNTERS + head, 1, sem="acq_rel", scope="gpu")
-            # the last split of this (row, KV head) to arrive: the others' partials are visible
-            if arrived == num_splits - 1:
-                _merge_splits(
-                    O_PART, M_PART, L_PART, OUT, LSE, SINKS, head, b, kvh, kv_heads, num_splits, q_len, group,
-                    s_ob, s_ot, s_oh, s_od, BLOCK_M, BLOCK_D, HEAD_DIM, BLOCK_S, MERGE_UNROLL, STORE_LSE, HAS_SINKS,
-                )  # fmt: skip
-                tl.store(COUNTERS + head, 0)  # ready for the next launch (and CUDA-graph replay)
-
-
-# not inlined: inlined into the split kernel it made that spill registers at 32 query rows (H200, 4 x 64K 7-token
-# verify: 286 against 370 us per layer)
-@triton.jit(noinline=True)
-def _merge_splits(
-    O_PART, M_PART, L_PART, OUT, LSE, SINKS, head, b, kvh, kv_heads, num_splits, q_len, group,
-    s_ob, s_ot, s_oh, s_od,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    UNROLL: tl.constexpr, STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
-):  # fmt: skip
-    # the last-arriving split program merges every split of its (row, KV head); ".cg" loads read through L2, where
-    # the other programs' stores are (L1 is not coherent)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < num_splits
-    rows = (head * num_splits + offs_s)[:, None] * BLOCK_M + offs_m[None, :]  # [BLOCK_S, BLOCK_M]
-    m_all = tl.load(M_PART + rows, mask=s_ok[:, None], other=NEG_INF, cache_modifier=".cg")
-    l_all = tl.load(L_PART + rows, mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
-    b_m = tl.max(m_all, 0)  # [BLOCK_M]
-    m_safe = tl.where(b_m == NEG_INF, 0.0, b_m)  # splits without slots weigh 0
-    b_l = tl.sum(tl.exp(m_all - m_safe[None, :]) * l_all, 0)
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # weights from the global max: the iterations' loads do not wait on each other
-    for s in tl.range(0, num_splits, loop_unroll_factor=UNROLL):
-        p = head * num_splits + s
-        w = tl.exp(tl.load(M_PART + p * BLOCK_M + offs_m, cache_modifier=".cg") - m_safe)
-        o_s = tl.load(
-            O_PART + (p * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :], cache_modifier=".cg"
-        )
-        b_acc += o_s * w[:, None]
-    row_ok = offs_m < group * q_len
-    _store_output(
-        OUT, LSE, SINKS, b_m, b_l, b_acc, b, kvh, kv_heads, offs_m, offs_d, row_ok, offs_d < HEAD_DIM,
-        offs_m // q_len, offs_m % q_len, q_len, group, s_ob, s_ot, s_oh, s_od, STORE_LSE, HAS_SINKS,
-    )  # fmt: skip
-
-
-@triton.jit
-def _store_output(
-    OUT, LSE, SINKS, b_m, b_l, b_acc, b, kvh, kv_heads, offs_m, offs_d, row_ok, d_ok, g, i, q_len, group,
-    s_ob, s_ot, s_oh, s_od, STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
-):  # fmt: skip
-    # the normalised output of one KV head's query rows from their merged state (running max, denominator, sum)
-    m_max = b_m
-    if HAS_SINKS:  # the head's sink logit joins the denominator (and the running max) and attends to nothing
-        sink = tl.load(SINKS + kvh * group + g, mask=row_ok, other=0.0).to(tl.float32)
-        m_max = tl.maximum(m_max, sink)
-    m_safe = tl.where(m_max == NEG_INF, 0.0, m_max)
-    alpha = tl.exp(b_m - m_safe)
-    b_den = b_l * alpha
-    if HAS_SINKS:
-        b_den = b_den + tl.exp(sink - m_safe)
-    b_out = b_acc * (alpha / tl.where(b_den > 0, b_den, 1.0))[:, None]  # [BLOCK_M, BLOCK_D]
-    p_o = OUT + b * s_ob + i[:, None] * s_ot + (kvh * group + g)[:, None] * s_oh + offs_d[None, :] * s_od
-    tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
-        tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + offs_m, b_m + tl.log(b_l), mask=row_ok)
+    part = (b * kv_heads + kvh) * num_splits + split
+    tl.store(M_PART + part * BLOCK_M + offs_m, b_m)
+    tl.store(L_PART + part * BLOCK_M + offs_m, b_l)
+    tl.store(O_PART + (part * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :], b_acc)
 
 
 @triton.jit
@@ -384,41 +300,6 @@ WEIGHT_ROW_DOT = True
 SCORE_DOT_ROWS = True
 
 
-#: merge the splits inside the split kernel (its last program per row and KV head) instead of `_merge_kernel`. Off:
-#: measured on an H200 (CUDA-graph replays, us per layer, two-launch / fused), Qwen3-30B-A3B heads at 1 x 1K: decode
-#: 5.51 / 9.20, 8-token verify 8.96 / 17.43 (whole decode step 3.72 / 3.95 ms); 8B heads at 1 x 16K: 23.7 / 33.4,
-#: 4 x 64K 7 tokens: 289.7 / 297.5, 16 x 16K 7 tokens with scores: 360.4 / 358.0. The one program's serial merge
-#: after the last arrival costs more than the launch it saves (`benchmarks/bench_decode_attention_merge.py`).
-FUSED_MERGE = False
-#: unrolling of the fused merge's loop over the splits (its loads then overlap): 4 against 1 measured 297.5 / 348.6
-#: us at 4 x 64K 7 tokens, 9.2 / 9.7 us at 1 x 1K decode
-MERGE_UNROLL = 4
-#: counters allocated at least (``batch x KV heads`` per launch), so that they rarely grow
-MIN_COUNTERS = 4096
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def merge_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Arrival counters of the fused merge: int32 ``[>= count]`` on ``device``, all 0 between launches (the last
-    program of each (row, KV head) resets its own), one buffer per device reused by every launch and CUDA graph.
-
-    Allocated outside any capture (a warm-up call allocates it; under capture a missing buffer raises): a
-    ``torch.zeros`` inside a graph would add a memset node and leave the buffer unset until the first replay. Launches
-    on one stream run one after another; two launches in flight at once on different streams of one device must not
-    share the buffer (use the two-launch path there: ``FUSED_MERGE = False``). A grown buffer keeps the old ones
-    alive, since captured graphs hold their addresses."""
-    held = _COUNTERS.setdefault(device, [])
-    if held and held[-1].numel() >= count:
-        return held[-1]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"decode attention's merge counters for {count} (row, KV head) pairs must be allocated before CUDA-graph "
-            "capture: run the same launch once outside the capture first (a warm-up call)"
-        )
-    held.append(torch.zeros(max(count, MIN_COUNTERS), device=device, dtype=torch.int32))
-    return held[-1]
-
-
 @on_input_device
 def launch(
     query: torch.Tensor,
@@ -434,13 +315,11 @@ def launch(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
     mean_heads: bool = False,
-    fused_merge: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
     per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
     the raw logits, or of the softmax weights with ``weights``; or None). With ``weights`` and ``mean_heads`` the
-    weights kernel also averages over the KV heads: scores ``[B, C]``. ``fused_merge``: merge the splits in the
-    split kernel (one launch, `merge_counters`) or in `_merge_kernel`; None: `FUSED_MERGE`."""
+    weights kernel also averages over the KV heads: scores ``[B, C]``."""
     batch, heads, q_len, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -470,30 +349,26 @@ def launch(
     # the summed-query dot sums logits before any cap: only for plain logits
     score_dot = not weights and not softcap and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
     row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
-    fused = FUSED_MERGE if fused_merge is None else fused_merge
-    merge = (2 if num_splits == 1 else 1) if fused else 0
-    # m_part: an unread placeholder
-    counters = merge_counters(device, batch * kv_heads) if merge == 1 else m_part
-    sink_logits = sinks if sinks is not None else m_part  # [H], read in its own dtype
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
-        o_part, m_part, l_part, s_part, out, lse, sink_logits, counters,
+        o_part, m_part, l_part, s_part,
         scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
-        *query.stride(), *key.stride(), *value.stride(), *out.stride(),
+        *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
         COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
-        MERGE=merge, STORE_LSE=weights, HAS_SINKS=sinks is not None, BLOCK_S=next_power_of_2(num_splits),
-        MERGE_UNROLL=MERGE_UNROLL, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )  # fmt: skip
-    if not fused:
-        _merge_kernel[(group * q_len, kv_heads, batch)](
-            o_part, m_part, l_part, out, lse, sink_logits,
-            q_len, group, num_splits,
-            *out.stride(),
-            BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-            STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
-        )  # fmt: skip
+    sink_logits = (
+        sinks if sinks is not None else m_part
+    )  # [H], read in its own dtype; m_part: an unread placeholder
+    _merge_kernel[(group * q_len, kv_heads, batch)](
+        o_part, m_part, l_part, out, lse, sink_logits,
+        q_len, group, num_splits,
+        *out.stride(),
+        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
+        STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
+    )  # fmt: skip
     if not collect:
         return out, None
     if not weights:
