@@ -1,9 +1,11 @@
 """`FusedRouter`: transformers' MoE top-k routers on the one-launch kernel of `hf_sparse_verify.kernels.moe_router`.
 
 A decode step of Qwen3-30B-A3B on an H200 spends ~0.75 ms of 5.56 ms in the eager router (``F.linear``, softmax,
-``torch.topk``'s two kernels, the sum, the division and casts: ~6 small kernels per layer over 48 layers); the
-replacement runs ``F.linear`` for the logits and one routing kernel per layer for CUDA steps of at most `MAX_ROWS` token rows and transformers' arithmetic
-everywhere else, so CPU results are bitwise what transformers computes.
+``torch.topk``'s two kernels, the sum, the division and casts: ~6 small kernels per layer over 48 layers). For CUDA
+steps of at most `MAX_ROWS` token rows the replacement runs the op `hf_sparse_verify.kernels.moe_router.moe_router`
+(by default one launch that also computes the logits, float32 accumulation, so they are no longer bitwise cuBLAS's;
+``kernel.LOGITS_IN_KERNEL = False`` keeps ``F.linear`` + one routing launch); everywhere else it computes
+transformers' arithmetic, so CPU results are bitwise what transformers computes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Benchmark entry ``moe_router``: the Qwen3-30B-A3B router (128 experts, top-8, hidden 2048) for the token rows
-of a decode step (1) and of verify steps (8, 16), against transformers' arithmetic (``eager``: ``F.linear``,
-softmax, ``torch.topk``, renormalization, cast)."""
+of a decode step (1) and of verify steps (8, 16): ``triton+logits`` (logits in the kernel, one launch),
+``triton`` (``F.linear`` then the routing kernel) and transformers' arithmetic (``eager``: ``F.linear``, softmax,
+``torch.topk``, renormalization, cast)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import KernelCase, register_benchmark
-from .op import moe_router
+from .kernel import launch
 
 #: Qwen3-30B-A3B's router (`hf_sparse_verify.bench.shapes` preset ``qwen3-30b-a3b``)
 EXPERTS, TOP_K, HIDDEN = 128, 8, 2048
@@ -35,8 +36,9 @@ def cases(device: torch.device, dtype: torch.dtype, quick: bool):
         x = torch.randn(tokens, hidden, device=device, dtype=dtype)
         moved = (weight.numel() + x.numel() + tokens * experts) * size + tokens * top_k * (size + 8)
         params = dict(tokens=tokens, experts=experts, top_k=top_k, hidden=hidden)
-        run = functools.partial(moe_router, x, weight, top_k, True)
-        yield KernelCase("moe_router", "triton", params, moved, run)
+        for variant, in_kernel in (("triton+logits", True), ("triton", False)):
+            run = functools.partial(launch, x, weight, top_k, True, False, logits_in_kernel=in_kernel)
+            yield KernelCase("moe_router", variant, params, moved, run)
         yield KernelCase(
             "moe_router", "eager", params, moved, functools.partial(eager_router, x, weight, top_k)
         )
