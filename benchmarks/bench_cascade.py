@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import statistics
 import sys
@@ -306,13 +307,34 @@ def workloads(shared: Path, tok, sizes: Sizes, vocab_size: int) -> dict[str, lis
     return {"good": good, "poor": poor, "random": rand}
 
 
-def configurations(sizes: Sizes) -> list[tuple[str, dict | None]]:
-    """(name, speculation dict); None is plain ``model.generate``."""
+#: the name `register_compare_policy` gives a second utility policy class (``--compare-policy``)
+COMPARE = "utility_compare"
+
+
+def register_compare_policy(path: str) -> None:
+    """Register ``UtilityKPolicy`` of the file ``path`` (an older ``utility_policy.py``, e.g. from ``git show
+    REV:hf_sparse_verify/generation/policies/utility_policy.py``) as the K policy `COMPARE`, imported beside the
+    current one so its relative imports resolve: both policies are then timed side by side in one run."""
+    from hf_sparse_verify.registry import K_POLICIES
+
+    name = f"hf_sparse_verify.generation.policies._{COMPARE}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    K_POLICIES[COMPARE] = f"{name}:UtilityKPolicy"
+
+
+def configurations(sizes: Sizes, compare: bool = False) -> list[tuple[str, dict | None]]:
+    """(name, speculation dict); None is plain ``model.generate``. ``compare``: also `COMPARE` (registered by
+    `register_compare_policy`) with the utility policy's settings."""
     configs: list[tuple[str, dict | None]] = [("plain_generate", None), ("k0_ours", dict(k_policy="plain"))]
     configs += [(f"static_k{k}", dict(strategy="prompt_lookup", num_draft_tokens=k)) for k in sizes.static_ks]
-    configs.append(
-        ("utility", dict(strategy="prompt_lookup", k_policy="utility", max_draft_tokens=sizes.utility_max_k))
-    )
+    policies = ("utility", COMPARE) if compare else ("utility",)
+    configs += [
+        (name, dict(strategy="prompt_lookup", k_policy=name, max_draft_tokens=sizes.utility_max_k))
+        for name in policies
+    ]
     return configs
 
 
@@ -383,7 +405,7 @@ def suite_e2e(args, sizes: Sizes, dtype, bar) -> tuple[list[dict], list[dict]]:
     for name in ("code-moe", "code-target"):
         model = AutoModelForCausalLM.from_pretrained(shared / name, dtype=dtype).to(args.device).eval()
         loads = workloads(shared, tok, sizes, model.config.vocab_size)
-        configs = configurations(sizes)
+        configs = configurations(sizes, compare=args.compare_policy is not None)
         for _, spec in configs:  # one warm-up per configuration
             generate_once(model, loads["good"][0], args.device, sizes.new_tokens, spec)
             bar.update(1)
@@ -573,7 +595,14 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads (default: 1 with --quick on CPU)"
     )
+    parser.add_argument(
+        "--compare-policy",
+        default=None,
+        help=f"also time the UtilityKPolicy of this file (an older utility_policy.py) as {COMPARE!r}, side by side",
+    )
     args = parser.parse_args()
+    if args.compare_policy is not None:
+        register_compare_policy(args.compare_policy)
     sizes = QUICK if args.quick else FULL
     overrides = {
         "repeats": args.repeats,
@@ -600,7 +629,7 @@ def main() -> None:
     if args.suite in ("steps", "all"):
         cases += 2 * len(sizes.step_ks)
     if args.suite in ("e2e", "all"):
-        n_configs = len(configurations(sizes))
+        n_configs = len(configurations(sizes, compare=args.compare_policy is not None))
         cases += 2 * n_configs * (1 + sizes.repeats * len(WORKLOADS) * sizes.prompts_per_workload)
     result = {
         "machine": machine_info(args.device),

@@ -11,7 +11,7 @@ import pytest
 
 from hf_sparse_verify.config import SpeculationConfig
 from hf_sparse_verify.generation.policies import utility_policy
-from hf_sparse_verify.generation.policies.k_policy import StepOutcome, make_k_policy
+from hf_sparse_verify.generation.policies.k_policy import ConstantKPolicy, StepOutcome, make_k_policy
 from hf_sparse_verify.generation.policies.utility_policy import UtilityKPolicy, plan_next_trial
 
 StepTime = Callable[[int, int], float]  # (K, step index) -> seconds
@@ -184,12 +184,15 @@ def test_flat_curves_stop_within_tolerance_of_the_best(alpha, cost):
 
 
 def test_far_peak_is_reached_over_successive_test_phases():
-    """Utility rises up to K = 16 here: one test phase climbs 3 -> 6, each later one starts from the best recent
-    K and climbs one more step (the next K is within 10%: converged) until K_max."""
+    """Utility rises up to K = 16 here: one test phase climbs 3 -> 6 (the next K is within 10%: converged); the set
+    phase at 6 accepts every draft, so after t steps it is cut and becomes the first trial of a test that jumps
+    to 12 (saturation), and so on until K_max (climbing one K per test phase took 11 test phases)."""
     run = simulate(UtilityKPolicy(max_k=16), *table_curve(geometric_curve(0.95, 0.05)), steps=600)
     set_ks = [run.ks[i] for i in _set_starts(run) if run.phases[i - 1] == "test"]
-    assert set_ks[:11] == list(range(6, 17))
-    assert set(set_ks[11:]) == {16}
+    assert run.first_test() == [3] * 4 + [4] * 4 + [5] * 4 + [6] * 4
+    assert set_ks[0] == 6 and set_ks[:3] == sorted(set_ks[:3])
+    assert run.ks.index(16) < 40
+    assert set(set_ks[2:]) == {16}
 
 
 # ------------------------------------------------------------------------------------------------ back-off
@@ -264,7 +267,8 @@ def test_exit_when_successive_utilities_within_tolerance(tolerance, trials, set_
     assert run.first_test() == [k for k in trials for _ in range(4)]
     end = 4 + 4 * len(trials)
     assert run.states[end]["exit"] == exit_reason
-    assert run.ks[end : end + 16] == [set_k] * 16
+    # (at 4 every draft is accepted and K = 5 is untried: the set phase is cut after t steps to test above it)
+    assert run.ks[end : end + 4] == [set_k] * 4
 
 
 def test_plan_next_trial_exit_order():
@@ -299,16 +303,32 @@ def test_baseline_is_median_of_plain_steps():
     assert run.states[8]["utility"] == pytest.approx(4 / 2)
 
 
+def _plain_runs(run: Run) -> list[int]:
+    return [i for i in range(1, len(run.ks)) if run.ks[i] == 0 and run.ks[i - 1] != 0]
+
+
 def test_baseline_refreshed_while_speculating():
+    """Speculation barely pays (best utility 1.05): the K = 0 step time decides it, and is refreshed every
+    `baseline_refresh` steps."""
     policy = UtilityKPolicy(max_k=16)
-    run = simulate(policy, *table_curve(peaked(3)), steps=1000)
-    plain_runs = [i for i in range(1, len(run.ks)) if run.ks[i] == 0 and run.ks[i - 1] != 0]
+    run = simulate(policy, *table_curve({k: 1.05 * 0.8 ** abs(k - 3) for k in range(1, 17)}), steps=1000)
+    plain_runs = _plain_runs(run)
     assert plain_runs and all(run.ks[i : i + 4] == [0] * 4 for i in plain_runs)
     last = 3
     for start in plain_runs:
         assert policy.baseline_refresh <= start - last <= policy.baseline_refresh + 16
         last = start + 3
     assert all(run.phases[i] == "baseline" for i in plain_runs)
+
+
+def test_baseline_refresh_waits_while_speculation_pays_far_more():
+    """At utility 2 a K = 0 step time off by 10% cannot flip the decision to speculate: the refresh period is
+    stretched by (2 - 1) / tolerance to 1000 steps."""
+    policy = UtilityKPolicy(max_k=16)
+    run = simulate(policy, *table_curve(peaked(3)), steps=1200)
+    plain_runs = _plain_runs(run)
+    assert plain_runs and 1000 <= plain_runs[0] - 3 <= 1000 + 16
+    assert all(run.ks[i : i + 4] == [0] * 4 and run.phases[i] == "baseline" for i in plain_runs)
 
 
 # ------------------------------------------------------------------------------------- late and missing times
@@ -426,10 +446,9 @@ def test_docstring_examples_run():
 
 
 def test_warm_start_from_the_previous_request():
-    """A request's first trial starts at the best K its predecessor found."""
+    """A request's first trial starts at the best K its predecessor found (drafts right up to 6 tokens)."""
     first = UtilityKPolicy(max_k=16)
-    curve = peaked(6)
-    run = simulate(first, lambda k, i: 1.0, lambda k, i: max(0, round(curve.get(k, 1.0) * k / 2)), steps=300)
+    run = simulate(first, lambda k, i: 1.0 + 0.05 * k, lambda k, i: min(k, 6), steps=300)
     best = first.recent_best_k()
     assert best is not None and best > first.start_k
     second = UtilityKPolicy(max_k=16)
@@ -549,3 +568,153 @@ def test_baseline_carries_to_the_next_request_and_ages():
         policy = UtilityKPolicy(max_k=8)
         policy.warm_start(3, None, None, bad)  # unusable: the cold start
         assert [policy.next_k() for _ in range(5)] == [0, 0, 0, 0, 3]
+
+
+# ----------------------------------------------------------------------- pooled estimates (censored run lengths)
+Step = utility_policy.Step
+Draft = Callable[
+    [int, int], "tuple[int, int]"
+]  # (K issued, step index) -> (K run: drafts proposed, accepted)
+
+
+def simulate_drafter(
+    policy: UtilityKPolicy, step_time: StepTime, draft: Draft, steps: int, lag: int = 0
+) -> Run:
+    """Like `simulate`, with a drafter that may propose fewer than K drafts: the loop then runs (and times) the
+    step at the K proposed, and reports that K, as `speculative_decode` does. ``step_time`` takes the K run."""
+    ks, states, queue = [], [], []
+    total_time = tokens = 0.0
+    for i in range(steps):
+        k = policy.next_k()
+        ran, accepted = draft(k, i) if k > 0 else (0, 0)
+        assert 0 <= accepted <= ran <= k
+        seconds = step_time(ran, i) if k > 0 else 1.0
+        total_time += seconds
+        tokens += 1 + accepted
+        queue.append(StepOutcome(index=i, k=ran, accepted=[accepted], time_s=seconds, drafted=[ran]))
+        if len(queue) > lag:
+            policy.observe(queue.pop(0))
+        ks.append(k)
+        states.append(policy.state())
+    return Run(ks, states, total_time, tokens)
+
+
+def test_run_length_survival_censors_rows_cut_by_k():
+    survival = utility_policy.run_length_survival
+    # every draft accepted at K = 3: runs are at least 3, nothing is known beyond
+    assert survival([Step(3, 3, (3,), 1.0)] * 4, 5) == [1.0, 1.0, 1.0, 1.0, None, None]
+    # a rejection shows the run: 1 of 4 stopped at 1, the others go on to K = 4
+    steps = [Step(4, 4, (1,), 1.0)] + [Step(4, 4, (4,), 1.0)] * 3
+    assert survival(steps, 5) == [1.0, 1.0, 0.75, 0.75, 0.75, None]
+    # the drafter had only 2 drafts (the loop ran K = 2 of 6): both accepted is the whole run, not a cut
+    assert survival([Step(6, 2, (2,), 1.0)], 4) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    # rows of a batch are samples; a run cut at a smaller K still counts up to that K
+    assert survival([Step(2, 2, (2, 0), 1.0), Step(4, 4, (3, 4), 1.0)], 4) == [1.0, 0.75, 0.75, 0.75, 0.375]
+
+
+def test_step_costs_are_medians_interpolated_between_well_seen_ks():
+    times = {
+        0: [1.0, 1.1, 0.9],
+        3: [5.0],
+        8: [2.0, 2.0, 20.0],
+    }  # K = 3 seen once (inside: ignored), 8 has an outlier
+    costs = utility_policy.step_costs(times, 10)
+    assert costs[0] == pytest.approx(1.0) and costs[8] == pytest.approx(2.0)
+    assert costs[4] == pytest.approx(1.5)  # on the line from K = 0 to 8, not through the lone K = 3 step
+    assert costs[9] is None and costs[10] is None  # no extrapolation
+    assert utility_policy.step_costs({}, 4) == [None] * 5
+
+
+def test_pooled_utilities_judge_every_k_on_the_same_steps():
+    """Steps at K = 8 tell what K = 1 .. 8 would have emitted on the same text; a step whose drafter had no draft
+    costs what a K = 0 verify costs at every K."""
+    costs = [1.2] + [1.0 + 0.1 * k for k in range(1, 9)]
+    steps = [Step(8, 8, (8,), 1.8), Step(8, 8, (2,), 1.8), Step(8, 0, (0,), 1.2), Step(8, 8, (0,), 1.8)]
+    pooled = utility_policy.pooled_utilities(steps, range(1, 9), 8, 1.0, costs)
+    for k in range(1, 9):
+        tokens = sum(1 + min(a, k) for a in (8, 2, 0, 0))
+        seconds = 1.2 + 3 * costs[k]
+        assert pooled[k] == pytest.approx(tokens / seconds)
+    # without a step time at K = 9's width nothing is said about it; an upper bound fills the unknown runs
+    assert utility_policy.pooled_utilities(steps, [9], 9, 1.0, costs + [None])[9] is None
+    upper = utility_policy.pooled_utilities(steps, [9], 9, 1.0, costs + [1.9], optimistic=True)[9]
+    assert upper == pytest.approx((10 + 3 + 1 + 1) / (1.2 + 3 * 1.9))
+
+
+def test_bursty_drafts_are_compared_on_the_same_text():
+    """Drafts are all right in alternate 6-step bursts and all wrong in between; a step costs 2% more per draft
+    token, so the largest K is the best static K. Trials judged on their own 4 steps see bursts, not K (the
+    paper's rule settles on K = 2 here, 0.33 of the best static K); pooled over the test phase they find K = 8."""
+    cost = lambda k, i: 1.0 + 0.02 * k  # noqa: E731
+    burst = lambda k, i: (k, k if (i // 6) % 2 == 0 else 0)  # noqa: E731
+    run = simulate_drafter(UtilityKPolicy(max_k=8), cost, burst, steps=400)
+    static = simulate_drafter(ConstantKPolicy(8, 8), cost, burst, steps=400)
+    assert run.tokens / run.time >= 0.9 * static.tokens / static.time
+    assert run.ks[-100:] == [8] * 100
+
+
+def test_confident_set_phases_skip_the_test():
+    """Every draft right, and a step where the drafter finds nothing (every 5th) shows the cost of a one-token
+    verify: after the first set phase at K_max every K up to it is estimated from its steps, so set phases follow
+    each other without test phases (exit "confident")."""
+    cost = lambda k, i: 1.1 + 0.01 * k  # noqa: E731
+    draft = lambda k, i: (0, 0) if i % 5 == 0 else (k, k)  # noqa: E731
+    run = simulate_drafter(UtilityKPolicy(max_k=8), cost, draft, steps=300)
+    first_set = _set_starts(run)[0]
+    assert run.ks[first_set] == 8
+    later = run.phases[first_set + 16 :]
+    assert "test" not in later and "baseline" not in later
+    assert {state["exit"] for state in run.states[first_set + 16 :]} == {"confident"}
+
+
+def test_set_phase_cut_by_k_becomes_the_first_trial():
+    """A request warm-started at K = 3 whose drafts are all right: after t steps the set phase ends (K, not the
+    drafter, limited every step), counts as the first trial and the saturation jump follows: 3 -> 6 -> 8."""
+    policy = UtilityKPolicy(max_k=8)
+    policy.warm_start(3, None, 3, (1.0, 0))
+    run = simulate_drafter(policy, lambda k, i: 1.0 + 0.05 * k, lambda k, i: (k, k), steps=30)
+    assert run.ks[:12] == [3] * 4 + [6] * 4 + [8] * 4
+    assert run.phases[:4] == ["set"] * 4 and run.phases[4:12] == ["test"] * 8
+    assert set(run.ks[12:]) == {8}
+
+
+def test_a_request_ending_in_a_test_that_pays_is_not_handed_on_switched_off():
+    """Speculation switched off (nothing accepted), then drafts turn right and the test phase after the K = 0 set
+    phase finds K = 1 pays; a request that ends there hands on that K, not its back-off."""
+    good_from = 4 + 12 + 32
+    draft = lambda k, i: (k, k if i >= good_from else 0)  # noqa: E731
+    policy = UtilityKPolicy(max_k=8)
+    run = simulate_drafter(policy, lambda k, i: 1.0 + 0.5 * k, draft, steps=good_from + 4 + 1)
+    assert run.ks[good_from : good_from + 4] == [1] * 4 and run.phases[-1] == "test"
+    assert policy.switched_off_steps() is None
+    assert policy.speculating_k() == 1
+
+
+def test_a_drafter_with_nothing_to_propose_is_switched_off():
+    """Prompt lookup finds no draft: every speculative step runs a one-token verify that costs 20% more than a
+    plain step (the search). Speculation is switched off with back-off, within the paper's 5% bound."""
+    run = simulate_drafter(UtilityKPolicy(max_k=8), lambda k, i: 1.2, lambda k, i: (0, 0), steps=2000)
+    assert run.time / run.tokens - 1 <= 0.05
+    assert sum(k > 0 for k in run.ks) <= 40
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_late_outcomes_give_the_same_decisions_with_cuts_and_confident_sets(lag):
+    cost = lambda k, i: 1.1 + 0.01 * k  # noqa: E731
+    draft = lambda k, i: (0, 0) if i % 5 == 0 else (k, min(k, 5 if i % 3 else 8))  # noqa: E731
+    on_time = simulate_drafter(UtilityKPolicy(max_k=8), cost, draft, steps=400)
+    late = simulate_drafter(UtilityKPolicy(max_k=8), cost, draft, steps=400, lag=lag)
+    assert late.ks == on_time.ks
+    assert {"confident", "converged"} & {state["exit"] for state in on_time.states}
+
+
+def test_no_switch_off_while_the_last_trial_pays():
+    """Drafts are wrong until step 12, then all right; a draft token costs 60% of a plain step. Over the test
+    phase (K = 3, 2, 1) the pooled utility of K = 1 is 0.83, but the trial at K = 1 alone, on the text as it is
+    now, measures 1.25: speculation stays on at K = 1 instead of switching off for 32 steps (and, every draft
+    being accepted at K = 1, climbs from there)."""
+    draft = lambda k, i: (k, k if i >= 12 else 0)  # noqa: E731
+    run = simulate_drafter(UtilityKPolicy(max_k=8), lambda k, i: 1.0 + 0.6 * k, draft, steps=40)
+    assert run.first_test() == [3] * 4 + [2] * 4 + [1] * 4
+    assert run.states[16]["exit"] == "k_zero" and run.states[16]["phase"] == "set"
+    assert run.ks[16:20] == [1] * 4 and 0 not in run.ks[16:] and run.ks[-1] == 8

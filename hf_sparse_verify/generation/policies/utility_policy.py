@@ -15,9 +15,10 @@ The policy runs one state machine per request (or per batch, see below)::
 - **baseline**: the first ``baseline_steps`` (B = 4) steps are plain decode steps that measure ``step_time(0)``:
   the median of the last B timed K = 0 steps (every K = 0 step counts, so a set phase at K = 0 keeps it fresh).
   When no K = 0 step ran for ``baseline_refresh`` (100) steps, B plain steps are scheduled again: before the
-  next test phase, or in the middle of a set phase (which then resumes).
-- **test**: trials of ``trial_steps`` (t = 4) steps at one K each. A trial's utility is
-  ``sum(ETR) * step_time(0) / sum(step time)`` over its timed steps. The first trial runs the non-zero K with
+  next test phase, or in the middle of a set phase (which then resumes). Ours: ``step_time(0)`` only decides
+  whether to speculate, so the period is stretched by ``(u - 1) / tolerance`` (at least 1), ``u`` the best
+  utility measured last: at utility 3 a refresh comes every 2000 steps, near 1 every 100.
+- **test**: trials of ``trial_steps`` (t = 4) steps at one K each. The first trial runs the non-zero K with
   the best utility in the last test and set phase (``k_start`` = 3 at first); after a set phase at K = 0 it runs
   K = 1, the cheapest speculative step (Sec. 5.4). :func:`plan_next_trial` picks each next K by hill climbing
   and ends the phase early (switch-off at K = 1, falling utility, converged utility, ...).
@@ -25,10 +26,38 @@ The policy runs one state machine per request (or per batch, see below)::
   (speculation switched off). Entering the set phase at K = 0 doubles S (adaptive back-off, so testing gets
   exponentially rarer while speculation keeps failing); entering it at K > 0 resets S to ``set_steps``.
 
+Pooled estimates (ours). The paper's trial utility is ``sum(ETR) * step_time(0) / sum(step time)`` over the trial's
+own t steps, so two Ks are compared on different text; drafts come in bursts, and on the H200 Cascade run
+(`benchmarks/bench_cascade.py --suite e2e`, replayed by `benchmarks/replay_cascade.py`) that noise walked K away
+from the best static K. Every timed speculative step is kept as a `Step` (K issued, K run, drafts accepted per row,
+time), and :func:`pooled_utilities` estimates the utility of any K from steps run at any K: expected tokens from a
+censored run-length model (:func:`run_length_survival`: drafts accepted at K count at every smaller K, a row that
+accepted all K drafts is censored there) and the expected step time from per-K medians of this request's steps
+(:func:`step_costs`) at the K each step would have run with. Where a K is not estimable, its trial's own utility
+is used.
+
+- test: each trial's utility is pooled over all trials of the phase (the same text for every K), re-scored after
+  every trial; the set phase may also pick the last set phase's K. Speculation is switched off only when no
+  trial's own utility is >= 1 either: pooled over the phase, older trials outvote the last one when the text has
+  just turned good, and staying off then costs the most;
+- end of a set phase at K > 0: when its steps (with the last test's) estimate every K up to it and K + 1 could not
+  pay more (:meth:`UtilityKPolicy._room_above`: even if every row cut by K accepted one more draft), the next set
+  phase runs at the best of them without a test (exit ``"confident"``); it stays at K unless another K beats it by
+  more than ``tolerance``;
+- every t steps of a set phase at K < ``max_k``: when the last t steps that drafted accepted all K drafts in every
+  row and K + 1 could pay more, the set phase ends there and is the first trial of a test phase (the saturation
+  jump of :func:`plan_next_trial` follows);
+- the evidence is the steps issued in the last ``set_steps + max_trials * t`` steps (a test and a set phase),
+  since speculation was last switched on; step costs are kept for the whole request (they depend on the model
+  and machine, not on the text).
+
 Timing: ``needs_timing = True`` asks the loop for step times. Outcomes are matched to steps by ``index`` and may
 arrive late; a step whose time is None (or not a positive finite number) contributes nothing. Decisions use the
 outcomes that have arrived: a trial with no timed step after its t steps is extended one step at a time (at most
 t more); a trial without a measurable utility ends the test phase and the set phase keeps its K.
+
+Between requests (`warm_start`): a request that ends in a test phase whose best K so far pays is handed on as
+speculating at that K, not as switched off (its last set phase may have been at K = 0).
 
 Batches: the whole batch shares K. ETR is 1 + the mean of the accepted drafts over the active rows and the step
 time is the batch's, so utility is the batch's throughput relative to plain decoding of the batch (at batch 1 this
@@ -54,18 +83,32 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from statistics import median
+from typing import NamedTuple
 
 from .k_policy import KPolicy, StepOutcome
 
 BASELINE, TEST, SET = "baseline", "test", "set"
 
+#: a K's step cost is its own median from this many steps on (a median of 3 ignores one outlier), else interpolated
+_MIN_COST_STEPS = 3
 #: outcomes of at most this many issued steps are awaited; older ones are forgotten (a loop that never reports)
 _MAX_PENDING = 1024
 
 
+class Step(NamedTuple):
+    """One timed speculative step: the K issued, the K it ran with (the loop trims K to the longest draft, so
+    ``k < issued`` says the drafter had no more to propose), the drafts accepted per active row, its time."""
+
+    issued: int
+    k: int
+    accepted: tuple[int, ...]
+    time_s: float
+
+
 class Window:
-    """Sums over the timed steps run at one K: one trial, or one set phase."""
+    """The timed steps run at one K: one trial, or one set phase."""
 
     def __init__(self, k: int):
         self.k = k
@@ -74,9 +117,16 @@ class Window:
         self.timed = 0  # steps with a known time
         self.drafted = 0  # drafts proposed in the timed steps (when the loop reports them)
         self.accepted = 0  # of which accepted
+        self.steps: list[Step] = []
+        self.issued = 0  # steps issued at this K (timed or not)
 
     def add(
-        self, etr: float, time_s: float, accepted: list[int] | None = None, drafted: list[int] | None = None
+        self,
+        etr: float,
+        time_s: float,
+        accepted: list[int] | None = None,
+        drafted: list[int] | None = None,
+        ran_k: int | None = None,
     ):
         self.tokens += etr
         self.time_s += time_s
@@ -84,6 +134,9 @@ class Window:
         if accepted is not None and drafted is not None:
             self.drafted += sum(drafted)
             self.accepted += sum(accepted)
+        if accepted:
+            k = self.k if ran_k is None else max(0, min(int(ran_k), self.k))
+            self.steps.append(Step(self.k, k, tuple(min(int(a), k) for a in accepted), time_s))
 
     @property
     def saturated(self) -> bool:
@@ -190,6 +243,110 @@ def choose_set_k(trials: list[tuple[int, float]]) -> tuple[int, int | None]:
     return (best_k if best_u >= 1.0 else 0), best_k
 
 
+def run_length_survival(steps: list[Step], max_k: int) -> list[float | None]:
+    """Kaplan-Meier estimate of ``P(run >= j)`` for ``j = 0 .. max_k`` over the rows of ``steps``.
+
+    A row's *run* is how many drafts it would accept with no limit on K. A row that accepted fewer drafts than the
+    K issued shows its run (a rejection, or the drafter had no more: the loop ran a smaller K); a row that accepted
+    all K issued is censored there (its run is at least K). Drafts accepted at K count as accepted at any smaller
+    K (a shorter draft is a prefix of the longer one). So every step tells about every K, and a K is judged on the
+    same text as the others, not on its own few steps. None from the first ``j`` no row reached uncensored.
+
+    Example (runs: at least 4, exactly 1, at least 2):
+        >>> steps = [Step(4, 4, (4,), 1.0), Step(4, 4, (1,), 1.0), Step(2, 2, (2,), 1.0)]
+        >>> [None if s is None else round(s, 3) for s in run_length_survival(steps, 5)]
+        [1.0, 1.0, 0.667, 0.667, 0.667, None]
+    """
+    reached = [0] * (max_k + 2)  # rows that accepted exactly a drafts (a capped at max_k)
+    stopped = [0] * (max_k + 2)  # rows whose run is exactly j - 1
+    for step in steps:
+        for accepted in step.accepted:
+            reached[min(accepted, max_k)] += 1
+            if accepted < step.issued and accepted < max_k:
+                stopped[accepted + 1] += 1
+    survived = [0] * (max_k + 2)  # rows known to go from run >= j - 1 to run >= j: accepted >= j
+    for j in range(max_k, 0, -1):
+        survived[j] = survived[j + 1] + reached[j]
+    survival: list[float | None] = [1.0]
+    for j in range(1, max_k + 1):
+        at_risk = survived[j] + stopped[j]
+        previous = survival[-1]
+        if previous is None or previous == 0.0:
+            survival.append(previous)  # unknown stays unknown; no run reaches past where all stopped
+        else:
+            survival.append(None if at_risk == 0 else previous * survived[j] / at_risk)
+    return survival
+
+
+def step_costs(times: dict[int, Sequence[float]], max_k: int) -> list[float | None]:
+    """Step cost by the K a step ran with (``0 .. max_k``) from ``times`` (K -> step times): the median at the
+    Ks seen in at least `_MIN_COST_STEPS` steps and at the smallest and largest K seen, linearly interpolated
+    between them, None outside them (no extrapolation). Medians, and few-step Ks only at the ends, because one
+    step in tens takes several times as long (host or device hiccups).
+
+    Example:
+        >>> step_costs({0: [1.0, 1.0, 1.0], 4: [2.0, 3.0, 9.0]}, 6)
+        [1.0, 1.5, 2.0, 2.5, 3.0, None, None]
+    """
+    costs: list[float | None] = [None] * (max_k + 1)
+    times = {k: t for k, t in times.items() if t and 0 <= k <= max_k}
+    if not times:
+        return costs
+    ends = {min(times), max(times)}
+    seen = sorted(k for k in times if len(times[k]) >= _MIN_COST_STEPS or k in ends)
+    for low, high in zip(seen, seen[1:] + seen[-1:]):
+        low_s, high_s = median(times[low]), median(times[high])
+        for k in range(low, high + 1):
+            costs[k] = low_s if high == low else low_s + (high_s - low_s) * (k - low) / (high - low)
+    return costs
+
+
+def pooled_utilities(
+    steps: list[Step],
+    ks,
+    max_k: int,
+    baseline_s: float | None,
+    costs: list[float | None],
+    optimistic: bool = False,
+) -> dict[int, float | None]:
+    """Utility of each K in ``ks`` from all ``steps`` (run at any K): expected tokens from `run_length_survival`,
+    expected step time from ``costs`` (`step_costs`) at the K each step would have run with (what its drafter had,
+    up to K). None where either is unknown, or without steps or a baseline. ``optimistic``: where the survival is
+    unknown (every row that got there was cut by K), take it as flat (those rows would have accepted every draft):
+    an upper bound.
+
+    Example (drafts right up to 2 tokens; a step costs 1 + 0.2 K; steps at K = 3 and 4 tell about K = 1 .. 4):
+        >>> steps = [Step(k, k, (2,), 1.0 + 0.2 * k) for k in (3, 3, 4, 4)]
+        >>> costs = [1.0 + 0.2 * k for k in range(9)]
+        >>> {k: round(u, 3) for k, u in pooled_utilities(steps, [1, 2, 3, 4], 8, 1.0, costs).items()}
+        {1: 1.667, 2: 2.143, 3: 1.875, 4: 1.667}
+    """
+    if not steps or baseline_s is None:
+        return dict.fromkeys(ks)
+    survival = run_length_survival(steps, max_k)
+    if optimistic:
+        for j in range(1, max_k + 1):
+            if survival[j] is None:
+                survival[j] = survival[j - 1]
+    short: dict[int, int] = {}  # steps whose drafter had fewer drafts than the K issued, by the K they ran
+    for step in steps:
+        if step.k < step.issued:
+            short[step.k] = short.get(step.k, 0) + 1
+    full = len(steps) - sum(short.values())  # steps that ran the K issued: at a smaller K they run that K
+    out: dict[int, float | None] = {}
+    for k in ks:
+        ran = {k: full} if full else {}  # the K each step would have run with -> steps
+        for r, count in short.items():
+            ran[min(r, k)] = ran.get(min(r, k), 0) + count
+        if any(survival[j] is None for j in range(1, k + 1)) or any(costs[r] is None for r in ran):
+            out[k] = None
+            continue
+        tokens = 1.0 + sum(survival[j] for j in range(1, k + 1))  # type: ignore[misc]
+        seconds = sum(costs[r] * count for r, count in ran.items())  # type: ignore[operator]
+        out[k] = tokens * baseline_s * len(steps) / seconds
+    return out
+
+
 def _usable(baseline) -> bool:
     try:
         baseline_s, age = baseline
@@ -270,8 +427,13 @@ class UtilityKPolicy(KPolicy):
         self._set_len = self.set_steps
         self._off = False  # the last set phase entered runs at K = 0 (speculation switched off)
         self._trials: list[tuple[Window, float | None]] = []  # this (or the last) test phase
+        self._recent: deque[tuple[int, Step]] = deque()  # (step index, step), see `_evidence`
+        self._recent_span = self.set_steps + self.max_trials * self.trial_steps
+        self._times: dict[int, deque[float]] = {}  # K a step ran with -> its last set_steps step times
         self._last_set: Window | None = None
         self._paused: tuple[str, Window, int] | None = None  # set phase interrupted by a baseline refresh
+        self._margin: float | None = None  # best utility of the last decision (see `_refresh_due`)
+        self._seed: Window | None = None  # a set phase cut by K: the first trial of the next test phase
         self._last_utility: float | None = None
         self._best_k: int | None = None
         self._exit: str | None = None
@@ -282,9 +444,11 @@ class UtilityKPolicy(KPolicy):
 
     # ------------------------------------------------------------------------------------------- loop interface
     def next_k(self) -> int:
+        if self._cut_by_k():
+            self._left, self._seed = 0, self._window
         while self._left == 0:
             self._end_segment()
-        if self._phase == SET and self._refresh_due():
+        if self._phase == SET and self._margin is not None and self._refresh_due():
             self._paused = (self._phase, self._window, self._left)
             self._begin(BASELINE, Window(0), self.baseline_steps)
         self._left -= 1
@@ -292,6 +456,7 @@ class UtilityKPolicy(KPolicy):
         if k == 0:
             self._last_plain_step = self._step
         self._pending[self._step] = self._window
+        self._window.issued += 1
         if len(self._pending) > _MAX_PENDING:
             del self._pending[next(iter(self._pending))]
         self._issued = (self._phase, k)
@@ -311,7 +476,13 @@ class UtilityKPolicy(KPolicy):
         if window.k == 0:
             self._plain_times.append(time_s)
         else:
-            window.add(outcome.tokens_per_row, time_s, outcome.accepted, outcome.drafted)
+            window.add(outcome.tokens_per_row, time_s, outcome.accepted, outcome.drafted, outcome.k)
+            if window.steps:
+                step = window.steps[-1]
+                self._recent.append((outcome.index, step))
+                if step.k not in self._times:
+                    self._times[step.k] = deque(maxlen=self.set_steps)
+                self._times[step.k].append(time_s)
 
     def state(self) -> dict:
         """Phase and K of the last issued step, last trial utility and the K it was measured at, the K = 0 step
@@ -337,14 +508,19 @@ class UtilityKPolicy(KPolicy):
         return median(self._plain_times) if self._plain_times else None
 
     def _refresh_due(self) -> bool:
-        return self._step - self._last_plain_step >= self.baseline_refresh
+        """The K = 0 step time is older than `baseline_refresh` steps times ``(u - 1) / tolerance`` (at least 1),
+        ``u`` the best utility measured last: the K = 0 time only decides whether to speculate, so it is trusted to
+        drift by ``tolerance`` per `baseline_refresh` steps, and a utility far above 1 needs it less often."""
+        interval = self.baseline_refresh
+        if self._margin is not None and self.tolerance > 0:
+            interval *= max(1.0, (self._margin - 1.0) / self.tolerance)
+        return self._step - self._last_plain_step >= interval
 
     def _end_segment(self) -> None:
         if self._phase == TEST:
             self._end_trial()
         elif self._phase == SET:
-            self._last_set = self._window
-            self._start_test()
+            self._end_set()
         elif self._paused is not None:
             self._begin(*self._paused)
             self._paused = None
@@ -358,41 +534,104 @@ class UtilityKPolicy(KPolicy):
         if self._refresh_due() or not self._baseline_ran:  # a test needs the K = 0 step time
             self._begin(BASELINE, Window(0), self.baseline_steps)
             return
-        k = self._first_trial_k()
         self._trials, self._best_k, self._exit = [], None, None
-        self._begin(TEST, Window(k), self.trial_steps)
+        if self._seed is not None:  # the set phase cut by K is the first trial (its steps are saturated)
+            self._trials, self._seed = [(self._seed, None)], None
+            self._phase = TEST
+            self._decide(saturated=True)
+            return
+        self._begin(TEST, Window(self._first_trial_k()), self.trial_steps)
 
     def _first_trial_k(self) -> int:
         if self._last_set is not None and self._last_set.k == 0:
             return 1
         return self.recent_best_k() or self.start_k
 
+    def _evidence(self) -> list[Step]:
+        """The timed speculative steps issued in the last ``set_steps + max_trials * trial_steps`` steps (one test
+        and one set phase; counted by issue, so outcomes that arrive late change nothing), since speculation was
+        last switched on."""
+        oldest = self._step - self._recent_span
+        while self._recent and self._recent[0][0] < oldest:
+            self._recent.popleft()
+        return [step for _, step in self._recent]
+
+    def _costs(self) -> list[float | None]:
+        """`step_costs` from every K this request ran (costs depend on the model and machine, not the text)."""
+        return step_costs(self._times, self.max_k)
+
+    def _room_above(self, k: int) -> bool:
+        """K + 1 might pay more than ``k`` on the recent steps: ``k < max_k``, ``k``'s utility is estimable, and
+        K + 1's optimistic utility (every row cut by K would accept the next draft too; `pooled_utilities`) is
+        higher, or unknown (no step ran at K + 1 yet in this request: only a trial tells its cost)."""
+        if k >= self.max_k:
+            return False
+        steps, baseline_s, costs = self._evidence(), self._baseline_s(), self._costs()
+        here = pooled_utilities(steps, [k], self.max_k, baseline_s, costs)[k]
+        if here is None:
+            return False
+        above = pooled_utilities(steps, [k + 1], self.max_k, baseline_s, costs, optimistic=True)[k + 1]
+        return above is None or above > here
+
+    def _cut_by_k(self) -> bool:
+        """Every t steps of a set phase at 0 < K < max_k: when its last t timed steps (those that have arrived)
+        that drafted anything accepted all K drafts in every row (K, not the drafter, limited them) and nothing
+        says a larger K would not pay, the set phase ends there and becomes the first trial of a test phase."""
+        window = self._window
+        if self._phase != SET or not 0 < window.k < self.max_k or window.issued % self.trial_steps:
+            return False
+        drafting = [step for step in window.steps[-self.trial_steps :] if step.k > 0]
+        if not drafting or not all(a >= step.issued for step in drafting for a in step.accepted):
+            return False
+        return self._room_above(window.k)
+
+    def _score(self, windows: list[Window], steps: list[Step]) -> list[tuple[int, float | None]]:
+        """``(K, utility)`` of each window (K > 0): `pooled_utilities` over ``steps``, else (not estimable there)
+        the window's own measured utility."""
+        baseline_s = self._baseline_s()
+        ks = [window.k for window in windows if window.k > 0]
+        pooled = pooled_utilities(steps, set(ks), self.max_k, baseline_s, self._costs())
+        return [
+            (w.k, None if w.timed == 0 else pooled[w.k] if pooled[w.k] is not None else w.utility(baseline_s))
+            for w in windows
+            if w.k > 0
+        ]
+
     def recent_best_k(self) -> int | None:
         """The non-zero K with the best utility among the last test phase's trials and the last set phase, or
         None when nothing was measured. A new request can start its first trial there (see `warm_start`)."""
-        baseline_s = self._baseline_s()
         recent = [window for window, _ in self._trials]
         if self._last_set is not None:
             recent.append(self._last_set)
-        scored = [(window.k, window.utility(baseline_s)) for window in recent if window.k > 0]
-        scored = [(k, u) for k, u in scored if u is not None]
+        scored = [(k, u) for k, u in self._score(recent, self._evidence()) if u is not None]
         if not scored:
             return None
         return max(scored, key=lambda trial: (trial[1], -trial[0]))[0]
 
+    def _testing_speculates(self) -> int | None:
+        """In a test phase: its best K so far when that K's utility is >= 1 (else None)."""
+        if self._phase != TEST:
+            return None
+        set_k, _ = choose_set_k([(w.k, u) for w, u in self._trials if u is not None])
+        return set_k or None
+
     def speculating_k(self) -> int | None:
-        """The K of the last set phase entered when it speculates (K > 0: its test found utility >= 1), else
-        None."""
+        """The K of the last set phase entered when it speculates (K > 0: its test found utility >= 1), or, in a
+        test phase, its best K so far when it pays; else None."""
         if self._phase == SET and self._window.k > 0:
             return self._window.k
+        testing = self._testing_speculates()
+        if testing is not None:
+            return testing
         if self._phase != SET and self._last_set is not None and self._last_set.k > 0 and not self._off:
             return self._last_set.k
         return None
 
     def switched_off_steps(self) -> int | None:
         """The length of the last set phase entered when it runs at K = 0 (speculation switched off, its back-off
-        already doubled), else None."""
-        return self._set_len if self._off else None
+        already doubled), else None; None too when a test phase since then found a K that pays (a request that
+        ends in the middle of that test is not handed on as switched off)."""
+        return self._set_len if self._off and self._testing_speculates() is None else None
 
     def remembered_baseline(self) -> tuple[float, int] | None:
         """``(K = 0 step time, steps since the last K = 0 step)`` for the next request of the same shape (see
@@ -438,29 +677,76 @@ class UtilityKPolicy(KPolicy):
             if self._phase == BASELINE:
                 self._left = 0  # skip the initial baseline (`next_k` moves on to the next segment)
 
+    def _end_set(self) -> None:
+        """A set phase at K > 0 tells the utility of every K up to it (`pooled_utilities` over the recent steps).
+        When all are known, K + 1 could not pay more (`_room_above`) and the best is >= 1, the next set phase runs
+        at the best K without a test phase (exit ``"confident"``): at K itself unless another K beats it by more
+        than ``tolerance``. Else (or when the K = 0 step time is due for a refresh) a test phase follows."""
+        window = self._last_set = self._window
+        if window.k > 0:
+            pooled = pooled_utilities(
+                self._evidence(), range(1, window.k + 1), self.max_k, self._baseline_s(), self._costs()
+            )
+            known = {k: u for k, u in pooled.items() if u is not None}
+            if known:
+                self._margin = max(known.values())
+            if self._seed is None and len(known) == window.k and not self._room_above(window.k):
+                best_k, best_u = max(known.items(), key=lambda item: (item[1], -item[0]))
+                if best_u <= (1.0 + self.tolerance) * known[window.k]:
+                    best_k, best_u = window.k, known[window.k]  # within tolerance: no reason to move
+                if best_u >= 1.0 and not self._refresh_due():
+                    self._trials, self._best_k, self._exit = [], best_k, "confident"
+                    self._set_len, self._off = self.set_steps, False
+                    self._begin(SET, Window(best_k), self._set_len)
+                    return
+        self._start_test()
+
     def _end_trial(self) -> None:
         window = self._window
         if window.timed == 0 and self._extended < self.trial_steps:
             self._extended += 1  # no outcome has arrived yet: one more step at this K
             self._left = 1
             return
-        utility = window.utility(self._baseline_s())
-        self._trials.append((window, utility))
+        self._trials.append((window, None))
+        self._decide(window.saturated)
+
+    def _decide(self, saturated: bool) -> None:
+        """After a trial (the last of `_trials`): the next trial, or the set phase and its K."""
+        window = self._trials[-1][0]
+        windows = [trial for trial, _ in self._trials]
+        steps = [step for trial in windows for step in trial.steps]  # this test phase's: the freshest text
+        last_set = self._last_set
+        extra = [last_set] if last_set is not None and all(last_set.k != w.k for w in windows) else []
+        scored = self._score(windows + extra, steps)  # every trial re-scored on all of them
+        self._trials = [(trial, u) for trial, (_, u) in zip(windows, scored)]
+        utility = self._trials[-1][1]
         self._last_utility = utility
         measured = [(trial.k, u) for trial, u in self._trials if u is not None]
-        set_k, self._best_k = choose_set_k(measured)
+        candidates = measured + [(k, u) for k, u in scored[len(windows) :] if u is not None]
+        set_k, self._best_k = choose_set_k(candidates)
         if utility is None:
             next_k, self._exit = None, "unmeasured"
             if self._best_k is None:
                 set_k = window.k  # nothing measured: keep speculating at this K
         else:
             next_k, self._exit = plan_next_trial(
-                measured, self.max_k, self.max_trials, self.tolerance, saturated=window.saturated
+                measured, self.max_k, self.max_trials, self.tolerance, saturated=saturated
             )
         if next_k is not None:
             self._exit = None
             self._begin(TEST, Window(next_k), self.trial_steps)
             return
+        if set_k == 0:
+            # switching off is the costly mistake when the text just turned good (pooled over the phase, the
+            # older trials outvote the last): only when no trial's own steps say a K pays either
+            own = [(trial.k, u) for trial in windows if (u := trial.utility(self._baseline_s())) is not None]
+            set_k, own_best = choose_set_k(own)
+            if set_k:
+                self._best_k = own_best
+        if candidates:
+            self._margin = max(u for _, u in candidates)
         self._set_len = 2 * self._set_len if set_k == 0 else self.set_steps
         self._off = set_k == 0
+        if self._off:
+            self._recent.clear()  # what speculation did before it was switched off says little after
         self._begin(SET, Window(set_k), self._set_len)
