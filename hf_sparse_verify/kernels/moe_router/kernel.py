@@ -44,12 +44,12 @@ FUSED_NUM_WARPS = 4
 
 @triton.jit
 def _route_rows(
-    b_logit, offs_t, t_ok, LOGITS, SCORES, INDICES,
-    n_experts, top_k, s_lt, s_st, s_it,
+    b_logit, offs_t, t_ok, SCORES, INDICES,
+    n_experts, top_k, s_st, s_it,
     NORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Softmax, top-k and renormalization of the logits ``b_logit [T_BLOCK, E_BLOCK]`` (float32 values of the
-    ``LOGITS`` dtype); rows past ``t_ok`` are computed and not stored."""
+    logits' dtype); rows past ``t_ok`` are computed and not stored."""
     offs_e = tl.arange(0, E_BLOCK)
     e_ok = offs_e < n_experts
     b_l = tl.where(e_ok[None, :], b_logit, float("-inf"))
@@ -91,7 +91,7 @@ def _moe_router_kernel(
     p_l = LOGITS + offs_t[:, None] * s_lt + offs_e[None, :]
     b_l = tl.load(p_l, mask=offs_e[None, :] < n_experts, other=0.0).to(tl.float32)  # [1, E_BLOCK]
     _route_rows(
-        b_l, offs_t, offs_t >= 0, LOGITS, SCORES, INDICES, n_experts, top_k, s_lt, s_st, s_it,
+        b_l, offs_t, offs_t >= 0, SCORES, INDICES, n_experts, top_k, s_st, s_it,
         NORMALIZE, E_BLOCK, K_BLOCK,
     )  # fmt: skip
 
@@ -154,7 +154,7 @@ def _router_fused_kernel(
         b_logit = b_sum.to(LOGITS.dtype.element_ty)
         tl.store(LOGITS + offs_t[:, None] * s_lt + offs_r[None, :], b_logit, mask=mask)
         _route_rows(
-            b_logit.to(tl.float32), offs_t, t_ok, LOGITS, SCORES, INDICES, n_experts, top_k, s_lt, s_st, s_it,
+            b_logit.to(tl.float32), offs_t, t_ok, SCORES, INDICES, n_experts, top_k, s_st, s_it,
             NORMALIZE, E_BLOCK, K_BLOCK,
         )  # fmt: skip
         tl.atomic_xchg(COUNTER, 0, sem="relaxed", scope="gpu")
