@@ -1,6 +1,7 @@
 """Side by side in one process: our captured step with and without the fused module replacements of round 2
-(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another; `FusedRouter`: the MoE router in one launch), on random-weight shapes, against the
-bandwidth floor of ``hf-sparse-verify bench step``.
+(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another; `FusedRouter`: the MoE router in one launch)
+and with and without programmatic dependent launch of our kernels (``no_pdl``), on random-weight shapes, against
+the bandwidth floor of ``hf-sparse-verify bench step``.
 
 Each variant is timed twice, interleaved (A B A B), and each record keeps both medians and their mean, so drift
 between the runs shows.
@@ -22,12 +23,14 @@ from tqdm import tqdm
 from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_per_step
 from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
+from hf_sparse_verify.kernels._triton import set_pdl
 
-#: variant name -> StepBenchArgs fields
+#: variant name -> StepBenchArgs fields, and ``pdl``: whether our kernels launch with programmatic dependent launch
 VARIANTS = {
-    "before": dict(fused_attention=False, fused_router=False),
-    "fused_attention": dict(fused_attention=True, fused_router=False),
-    "fused_attention_router": dict(fused_attention=True, fused_router=True),
+    "before": dict(fused_attention=False, fused_router=False, pdl=True),
+    "fused_attention": dict(fused_attention=True, fused_router=False, pdl=True),
+    "fused_attention_router": dict(fused_attention=True, fused_router=True, pdl=True),
+    "no_pdl": dict(fused_attention=True, fused_router=True, pdl=False),
 }
 
 
@@ -53,12 +56,16 @@ def main() -> None:
                 shape=shape, contexts=(args.context,), new_tokens=tuple(widths), repeats=args.repeats
             )
             runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+            pdl_default = set_pdl(True)
             for _ in range(2):
                 for variant in args.variants:
-                    step_args = dataclasses.replace(base, **VARIANTS[variant])
+                    fields = dict(VARIANTS[variant])
+                    set_pdl(fields.pop("pdl"))
+                    step_args = dataclasses.replace(base, **fields)
                     times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
                     runs[variant].append(times)
                     _free(device)
+            set_pdl(pdl_default)
             for width in widths:
                 floor = 1000 * (
                     weight_bytes_per_step(model, width, 1) + kv_bytes(model, args.context, 1, dtype)

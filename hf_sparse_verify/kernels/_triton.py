@@ -11,7 +11,8 @@ from typing import TypeVar
 import torch
 
 try:
-    import triton  # noqa: F401
+    import triton
+    import triton.language as tl
 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - triton is a Linux dependency of the package
@@ -83,3 +84,52 @@ def dot_in_float32(dtype: torch.dtype) -> bool:
     """Whether kernels must upcast ``tl.dot`` operands to float32: Triton's CPU interpreter (3.9) computes bf16
     dots wrongly (it reads the raw 16-bit patterns), so interpreted bf16 runs upcast; compiled runs never do."""
     return interpreting() and dtype == torch.bfloat16
+
+
+# ---- programmatic dependent launch ---------------------------------------------------------------------------------
+# On Hopper and newer, a kernel launched with PDL may be scheduled while the kernel before it on the stream is still
+# running; it waits inside (``griddepcontrol.wait``) for that kernel to finish and flush its writes. The launch and
+# the first instructions of each kernel then overlap the tail of the previous one, inside CUDA graphs too. Measured
+# on an H200 (graph of 48 one-program RMSNorms: 1.36 against 0.87 us per kernel; `benchmarks/bench_pdl.py`).
+
+_PDL = {"enabled": os.environ.get("HF_SPARSE_VERIFY_PDL", "1") not in ("", "0")}
+
+
+def set_pdl(enabled: bool) -> bool:
+    """Turns programmatic dependent launch on or off for launches from now on and returns the previous setting
+    (benchmarks compare the two; graphs captured before keep what they were captured with: clear the graph cache
+    after switching). The default is on, or what ``HF_SPARSE_VERIFY_PDL`` (``0`` / ``1``) says at import."""
+    previous = _PDL["enabled"]
+    _PDL["enabled"] = bool(enabled)
+    return previous
+
+
+@functools.cache
+def _hopper_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_on(device: torch.device) -> bool:
+    """Whether kernels for tensors on ``device`` launch with PDL: compiled Triton on a CUDA device of compute
+    capability 9.0 or newer, unless switched off (`set_pdl`)."""
+    if not _PDL["enabled"] or device.type != "cuda" or not triton_runs_on(device):
+        return False
+    return _hopper_or_newer(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Keyword arguments for a launch of a kernel that starts with `pdl_wait`: its ``PDL`` constexpr and, when on,
+    Triton's ``launch_pdl``."""
+    return {"PDL": True, "launch_pdl": True} if pdl_on(device) else {"PDL": False}
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """The first statement of every kernel of this package: under PDL, wait until the previous kernel on the
+        stream has finished and its writes are visible, then let the next kernel launch. Nothing of the kernel may
+        read or write global memory before it (the previous kernel may still be reading buffers this one writes)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()

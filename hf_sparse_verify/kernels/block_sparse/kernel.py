@@ -18,7 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_sparse_verify.kernels._triton import interpreting, multiprocessors, next_power_of_2, on_input_device
+from hf_sparse_verify.kernels._triton import (
+    interpreting,
+    multiprocessors,
+    next_power_of_2,
+    on_input_device,
+    pdl_launch,
+    pdl_wait,
+)
 
 LOG2E = 1.4426950408889634
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -72,7 +79,9 @@ def _block_sparse_split(
     HAS_QMASK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -173,7 +182,9 @@ def _combine(
     GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     g = tl.program_id(1)
     b = pid_bh // H_KV
@@ -279,11 +290,13 @@ def block_sparse_attention_triton(
         Q_LEN=q_len, GROUP=group, BS=block_size, N_LOCAL=n_local, BLOCK_M=block_m, BLOCK_D=block_d,
         HAS_QMASK=has_qmask, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
         num_warps=4 if block_m * block_size <= 64 * 64 else 8,
+        **pdl_launch(query.device),
     )  # fmt: skip
     _combine[(b * h_kv, group)](
         acc, m, l_sum, out,
         *out.stride(),
         h_kv, d, num_splits,
         Q_LEN=q_len, GROUP=group, BLOCK_Q=next_power_of_2(q_len), BLOCK_D=block_d,
+        **pdl_launch(acc.device),
     )  # fmt: skip
     return out

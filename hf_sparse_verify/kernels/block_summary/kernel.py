@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 from .naive import max_touched_blocks
 
 
@@ -38,6 +38,7 @@ def block_mean_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPDATE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (row, KV head, block): the mean of the block's valid keys.
 
@@ -45,6 +46,7 @@ def block_mean_kernel(
     Update: block = start // BS + program_id(0), valid slots pad <= slot < start + Q_LEN, only blocks that
     hold a new slot are written.
     """
+    pdl_wait(PDL)
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H_KV
@@ -108,6 +110,7 @@ def launch_build(
         kv_heads, capacity, nblocks, dim, 0,
         BS=block_size, BLOCK_T=block_t, BLOCK_D=block_d, UPDATE=False,
         num_warps=4,
+        **pdl_launch(keys.device),
     )  # fmt: skip
 
 
@@ -131,6 +134,7 @@ def launch_update(
         kv_heads, capacity, nblocks, dim, q_len,
         BS=block_size, BLOCK_T=block_t, BLOCK_D=block_d, UPDATE=True,
         num_warps=4,
+        **pdl_launch(keys.device),
     )  # fmt: skip
 
 
@@ -164,11 +168,13 @@ def score_blocks_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (layer, row, KV head, tile of BLOCK_N blocks): the summed score of the G query heads.
 
     The sum over heads of q_g . m equals (sum_g q_g) . m, so the group's queries are summed first.
     """
+    pdl_wait(PDL)
     i_lbh = tl.program_id(0)
     i_t = tl.program_id(1)
     i_h = i_lbh % H_KV
@@ -230,4 +236,5 @@ def launch_score(
         batch, kv_heads, nblocks, dim, scale,
         G=group, BS=block_size, BLOCK_G=next_power_of_2(group), BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=4,
+        **pdl_launch(query.device),
     )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -16,7 +16,9 @@ def _cache_write_kernel(
     s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
     s_sb,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     bh = tl.program_id(0)
     i = tl.program_id(1)
     b = (bh // kv_heads).to(tl.int64)
@@ -40,4 +42,5 @@ def launch(key_cache, value_cache, key, value, slots) -> None:
         *key.stride()[:3], *value.stride()[:3],
         slots.stride(0),
         HEAD_DIM=dim, BLOCK_D=next_power_of_2(dim), num_warps=1,
+        **pdl_launch(key_cache.device),
     )  # fmt: skip

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device
+from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -48,7 +48,9 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
     IEEE: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -179,7 +181,9 @@ def _merge_kernel(
     s_ob, s_ot, s_oh, s_od,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     # one program per (query row, KV head, batch row): all splits of that row at once
     m = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -242,7 +246,9 @@ def _weights_kernel(
     score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
     COLLECT: tl.constexpr, MEAN_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     # one program per (slot tile, KV head or all of them with MEAN_HEADS, batch row): softmax weights of the scored
     # rows, summed over them (and averaged over the KV heads with MEAN_HEADS)
     nb = tl.program_id(0)
@@ -358,6 +364,7 @@ def launch(
         COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        **pdl_launch(query.device),
     )  # fmt: skip
     sink_logits = (
         sinks if sinks is not None else m_part
@@ -368,6 +375,7 @@ def launch(
         *out.stride(),
         BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
         STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
+        **pdl_launch(o_part.device),
     )  # fmt: skip
     if not collect:
         return out, None
@@ -382,5 +390,6 @@ def launch(
         score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
         COLLECT=collect, MEAN_HEADS=mean_heads, KV_HEADS=kv_heads if mean_heads else 1, BLOCK_R=block_r,
         BLOCK_N=block_n_w, num_warps=4,
+        **pdl_launch(s_part.device),
     )  # fmt: skip
     return out, scores

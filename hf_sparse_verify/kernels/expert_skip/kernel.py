@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 _TINY = 1e-30
 
@@ -23,7 +23,9 @@ def _expert_skip_kernel(
     IDS, W, VALUES, OUT_IDS, OUT_W, N_ACTIVE,
     top_k, max_skip, s_it, s_wt, s_oit, s_owt, tiny,
     BUDGET: tl.constexpr, K_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, K_BLOCK)
     ok = offs < top_k
@@ -71,5 +73,6 @@ def launch(
         top_k_index, top_k_weights, values, out_ids, out_w, n_active,
         top_k, max_skip, top_k_index.stride(0), top_k_weights.stride(0), out_ids.stride(0), out_w.stride(0), _TINY,
         BUDGET=budget, K_BLOCK=max(2, next_power_of_2(top_k)), num_warps=1,
+        **pdl_launch(top_k_index.device),
     )  # fmt: skip
     return out_ids, out_w, n_active

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device
+from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: tile settings the engine uses (chosen, not yet measured on a GPU: ``benchmarks/bench_moe_experts.py --sections
 #: sweep`` prints the best)
@@ -74,7 +74,9 @@ def _align_kernel(
     TOPK_IDS, N_ACTIVE, SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS,
     n_pairs, n_blocks, top_k, n_experts,
     HAS_N_ACTIVE: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     offs_e = tl.arange(0, E_BLOCK)
     offs_c = tl.arange(0, CHUNK)
     counts = tl.zeros([E_BLOCK], dtype=tl.int32)  # active pairs per expert
@@ -167,7 +169,9 @@ def _gate_up_kernel(
     LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     live, e, row_ok, token, slot = _block(
         SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
         LAYOUT, HAS_N_ACTIVE, BLOCK_M, K_PAD,
@@ -207,7 +211,9 @@ def _down_kernel(
     LAYOUT: tl.constexpr, HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     live, e, row_ok, token, slot = _block(
         SLOT_PAIR, BLOCK_EXPERT, BLOCK_ROWS, TOPK_IDS, N_ACTIVE, n_pairs, top_k, n_experts,
         LAYOUT, HAS_N_ACTIVE, BLOCK_M, K_PAD,
@@ -239,10 +245,12 @@ def _sum_kernel(
     PAIR_OUT, TOPK_IDS, TOPK_W, N_ACTIVE, OUT,
     hidden, top_k, n_experts, s_pt, s_ot,
     HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """``out[t] = sum_r w[t, r] * y[t, r]`` over the token's active pairs in rank order, in float32. ``y`` of pair
     ``(t, r)`` is the row of the token's first active pair with the same expert (the one `_down_kernel` wrote when
     an id repeats)."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < hidden
@@ -309,6 +317,7 @@ def align(
         pairs, n_blocks, top_k_index.shape[1], n_experts,
         HAS_N_ACTIVE=n_active is not None, BLOCK_M=block_m, CHUNK=chunk, E_BLOCK=e_block,
         num_warps=4 if chunk * e_block <= 2048 else 8,
+        **pdl_launch(top_k_index.device),
     )  # fmt: skip
     return slot_pair, block_expert, block_rows
 
@@ -388,6 +397,7 @@ def launch(
         dim, inter, top_k, n_experts,
         hidden.stride(0), *_weight_strides(w_gate_up, transposed), h.stride(0), tokens * top_k,
         BLOCK_N=bn, BLOCK_K=bk, **common,
+        **pdl_launch(hidden.device),
     )  # fmt: skip
 
     pair_out = _empty((tokens * top_k, dim), hidden.device, torch.float32)  # [T * k, H]
@@ -398,6 +408,7 @@ def launch(
         dim, inter, top_k, n_experts,
         h.stride(0), *_weight_strides(w_down, transposed), pair_out.stride(0), tokens * top_k,
         BLOCK_N=bn, BLOCK_K=bk, **common,
+        **pdl_launch(h.device),
     )  # fmt: skip
 
     block_h = min(1024, next_power_of_2(dim))
@@ -406,6 +417,7 @@ def launch(
         dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
         HAS_N_ACTIVE=n_active is not None, K_PAD=common["K_PAD"], BLOCK_H=block_h,
         num_warps=4,
+        **pdl_launch(pair_out.device),
     )  # fmt: skip
     return out
 

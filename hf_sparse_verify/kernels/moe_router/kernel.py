@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device
+from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: default of `launch`'s ``logits_in_kernel`` (benchmarks flip it to time both paths side by side)
 LOGITS_IN_KERNEL = True
@@ -84,7 +84,9 @@ def _moe_router_kernel(
     LOGITS, SCORES, INDICES,
     n_experts, top_k, s_lt, s_st, s_it,
     NORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs_t = row + tl.arange(0, 1)
     offs_e = tl.arange(0, E_BLOCK)
@@ -103,7 +105,9 @@ def _router_fused_kernel(
     NORMALIZE: tl.constexpr, T_BLOCK: tl.constexpr, E_TILE: tl.constexpr, H_SLICE: tl.constexpr,
     H_CHUNK: tl.constexpr, SPLITS: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
     DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     pid_e, pid_h = tl.program_id(0), tl.program_id(1)
     n_programs = tl.num_programs(0) * tl.num_programs(1)
     offs_t = tl.arange(0, T_BLOCK)
@@ -213,6 +217,7 @@ def _launch_fused(hidden, weight, logits, scores, indices, top_k, normalize, h_s
         E_BLOCK=e_block, K_BLOCK=max(2, next_power_of_2(top_k)), DOT_F32=upcast,
         DOT_PRECISION="ieee" if float32_dot else "tf32",
         num_warps=FUSED_NUM_WARPS,
+        **pdl_launch(hidden.device),
     )  # fmt: skip
 
 
@@ -253,5 +258,6 @@ def launch(
         n_experts, top_k, logits.stride(0), scores.stride(0), indices.stride(0),
         NORMALIZE=normalize, E_BLOCK=e_block, K_BLOCK=max(2, next_power_of_2(top_k)),
         num_warps=1 if e_block <= 256 else 4,
+        **pdl_launch(logits.device),
     )  # fmt: skip
     return logits, scores, indices

@@ -18,18 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device
+from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
-#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`); ``out_*``: the
-#: single-weight `row_linear` kernel (attention output projection)
+#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`)
 TILES = {
     "proj_n": 32,
     "proj_k": 128,
     "num_warps": 4,
     "num_stages": 3,
-    "out_n": 32,
-    "out_k": 128,
-    "out_warps": 4,
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -66,7 +62,9 @@ def _qkv_proj_kernel(
     s_x, s_wq, s_wk, s_wv, s_oq, s_ok, s_ov,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     tile = tl.program_id(1)
     if tile < tiles_q:
         _project_tile(X, WQ, BQ, OQ, tile * BLOCK_N, n_rows, n_hidden, s_x, s_wq, s_oq,
@@ -119,7 +117,9 @@ def _rope_kernel(
     Q, K, COS, SIN, QW, KW, OQ, OK,
     heads_q, s_q, s_k, s_c, s_s, s_oq, s_ok, eps,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     p_cos, p_sin = COS + row * s_c, SIN + row * s_s
@@ -174,6 +174,7 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         x.stride(0), w_q.stride(0), w_k.stride(0), w_v.stride(0), q.stride(0), k.stride(0), v.stride(0),
         HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
         num_warps=TILES["num_warps"], num_stages=TILES["num_stages"],
+        **pdl_launch(x.device),
     )  # fmt: skip
     return q, k, v
 
@@ -198,5 +199,6 @@ def rope_qk_launch(
         heads_q, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0), out_q.stride(0), out_k.stride(0), eps,
         HALF=half, BLOCK_H=next_power_of_2(half), Q_NORM=q_norm_weight is not None,
         K_NORM=k_norm_weight is not None, num_warps=1 if head_dim <= 128 else 2,
+        **pdl_launch(q.device),
     )  # fmt: skip
     return out_q, out_k

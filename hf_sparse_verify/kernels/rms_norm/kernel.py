@@ -7,11 +7,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
@@ -32,5 +33,6 @@ def launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(rows.shape[0],)](
         rows, weight, out, n_cols, rows.stride(0), out.stride(0), eps,
         BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        **pdl_launch(rows.device),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n_cols)

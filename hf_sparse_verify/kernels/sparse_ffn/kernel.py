@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device
+from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: tile settings (chosen for decode/verify row counts, not yet tuned on a GPU)
 TILES = {"act_n": 32, "act_k": 128, "up_c": 32, "up_k": 128, "down_n": 64, "down_s": 64, "num_warps": 4}
@@ -37,7 +37,9 @@ def _gated_act_kernel(
     n_rows, n_inter, n_hidden, s_x, s_wg, s_wu, s_o,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -69,7 +71,9 @@ def _sparse_up_kernel(
     q_len, n_hidden, s_xb, s_xt, s_ab, s_at, s_wu, s_ib, s_hb, s_ht,
     BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * BLOCK_C
     count = tl.load(COUNT + b)
@@ -103,7 +107,9 @@ def _sparse_down_kernel(
     q_len, n_hidden, s_hb, s_ht, s_wd_c, s_wd_h, s_ib, s_pp, s_pb, s_pt,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
@@ -160,6 +166,7 @@ def gated_act_launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) 
         rows, inter, hidden, x.stride(0), w_gate.stride(0), w_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
         num_warps=TILES["num_warps"],
+        **pdl_launch(x.device),
     )  # fmt: skip
     return out
 
@@ -197,6 +204,7 @@ def sparse_up_down_launch(
         h.stride(0), h.stride(1),
         BLOCK_Q=bq, BLOCK_C=bc, BLOCK_K=_block(hidden, TILES["up_k"]), DOT_DTYPE=dot_dtype,
         DOT_PRECISION=precision, num_warps=TILES["num_warps"],
+        **pdl_launch(x.device),
     )  # fmt: skip
     split = down_splits(batch, hidden, inter)
     part = _empty((split, batch, q_len, hidden), device, torch.float32)
@@ -207,5 +215,6 @@ def sparse_up_down_launch(
         part.stride(0), part.stride(1), part.stride(2),
         BLOCK_Q=bq, BLOCK_N=bn, BLOCK_S=_block(inter, TILES["down_s"]), SPLIT=split, DOT_DTYPE=dot_dtype,
         DOT_PRECISION=precision, num_warps=TILES["num_warps"],
+        **pdl_launch(h.device),
     )  # fmt: skip
     return part.sum(0).to(x.dtype)

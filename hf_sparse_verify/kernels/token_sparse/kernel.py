@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import interpreting, multiprocessors, next_power_of_2, on_input_device
+from .._triton import interpreting, multiprocessors, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: a split is worth launching for at least this many gathered slots
 MIN_SLOTS_PER_SPLIT = 128
@@ -73,7 +73,9 @@ def _token_sparse_fwd(
     SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // KV_HEADS
@@ -174,7 +176,9 @@ def _token_sparse_merge(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     m = tl.program_id(1)  # tile row: head g * q + query i
     b = pid_bh // KV_HEADS
@@ -279,6 +283,7 @@ def token_sparse_attention_triton(
         DOT_F32=dot_f32,
         num_warps=TILES["num_warps"],
         num_stages=TILES["num_stages"],
+        **pdl_launch(query.device),
     )
     if splits > 1:
         _token_sparse_merge[(batch * kv_heads, rows)](
@@ -294,5 +299,6 @@ def token_sparse_attention_triton(
             BLOCK_D=block_d,
             BLOCK_S=next_power_of_2(splits),
             num_warps=4,
+            **pdl_launch(partial.device),
         )
     return out

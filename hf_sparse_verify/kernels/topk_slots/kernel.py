@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -30,7 +30,9 @@ def _topk_slots_kernel(
     SCORES, PAD, RECENT_START, COUNT, WINDOW, KEYS, OUT,
     batch, length, k_slots, s_layer, s_row,
     POOL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     n = pid // batch
     b = pid % batch
@@ -138,5 +140,6 @@ def topk_slots_triton(
         scores, pad, recent_start, count, recent if recent is not None else count, keys, out,
         batch, length, k_slots, scores.stride(0), scores.stride(1),
         POOL=pool, HAS_WINDOW=recent is not None, BLOCK=block, num_warps=num_warps,
+        **pdl_launch(scores.device),
     )  # fmt: skip
     return out
