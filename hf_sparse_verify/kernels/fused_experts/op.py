@@ -106,7 +106,7 @@ def fused_experts(
 
     Returns:
         ``[T, H]`` in ``hidden.dtype``; matmuls accumulate in float32, the intermediate is rounded to the
-        activation dtype, the sum over pairs is in float32 in rank order.
+        activation dtype, the sum over pairs is in float32 in a fixed order.
 
     Example:
         >>> x = torch.randn(3, 32); wgu = torch.randn(4, 48, 32); wd = torch.randn(4, 32, 24)
