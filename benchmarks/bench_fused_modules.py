@@ -24,13 +24,21 @@ from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_per_step
 from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
 from hf_sparse_verify.kernels._triton import set_pdl
+from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
 
-#: variant name -> StepBenchArgs fields, and ``pdl``: whether our kernels launch with programmatic dependent launch
+#: variant name -> StepBenchArgs fields, ``pdl``: whether our kernels launch with programmatic dependent launch, and
+#: optionally ``qkv_tiles``: `qkv_rope.kernel.TILES` entries set for that variant only. ``fused_attention_router`` is
+#: the library's default (every fused module, PDL on); since the twelfth session that includes `FusedDecoderLayer`,
+#: which ``no_fused_layers`` leaves out.
 VARIANTS = {
-    "before": dict(fused_attention=False, fused_router=False, pdl=True),
-    "fused_attention": dict(fused_attention=True, fused_router=False, pdl=True),
+    "before": dict(fused_attention=False, fused_router=False, fused_layers=False, pdl=True),
+    "fused_attention": dict(fused_attention=True, fused_router=False, fused_layers=False, pdl=True),
     "fused_attention_router": dict(fused_attention=True, fused_router=True, pdl=True),
     "no_pdl": dict(fused_attention=True, fused_router=True, pdl=False),
+    "no_fused_layers": dict(fused_attention=True, fused_router=True, fused_layers=False, pdl=True),
+    "old_qkv_tiles": dict(
+        fused_attention=True, fused_router=True, pdl=True, qkv_tiles=dict(num_warps=4, num_stages=3)
+    ),
 }
 
 
@@ -61,8 +69,13 @@ def main() -> None:
                 for variant in args.variants:
                     fields = dict(VARIANTS[variant])
                     set_pdl(fields.pop("pdl"))
+                    tiles = dict(qkv_kernel.TILES)
+                    qkv_kernel.TILES.update(fields.pop("qkv_tiles", {}))
                     step_args = dataclasses.replace(base, **fields)
-                    times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
+                    try:
+                        times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
+                    finally:
+                        qkv_kernel.TILES.update(tiles)
                     runs[variant].append(times)
                     _free(device)
             set_pdl(pdl_default)

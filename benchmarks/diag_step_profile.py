@@ -1,5 +1,6 @@
 """Where the time of one captured decode or verify step goes: torch.profiler over replays of our graph step
-(Llama-3.1-8B shape, random bf16 weights), CUDA kernels grouped by name, and the step's kernel count.
+(Llama-3.1-8B shape by default, random bf16 weights; MoE experts on the decoding implementation of
+`experts_for_decoding`, as in ``bench step``), CUDA kernels grouped by name, and the step's kernel count.
 
 ``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``; ``--batch 4 --context
 65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores).
@@ -19,6 +20,7 @@ from hf_sparse_verify.bench.profile import kernel_rows
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.modules import use_fused_modules
+from hf_sparse_verify.moe.experts import experts_for_decoding
 from hf_sparse_verify.step import Phase, ScoreCollection
 
 
@@ -36,7 +38,7 @@ def main() -> None:
     device = torch.device("cuda")
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
-    with use_sparse_verify_attention(model), use_fused_modules(model):
+    with use_sparse_verify_attention(model), experts_for_decoding(model), use_fused_modules(model):
         batch = args.batch
         runner = ModelRunner(model, batch, args.context + 16, device, "triton")
         zero = torch.zeros(batch, dtype=torch.long, device=device)

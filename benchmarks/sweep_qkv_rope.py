@@ -42,16 +42,22 @@ def _time(fn, device) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
+    parser.add_argument(
+        "--wide", action="store_true", help="also BLOCK_N 128, BLOCK_K 512, 2 warps, 2 and 5 stages"
+    )
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     bandwidth = copy_bandwidth(device)
     cases = []
-    for name, (hidden, heads_q, heads_kv, dim, _) in SHAPES.items():
+    for name in args.shapes:
+        hidden, heads_q, heads_kv, dim, _ = SHAPES[name]
         ws = [
             torch.randn(h * dim, hidden, device=device, dtype=dtype) * 0.02
             for h in (heads_q, heads_kv, heads_kv)
         ]
-        for rows in ROWS:
+        for rows in args.rows:
             cases.append((name, rows, torch.randn(rows, hidden, device=device, dtype=dtype), ws))
     saved = dict(qkv_kernel.TILES)
     result = dict(
@@ -62,25 +68,46 @@ def main() -> None:
             shape=name, rows=rows, torch_us=round(_time(functools.partial(_three, x, ws), device), 2),
             floor_us=round(1e6 * sum(w.numel() for w in ws) * 2 / bandwidth, 2),
         ))  # fmt: skip
-    grid = list(itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4)))
+    if args.wide:
+        grid = list(itertools.product((16, 32, 64, 128), (128, 256, 512), (2, 4, 8), (2, 3, 4, 5)))
+    else:
+        grid = list(itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 4)))
     best = (float("inf"), None)
     with tqdm(total=len(grid), desc="qkv_proj tiles", file=sys.stderr) as bar:
         for n, k, warps, stages in grid:
             qkv_kernel.TILES.update(proj_n=n, proj_k=k, num_warps=warps, num_stages=stages)
             try:
-                us = sum(_time(functools.partial(qkv_proj, x, *ws), device) for _, _, x, ws in cases)
+                per_case = [_time(functools.partial(qkv_proj, x, *ws), device) for _, _, x, ws in cases]
+                us = sum(per_case)
             except Exception as err:  # noqa: BLE001 - e.g. out of shared memory: record and go on
                 result["trials"].append(dict(tiles=[n, k, warps, stages], error=repr(err)[:200]))
                 bar.update(1)
                 continue
-            result["trials"].append(dict(tiles=[n, k, warps, stages], sum_us=round(us, 2)))
+            result["trials"].append(dict(
+                tiles=[n, k, warps, stages], sum_us=round(us, 2),
+                cases_us={f"{name} x{rows}": round(t, 2) for (name, rows, _, _), t in zip(cases, per_case)},
+            ))  # fmt: skip
             best = min(best, (us, [n, k, warps, stages]), key=lambda b: b[0])
             bar.update(1)
     qkv_kernel.TILES.clear()
     qkv_kernel.TILES.update(saved)
     result["best"] = dict(sum_us=round(best[0], 2), tiles_n_k_warps_stages=best[1])
+    timed = [t for t in result["trials"] if "cases_us" in t]
+    result["best_per_case"] = (
+        {case: min(timed, key=lambda t, c=case: t["cases_us"][c])["tiles"] for case in timed[0]["cases_us"]}
+        if timed
+        else {}
+    )
+    result["default_per_case"] = next(
+        (t["cases_us"] for t in timed if t["tiles"] == [saved["proj_n"], saved["proj_k"], saved["num_warps"],
+                                                       saved["num_stages"]]), None)  # fmt: skip
     print(json.dumps(result["baseline"], indent=1))
     print("default", saved, "best", json.dumps(result["best"]))
+    for case, tiles in result["best_per_case"].items():
+        t = next(t for t in timed if t["tiles"] == tiles)
+        print(
+            case, "best", tiles, t["cases_us"][case], "default", (result["default_per_case"] or {}).get(case)
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

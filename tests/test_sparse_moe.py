@@ -258,9 +258,9 @@ def test_fused_kernel_is_handed_n_active(monkeypatch):
     """The work is saved in the kernel: it receives each token's count and the pairs in weight order."""
     seen, launch = [], kernel_module.launch
 
-    def spy(hidden, w_gate_up, w_down, index, weights, n_active, transposed):
+    def spy(hidden, w_gate_up, w_down, index, weights, n_active, transposed, residual=None):
         seen.append((index, weights, n_active))
-        return launch(hidden, w_gate_up, w_down, index, weights, n_active, transposed)
+        return launch(hidden, w_gate_up, w_down, index, weights, n_active, transposed, residual=residual)
 
     monkeypatch.setattr(kernel_module, "launch", spy)
     model = make_k4("qwen3_moe")

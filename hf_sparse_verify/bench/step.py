@@ -44,6 +44,7 @@ class StepBenchArgs:
     vegas_scores: bool = False  # also time steps that collect Vegas' Collect-2-Query scores
     fused_attention: bool = True  # FusedQKVAttention on the fast path (use_fused_modules(attention=...))
     fused_router: bool = True  # FusedRouter on the fast path (use_fused_modules(router=...))
+    fused_layers: bool = True  # FusedDecoderLayer on the fast path (use_fused_modules(decoder_layers=...))
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -77,7 +78,9 @@ def _ours(
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
     fused = (
-        use_fused_modules(model, attention=args.fused_attention, router=args.fused_router)
+        use_fused_modules(
+            model, attention=args.fused_attention, router=args.fused_router, decoder_layers=args.fused_layers
+        )
         if backend == "triton"
         else contextlib.nullcontext()
     )

@@ -32,6 +32,8 @@ from .attention import replaceable_attention as _fused_attention_replaceable
 from .codegen import REPLACEABLE as _CODEGEN_REPLACEABLE
 from .codegen import CodeGenAttentionDispatch
 from .codegen import replaceable_attention as _codegen_replaceable
+from .decoder_layer import REPLACEABLE as DECODER_LAYER_REPLACEABLE
+from .decoder_layer import FusedDecoderLayer, replaceable_decoder_layer
 from .falcon import REPLACEABLE as _FALCON_REPLACEABLE
 from .falcon import FalconAttentionDispatch
 from .falcon import replaceable_attention as _falcon_replaceable
@@ -56,6 +58,8 @@ __all__ = [
     "ATTENTION_REPLACEMENTS",
     "FUSED_ATTENTION_REPLACEABLE",
     "CodeGenAttentionDispatch",
+    "DECODER_LAYER_REPLACEABLE",
+    "FusedDecoderLayer",
     "FalconAttentionDispatch",
     "FusedQKVAttention",
     "FusedRouter",
@@ -65,6 +69,7 @@ __all__ = [
     "GatedMLP",
     "TritonRMSNorm",
     "replaceable_attention",
+    "replaceable_decoder_layer",
     "replaceable_mlp",
     "use_dispatching_attention",
     "use_fused_modules",
@@ -152,6 +157,19 @@ def _fused_attention_swaps(model: torch.nn.Module) -> list[Swap]:
     ]
 
 
+def _decoder_layer_swaps(model: torch.nn.Module) -> list[Swap]:
+    """Every decoder layer of ``model`` that `replaceable_decoder_layer` accepts and whose post-attention norm is
+    where the fused kernels run, with its `FusedDecoderLayer`."""
+    layers = decoder_layers(model)
+    if layers is None:
+        return []
+    return [
+        (layers, str(i), layer, FusedDecoderLayer(layer))
+        for i, layer in enumerate(layers)
+        if replaceable_decoder_layer(layer) and compiled_on(layer.post_attention_layernorm.weight.device)
+    ]
+
+
 @contextlib.contextmanager
 def _swapped(swaps: list[Swap]) -> Iterator[None]:
     done: list[Swap] = []
@@ -197,7 +215,11 @@ def use_dispatching_attention(*models: torch.nn.Module) -> Iterator[int]:
 
 @contextlib.contextmanager
 def use_fused_modules(
-    *models: torch.nn.Module, mlp: bool = True, attention: bool = True, router: bool = True
+    *models: torch.nn.Module,
+    mlp: bool = True,
+    attention: bool = True,
+    router: bool = True,
+    decoder_layers: bool = True,
 ) -> Iterator[int]:
     """Within the block, every RMSNorm of ``models`` whose class is in `REPLACEABLE` is a `TritonRMSNorm` sharing its
     weight; (``mlp=True``) every bias-free SiLU MLP in `MLP_REPLACEABLE` whose weights are on a CUDA device is a
@@ -205,26 +227,37 @@ def use_fused_modules(
     (``attention=True``) every Llama-family attention module in `FUSED_ATTENTION_REPLACEABLE` whose weights are on a
     CUDA device is a `FusedQKVAttention` (q/k/v projections in one launch, norm and rotary in another); and
     (``router=True``) every MoE router in `ROUTER_REPLACEABLE` on a CUDA device is a `FusedRouter` (logits, softmax,
-    top-k and normalisation in one launch); yields how many modules were replaced. Modules elsewhere stay as they are (the replacements would compute exactly what
-    they compute); `use_sparse_ffn` replaces MLPs on any device."""
+    top-k and normalisation in one launch); and (``decoder_layers=True``) every Llama-family decoder layer in
+    `DECODER_LAYER_REPLACEABLE` on a CUDA device is a `FusedDecoderLayer` (each residual add shares a launch with
+    the post-attention norm or the fused experts); yields how many modules were replaced. Modules elsewhere stay as
+    they are (the replacements would compute exactly what they compute); `use_sparse_ffn` replaces MLPs on any
+    device."""
     sharded = [m for m in models if tensor_parallel(m)]
     if sharded:  # our modules read plain weights and would drop the collectives of transformers' TP hooks
         logger.info("hf_sparse_verify: %d tensor-parallel models keep their own modules", len(sharded))
         models = tuple(m for m in models if not tensor_parallel(m))
-    attentions = [swap for model in models for swap in _fused_attention_swaps(model)] if attention else []
-    norms = [swap for model in models for swap in _norm_swaps(model)]
-    mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
-    routers = [swap for model in models for swap in router_swaps(model, cuda_only=True)] if router else []
-    with _swapped(attentions + norms + mlps + routers):
-        if attentions:
-            logger.info("hf_sparse_verify: %d attention modules run as FusedQKVAttention", len(attentions))
-        if norms:
-            logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(norms))
-        if mlps:
-            logger.info("hf_sparse_verify: %d MLP modules run as GatedMLP (fused / sparse FFN)", len(mlps))
-        if routers:
-            logger.info("hf_sparse_verify: %d MoE routers run as FusedRouter", len(routers))
-        yield len(attentions) + len(norms) + len(mlps) + len(routers)
+    layers = [swap for model in models for swap in _decoder_layer_swaps(model)] if decoder_layers else []
+    with _swapped(layers):  # first: the other swaps then find their modules inside the replaced layers
+        attentions = [swap for model in models for swap in _fused_attention_swaps(model)] if attention else []
+        norms = [swap for model in models for swap in _norm_swaps(model)]
+        mlps = [swap for model in models for swap in _mlp_swaps(model, True, cuda_only=True)] if mlp else []
+        routers = [swap for model in models for swap in router_swaps(model, cuda_only=True)] if router else []
+        with _swapped(attentions + norms + mlps + routers):
+            if layers:
+                logger.info("hf_sparse_verify: %d decoder layers run as FusedDecoderLayer", len(layers))
+            if attentions:
+                logger.info(
+                    "hf_sparse_verify: %d attention modules run as FusedQKVAttention", len(attentions)
+                )
+            if norms:
+                logger.info("hf_sparse_verify: %d RMSNorm modules run the fused Triton kernel", len(norms))
+            if mlps:
+                logger.info(
+                    "hf_sparse_verify: %d MLP modules run as GatedMLP (fused / sparse FFN)", len(mlps)
+                )
+            if routers:
+                logger.info("hf_sparse_verify: %d MoE routers run as FusedRouter", len(routers))
+            yield len(layers) + len(attentions) + len(norms) + len(mlps) + len(routers)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import torch
 from ..kernels.rms_norm import rms_norm
 
 #: RMSNorm classes whose forward is ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` with float32 statistics
-#: (checked against transformers' source; tests compare each with its replacement)
+#: (checked against transformers' source, 5.17.0 and 5.24.0; tests compare each with its replacement)
 REPLACEABLE = frozenset(
     {
         "LlamaRMSNorm",
@@ -15,6 +15,7 @@ REPLACEABLE = frozenset(
         "MixtralRMSNorm",
         "OlmoeRMSNorm",
         "Qwen2RMSNorm",
+        "Qwen2MoeRMSNorm",
         "Qwen3RMSNorm",
         "Qwen3MoeRMSNorm",
     }

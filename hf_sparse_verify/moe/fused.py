@@ -103,10 +103,16 @@ def layer_skip(module: torch.nn.Module) -> MoESkip | None:
 
 
 def fused_experts_forward(
-    self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The experts forward of the ``"hsv_fused"`` implementation: ``hidden_states [T, H]``, ``top_k_index`` and
-    ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``.
+    ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``. With ``residual`` ``[T, H]`` (our
+    `hf_sparse_verify.modules.FusedDecoderLayer` calls it so, transformers never does) the result is
+    ``residual + experts``, added in the op's last launch.
 
     Under expert skipping (`layer_skip`), the pairs are put in weight order and each token's ``n_active`` is
     counted (`hf_sparse_verify.kernels.expert_skip`: `order_by_weight` and `skip_counts` in one launch), and the
@@ -129,7 +135,8 @@ def fused_experts_forward(
         if n_active is not None:
             kept = active_mask(n_active, top_k_weights.shape[1])
             top_k_weights = torch.where(kept, top_k_weights, torch.zeros_like(top_k_weights))
-        return ALL_EXPERTS_FUNCTIONS["batched_mm"](self, hidden_states, top_k_index, top_k_weights)
+        out = ALL_EXPERTS_FUNCTIONS["batched_mm"](self, hidden_states, top_k_index, top_k_weights)
+        return out if residual is None else residual + out
     return fused_experts(
         hidden_states,
         self.gate_up_proj,
@@ -138,6 +145,7 @@ def fused_experts_forward(
         top_k_weights,
         n_active,
         transposed=self.is_transposed,
+        residual=residual,
     )
 
 

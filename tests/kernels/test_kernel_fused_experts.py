@@ -79,6 +79,30 @@ def test_matches_reference(poisoned, dtype, tokens, experts, top_k, hidden, inte
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, skip", [(1, False), (5, True), (17, False)])
+def test_residual_is_added_in_the_last_launch(poisoned, dtype, tokens, skip):
+    """``residual=r`` gives ``r + fused_experts(...)`` (the sum rounded to the activation dtype first, as a decoder
+    layer adds it) on each layout (one token, the expert grid, aligned blocks): bitwise in float32; in bf16 within
+    one rounding step, as the CPU interpreter truncates where torch's add rounds (on the GPU both round). The
+    reference is bitwise its own sum plus the residual."""
+    inputs = make_inputs(tokens, 8, 4, 48, 24, dtype, seed=tokens + 11, skip=skip)
+    residual = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(tokens)).to(dtype) * 4
+    out = kernel_module.launch(*inputs, transposed=False, residual=residual)
+    expected = residual + kernel_module.launch(*inputs, transposed=False)
+    if dtype == torch.float32:
+        assert torch.equal(out, expected)
+        assert torch.equal(fused_experts(*inputs, residual=residual), residual + fused_experts(*inputs))
+    else:
+        torch.testing.assert_close(out.float(), expected.float(), rtol=1.6e-2, atol=1.6e-2)
+    assert not torch.equal(out, kernel_module.launch(*inputs, transposed=False))
+    ref = fused_experts_naive(*inputs, residual=residual)
+    assert torch.equal(ref, residual + fused_experts_naive(*inputs))
+    with pytest.raises(ValueError, match="residual must match hidden"):
+        fused_experts(*inputs, residual=residual[:, :40])
+
+
+@needs_triton
 def test_transposed_strided_and_out_of_range_ids(poisoned):
     """Transposed weights ([E, H, 2I] / [E, I, H]), a strided hidden input, ids outside [0, E) skipped."""
     x, w_gate_up, w_down, index, weights, n_active = make_inputs(9, 8, 4, 48, 24, seed=3, skip=True)
@@ -170,7 +194,9 @@ def test_float64_falls_back_to_reference_and_op_checks():
     inputs = make_inputs(5, 4, 2, 32, 24, torch.float64, seed=1, skip=True)
     out = fused_experts(*inputs)
     assert torch.equal(out, fused_experts_naive(*inputs))
-    torch.library.opcheck(torch.ops.hsv.fused_experts.default, (*inputs, False))
+    torch.library.opcheck(torch.ops.hsv.fused_experts.default, (*inputs, False, None))
+    residual = torch.randn(5, 32, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.hsv.fused_experts.default, (*inputs, False, residual))
     assert doctest.testmod(op_module, extraglobs={"torch": torch}).failed == 0
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import ARCHITECTURES, make_model
 
-from hf_sparse_verify.kernels.rms_norm import rms_norm, rms_norm_naive
+from hf_sparse_verify.kernels.rms_norm import add_rms_norm, add_rms_norm_naive, rms_norm, rms_norm_naive
 from hf_sparse_verify.modules import REPLACEABLE, TritonRMSNorm, use_fused_modules
 
 
@@ -23,6 +23,42 @@ def test_matches_reference(dtype, shape):
     # where the GPU rounds to nearest)
     tol = 1e-6 if dtype == torch.float32 else 1.6e-2
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (3, 5, 100), (7, 48)])
+def test_add_matches_reference(dtype, shape):
+    """The fused residual add + norm: the sum as eager adds it (float32: bitwise; 16-bit: the CPU interpreter
+    truncates where the GPU rounds, one step), the norm of that sum."""
+    g = torch.Generator().manual_seed(sum(shape) + 1)
+    x, r = (torch.randn(*shape, generator=g).to(dtype) * 3 for _ in range(2))
+    w = torch.rand(shape[-1], generator=g).to(dtype) + 0.5
+    normed, total = add_rms_norm(x, r, w, 1e-6)
+    ref_normed, ref_total = add_rms_norm_naive(x, r, w, 1e-6)
+    assert (
+        total.dtype == dtype and normed.dtype == ref_normed.dtype and normed.shape == total.shape == x.shape
+    )
+    if dtype == torch.float32:
+        assert torch.equal(total, r + x)
+    tol = 1e-6 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(total.float(), ref_total.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(normed.float(), ref_normed.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(normed.float(), rms_norm_naive(r + x, w, 1e-6).float(), rtol=tol, atol=tol)
+
+
+def test_add_strided_inputs_and_bad_input():
+    x = torch.randn(4, 32, 2)[:, :, 0]  # last dim not contiguous
+    r = torch.randn(4, 32)
+    w = torch.rand(32)
+    normed, total = add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(total, r + x)
+    torch.testing.assert_close(normed, rms_norm_naive(r + x, w, 1e-5), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        add_rms_norm(x, r[:3], w, 1e-5)
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        add_rms_norm(x, r.double(), w, 1e-5)
+    with pytest.raises(ValueError, match="weight \\[N\\]"):
+        add_rms_norm(x, r, torch.rand(31), 1e-5)
 
 
 def test_strided_input_and_weight_promotion():

@@ -243,15 +243,18 @@ def _down_kernel(
 
 @triton.jit
 def _sum_kernel(
-    PAIR_OUT, TOPK_IDS, TOPK_W, N_ACTIVE, OUT,
-    hidden, top_k, n_experts, s_pt, s_ot,
-    HAS_N_ACTIVE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    PAIR_OUT, TOPK_IDS, TOPK_W, N_ACTIVE, RESIDUAL, OUT,
+    hidden, top_k, n_experts, s_pt, s_rt, s_ot,
+    HAS_N_ACTIVE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """``out[t] = sum_r w[t, r] * y[t, r]`` over the token's active pairs, in float32, in a fixed order (one
     reduction over the ranks: deterministic, no atomics). ``y`` of pair ``(t, r)`` is the row of the token's first
     active pair with the same expert (the one `_down_kernel` wrote when an id repeats). All k rows are loaded at once:
-    a loop over the ranks issued its loads one after another (4.6 us per call for one token on the H200)."""
+    a loop over the ranks issued its loads one after another (4.6 us per call for one token on the H200).
+
+    With ``HAS_RESIDUAL``: ``out[t] = residual[t] + sum`` with the sum first rounded to the activation dtype, bitwise
+    the decoder layer's ``residual + experts(x)`` (one launch fewer)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -269,6 +272,9 @@ def _sum_kernel(
     p_y = PAIR_OUT + (t * top_k + first)[:, None] * s_pt + offs_h[None, :]
     b_y = tl.load(p_y, mask=ok[:, None] & h_ok[None, :], other=0.0)
     b_out = tl.sum(b_y * b_w[:, None], axis=0)
+    if HAS_RESIDUAL:
+        b_r = tl.load(RESIDUAL + t * s_rt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+        b_out = b_r + b_out.to(OUT.dtype.element_ty).to(tl.float32)
     tl.store(OUT + t * s_ot + offs_h, b_out.to(OUT.dtype.element_ty), mask=h_ok)
 
 
@@ -367,10 +373,11 @@ def launch(
     n_active: torch.Tensor | None,
     transposed: bool,
     out: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the kernels (inputs as `fused_experts` checks them; ``hidden`` with unit last stride, ``top_k_index`` /
-    ``top_k_weights`` contiguous): three launches up to `EXPERT_GRID_MAX_TOKENS` tokens (no align), four above.
-    Returns ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given)."""
+    """Run the kernels (inputs as `fused_experts` checks them; ``hidden`` and ``residual`` with unit last stride,
+    ``top_k_index`` / ``top_k_weights`` contiguous): three launches up to `EXPERT_GRID_MAX_TOKENS` tokens (no
+    align), four above. Returns ``[T, H]`` in ``hidden.dtype`` (into ``out`` if given), plus ``residual`` if given."""
     tokens, dim = hidden.shape
     if out is None:
         out = _empty((tokens, dim), hidden.device, hidden.dtype)
@@ -414,9 +421,10 @@ def launch(
 
     block_h = min(256, next_power_of_2(dim))
     _sum_kernel[(tokens, triton.cdiv(dim, block_h))](
-        pair_out, top_k_index, top_k_weights, n_active_or_ids, out,
-        dim, top_k, n_experts, pair_out.stride(0), out.stride(0),
-        HAS_N_ACTIVE=n_active is not None, K_PAD=common["K_PAD"], BLOCK_H=block_h,
+        pair_out, top_k_index, top_k_weights, n_active_or_ids, residual if residual is not None else out, out,
+        dim, top_k, n_experts, pair_out.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        HAS_N_ACTIVE=n_active is not None, HAS_RESIDUAL=residual is not None, K_PAD=common["K_PAD"],
+        BLOCK_H=block_h,
         num_warps=4,
         **pdl_launch(pair_out.device),
     )  # fmt: skip

@@ -24,12 +24,14 @@ def fused_experts_naive(
     top_k_weights: torch.Tensor,
     n_active: torch.Tensor | None = None,
     transposed: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out[t] = sum_r w[t, r] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t]))`` over the active pairs
     ``(t, r)`` with ``e = top_k_index[t, r]`` (see `active_pairs`).
 
     Matmuls run in the input dtype, the weighted sum over pairs in float32 (float64 for float64 inputs); the
-    result is in ``hidden.dtype``. Shapes: ``hidden [T, H]``, ``w_gate_up [E, 2I, H]`` (gate rows first) and
+    result is in ``hidden.dtype``; with ``residual`` ``[T, H]`` it is ``residual + result``, as a decoder layer adds
+    it. Shapes: ``hidden [T, H]``, ``w_gate_up [E, 2I, H]`` (gate rows first) and
     ``w_down [E, H, I]``, or ``[E, H, 2I]`` / ``[E, I, H]`` when ``transposed``; ``top_k_index`` / ``top_k_weights``
     ``[T, k]``; ``n_active [T]``.
     """
@@ -46,4 +48,5 @@ def fused_experts_naive(
         h = F.silu(projected[:, :inter]) * projected[:, inter:]  # [n, I]
         y = (h @ down[e].T).to(acc_dtype)  # [n, H]
         out.index_add_(0, token, y * top_k_weights[token, rank, None].to(acc_dtype))
-    return out.to(hidden.dtype)
+    out = out.to(hidden.dtype)
+    return out if residual is None else residual + out

@@ -21,20 +21,27 @@ def _fused_experts_op(
     top_k_weights: torch.Tensor,
     n_active: torch.Tensor | None,
     transposed: bool,
+    residual: torch.Tensor | None,
 ) -> torch.Tensor:
     if triton_runs_on(hidden.device) and hidden.dtype != torch.float64:
         from .kernel import launch
 
-        return launch(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed)
-    return fused_experts_naive(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed)
+        return launch(
+            hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, residual=residual
+        )
+    return fused_experts_naive(
+        hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, residual=residual
+    )
 
 
 @_fused_experts_op.register_fake
-def _(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed):
+def _(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, residual):
     return hidden.new_empty(hidden.shape)
 
 
-def _check(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed) -> None:
+def _check(
+    hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, residual=None
+) -> None:
     if hidden.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(
             "fused_experts needs hidden [T, H], w_gate_up [E, 2I, H] and w_down [E, H, I] (or [E, H, 2I] and "
@@ -70,8 +77,13 @@ def _check(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, tran
             "hidden and the expert weights must share one float dtype; got "
             f"{hidden.dtype}, {w_gate_up.dtype}, {w_down.dtype}"
         )
-    tensors = (hidden, w_gate_up, w_down, top_k_index, top_k_weights) + (
-        (n_active,) if n_active is not None else ()
+    if residual is not None and (residual.shape != hidden.shape or residual.dtype != hidden.dtype):
+        raise ValueError(
+            f"residual must match hidden {tuple(hidden.shape)} {hidden.dtype}; got {tuple(residual.shape)} "
+            f"{residual.dtype}"
+        )
+    tensors = (hidden, w_gate_up, w_down, top_k_index, top_k_weights) + tuple(
+        t for t in (n_active, residual) if t is not None
     )
     devices = {t.device for t in tensors}
     if len(devices) != 1:
@@ -87,6 +99,7 @@ def fused_experts(
     n_active: torch.Tensor | None = None,
     *,
     transposed: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts in one op: ``out[t] = sum_r w[t, r] * down[e] @ (silu(gate[e] @ x[t]) * up[e] @ x[t])``
     over the active pairs of token ``t`` (``e = top_k_index[t, r]``), reading each selected expert's weights once
@@ -103,6 +116,8 @@ def fused_experts(
             from ``torch.topk`` is sorted by weight, so the lowest-weight experts go first). Default: all ``k``.
             The remaining weights are not renormalized.
         transposed: weights stored ``[E, K, N]`` (transformers' ``is_transposed`` experts).
+        residual: ``[T, H]`` in ``hidden.dtype``, added to the result in the same launch (bitwise the decoder
+            layer's ``residual + experts(x)``; `hf_sparse_verify.modules.FusedDecoderLayer` passes it).
 
     Returns:
         ``[T, H]`` in ``hidden.dtype``; matmuls accumulate in float32, the intermediate is rounded to the
@@ -114,9 +129,11 @@ def fused_experts(
         >>> fused_experts(x, wgu, wd, idx, w).shape
         torch.Size([3, 32])
     """
-    _check(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed)
+    _check(hidden, w_gate_up, w_down, top_k_index, top_k_weights, n_active, transposed, residual)
     if hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
     return torch.ops.hsv.fused_experts(
         hidden,
         w_gate_up,
@@ -125,4 +142,5 @@ def fused_experts(
         top_k_weights.contiguous(),
         n_active.contiguous() if n_active is not None else None,
         transposed,
+        residual,
     )

@@ -20,12 +20,15 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
-#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`)
+#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`). From the H200 sweep
+#: of 144 settings (`benchmarks/sweep_qkv_rope.py --wide`, `results/sweeps/h200_qkv_proj_tiles.json`, PDL on, us per
+#: call): best sum over Qwen3-30B-A3B and Llama-3.1-8B at 1 and 16 rows, 42.75 against 50.75 for the earlier
+#: 4 warps / 3 stages (one row: 6.50 against 7.48 and 14.08 against 17.70)
 TILES = {
     "proj_n": 32,
     "proj_k": 128,
-    "num_warps": 4,
-    "num_stages": 3,
+    "num_warps": 2,
+    "num_stages": 4,
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}

@@ -1,6 +1,6 @@
 """RMSNorm with transformers' Llama-family arithmetic in one launch (used by `hf_sparse_verify.modules`)."""
 
-from .naive import rms_norm_naive
-from .op import rms_norm
+from .naive import add_rms_norm_naive, rms_norm_naive
+from .op import add_rms_norm, rms_norm
 
-__all__ = ["rms_norm", "rms_norm_naive"]
+__all__ = ["add_rms_norm", "add_rms_norm_naive", "rms_norm", "rms_norm_naive"]

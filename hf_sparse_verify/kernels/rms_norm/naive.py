@@ -11,3 +11,11 @@ def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     hidden = x.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
     return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def add_rms_norm_naive(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's ``total = residual + x`` followed by its RMSNorm: returns ``(rms_norm(total), total)``."""
+    total = residual + x
+    return rms_norm_naive(total, weight, eps), total

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import rms_norm_naive
+from .naive import add_rms_norm_naive, rms_norm_naive
 
 MAX_COLS = 65536
 
@@ -46,3 +46,52 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     return torch.ops.hsv.rms_norm(x, weight, float(eps))
+
+
+@torch.library.custom_op("hsv::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if triton_runs_on(x.device) and x.dtype != torch.float64:
+        from .kernel import launch_add
+
+        return launch_add(x, residual, weight, eps)
+    return add_rms_norm_naive(x, residual, weight, eps)
+
+
+@_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype)), x.new_empty(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``total = residual + x`` (rounded to the activation dtype, as eager adds) and its RMSNorm in one launch:
+    returns ``(rms_norm(total), total)``, bitwise what `add_rms_norm_naive` computes.
+
+    Args:
+        x, residual: ``[..., N]``, one shape and dtype.
+        weight: ``[N]``.
+        eps: variance epsilon.
+
+    Example:
+        >>> x, r, w = torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.rand(8)
+        >>> normed, total = add_rms_norm(x, r, w, 1e-6)
+        >>> torch.equal(total, r + x), torch.allclose(normed, rms_norm_naive(r + x, w, 1e-6))
+        (True, True)
+    """
+    if x.shape != residual.shape or x.dtype != residual.dtype or x.device != residual.device:
+        raise ValueError(
+            f"add_rms_norm needs x and residual of one shape, dtype and device; got {tuple(x.shape)} "
+            f"{x.dtype} {x.device} and {tuple(residual.shape)} {residual.dtype} {residual.device}"
+        )
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"add_rms_norm needs x [..., N] and weight [N]; got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.shape[-1] > MAX_COLS:
+        raise ValueError(f"add_rms_norm handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    return torch.ops.hsv.add_rms_norm(x, residual, weight, float(eps))
