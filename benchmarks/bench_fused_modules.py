@@ -1,5 +1,6 @@
 """Side by side in one process: our captured step with and without the fused module replacements of round 2
-(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another; `FusedRouter`: the MoE router in one launch)
+(`FusedQKVAttention`: q/k/v in one launch, norm + rotary in another, ``o_proj`` in a third; `FusedRouter`: the MoE
+router in one launch; `FusedDecoderLayer`: residual adds fused)
 and with and without programmatic dependent launch of our kernels (``no_pdl``), on random-weight shapes, against
 the bandwidth floor of ``hf-sparse-verify bench step``.
 
@@ -25,6 +26,7 @@ from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_p
 from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
 from hf_sparse_verify.kernels._triton import set_pdl
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
+from hf_sparse_verify.modules import attention as attention_module
 
 #: variant name -> StepBenchArgs fields, ``pdl``: whether our kernels launch with programmatic dependent launch, and
 #: optionally ``qkv_tiles``: `qkv_rope.kernel.TILES` entries set for that variant only. ``fused_attention_router`` is
@@ -39,6 +41,7 @@ VARIANTS = {
     "old_qkv_tiles": dict(
         fused_attention=True, fused_router=True, pdl=True, qkv_tiles=dict(num_warps=4, num_stages=3)
     ),
+    "cublas_o_proj": dict(fused_attention=True, fused_router=True, pdl=True, triton_o_proj=False),
 }
 
 
@@ -51,7 +54,14 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument(
+        "--out-tiles", type=int, nargs=4, metavar=("N", "K", "WARPS", "STAGES"),
+        help="row_linear (o_proj) tiles for every variant, e.g. the best of sweep_qkv_rope.py --kernel out",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.out_tiles = (
+        dict(zip(("out_n", "out_k", "out_warps", "out_stages"), args.out_tiles)) if args.out_tiles else {}
+    )
     device, dtype = torch.device("cuda"), torch.bfloat16
     bandwidth = copy_bandwidth(device)
     widths = sorted(args.new_tokens)
@@ -69,13 +79,16 @@ def main() -> None:
                 for variant in args.variants:
                     fields = dict(VARIANTS[variant])
                     set_pdl(fields.pop("pdl"))
-                    tiles = dict(qkv_kernel.TILES)
+                    tiles, o_proj = dict(qkv_kernel.TILES), attention_module.TRITON_O_PROJ
                     qkv_kernel.TILES.update(fields.pop("qkv_tiles", {}))
+                    qkv_kernel.TILES.update(args.out_tiles)
+                    attention_module.TRITON_O_PROJ = fields.pop("triton_o_proj", o_proj)
                     step_args = dataclasses.replace(base, **fields)
                     try:
                         times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
                     finally:
                         qkv_kernel.TILES.update(tiles)
+                        attention_module.TRITON_O_PROJ = o_proj
                     runs[variant].append(times)
                     _free(device)
             set_pdl(pdl_default)
@@ -100,7 +113,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1),
-                           method=__doc__.split("\n\n")[1].replace("\n", " "), records=records), f, indent=1)  # fmt: skip
+                           method=__doc__.split("\n\n")[1].replace("\n", " "), records=records,
+                           tiles=dict(qkv_kernel.TILES, **args.out_tiles)), f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ transformers' ``LlamaAttention.forward`` (and Mistral's, Mixtral's, Qwen2's, Qwe
 update and the registered attention function. This module computes the same thing, sharing the original's
 projections and norms (no weight copied), with two launches on CUDA (`hf_sparse_verify.kernels.qkv_rope`): the
 three projections in one pass over their weights (steps of at most `MAX_ROWS` token rows; larger steps use
-``F.linear``), and norm + rotary of every query and key head in one kernel. ``o_proj`` stays ``nn.Linear``: a one-launch
-Triton version was no faster than cuBLAS on the H200 (sum over the 8B and Qwen3-30B-A3B shapes at 1 and 16 rows:
-37.4 us at its best tiles against 36.5 us, `benchmarks/sweep_qkv_rope.py`). Elsewhere (CPU, no Triton) it runs the
-original arithmetic op by op, so CPU results are bitwise what transformers computes. The cache update, the attention
-function (``config._attn_implementation`` through `AttentionInterface`) and ``o_proj`` are as in the original.
+``F.linear``), and norm + rotary of every query and key head in one kernel; ``o_proj`` of such steps is one Triton
+launch (`row_linear`, `TRITON_O_PROJ`) instead of cuBLAS split-K plus a reduction, which cannot overlap their
+neighbours through programmatic dependent launch. Elsewhere (CPU, no Triton) it runs the
+original arithmetic op by op, so CPU results are bitwise what transformers computes. The cache update and the
+attention function (``config._attn_implementation`` through `AttentionInterface`) are as in the original.
 
 What the originals pass to the attention function differs by class (checked against transformers 5.23.0's source):
 `SLIDING_WINDOW` says where each reads ``sliding_window`` from, or that it passes none. Only these classes, with full
@@ -24,10 +24,14 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..kernels._triton import compiled_on
-from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk
-from ..kernels.qkv_rope.kernel import proj_block_n
+from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, row_linear
+from ..kernels.qkv_rope.kernel import linear_block_n, proj_block_n
 from ..kernels.qkv_rope.naive import rotate_half
 from .gptj import _no_eager
+
+#: ``o_proj`` of fused steps on the Triton `row_linear` (one launch, overlapping its neighbours through programmatic
+#: dependent launch) rather than ``nn.Linear`` (cuBLAS split-K + reduction); benchmarks switch it for A/B runs
+TRITON_O_PROJ = True
 
 #: attention class -> where its forward reads the ``sliding_window`` it passes to the attention function: ``"module"``
 #: (its own ``sliding_window`` attribute), ``"config"`` (``getattr(config, "sliding_window", None)``) or None (passes
@@ -107,6 +111,7 @@ class FusedQKVAttention(torch.nn.Module):
             self.sliding_window = getattr(original.config, "sliding_window", None)
         self._passes_window = source is not None
         self._block_n = proj_block_n(self.q_proj.out_features, self.k_proj.out_features)
+        self._out_block_n = linear_block_n(self.o_proj.out_features)
 
     def _fused(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
         """Whether this call takes the Triton path (CUDA with Triton, full rotary, one dtype throughout)."""
@@ -155,7 +160,8 @@ class FusedQKVAttention(torch.nn.Module):
         function. Returns ``[B, T, hidden]`` and the attention function's weights."""
         batch, length, _ = hidden_states.shape
         cos, sin = position_embeddings
-        if self._fused(hidden_states, cos):
+        fused = self._fused(hidden_states, cos)
+        if fused:
             rows = hidden_states.reshape(batch * length, -1)
             q, k, v = self._project_fused(
                 rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
@@ -176,4 +182,14 @@ class FusedQKVAttention(torch.nn.Module):
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
         )  # fmt: skip
         out = out.reshape(batch, length, -1).contiguous()
+        rows = batch * length
+        if (
+            fused
+            and TRITON_O_PROJ
+            and rows <= MAX_ROWS
+            and self._out_block_n is not None
+            and self.o_proj.weight.dtype == out.dtype
+        ):
+            projected = row_linear(out.view(rows, -1), self.o_proj.weight, self.o_proj.bias)
+            return projected.view(batch, length, -1), weights
         return self.o_proj(out), weights

@@ -15,6 +15,7 @@ from hf_sparse_verify.kernels.qkv_rope import (
     qkv_proj_naive,
     rope_qk,
     rope_qk_naive,
+    row_linear,
 )
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
 
@@ -54,6 +55,23 @@ def test_qkv_proj_matches_reference(monkeypatch, dtype, rows, hidden, n_q, n_kv,
     for o, r in zip(out, ref):
         assert o.shape == r.shape and o.dtype == dtype and o.is_contiguous()
         torch.testing.assert_close(o.float(), r.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "rows, hidden, n_out, bias", [(1, 64, 48, False), (5, 100, 32, True), (MAX_ROWS, 256, 64, False)]
+)
+def test_row_linear_matches_reference(monkeypatch, dtype, rows, hidden, n_out, bias):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(rows + hidden)
+    x = torch.randn(rows, hidden, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n_out, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype)
+    b = torch.randn(n_out, generator=g).to(DEVICE, dtype) if bias else None
+    out = row_linear(x, w, b)
+    assert out.shape == (rows, n_out) and out.dtype == dtype
+    torch.testing.assert_close(
+        out.float(), torch.nn.functional.linear(x, w, b).float(), rtol=TOL[dtype], atol=TOL[dtype]
+    )
 
 
 def test_qkv_proj_strided_input():
@@ -114,6 +132,10 @@ def test_bad_input():
         qkv_proj(x, w, w, w, torch.zeros(32), None, None)
     with pytest.raises(ValueError, match="dtype"):
         qkv_proj(x, w.double(), w, w)
+    with pytest.raises(ValueError, match="at most"):
+        row_linear(torch.randn(MAX_ROWS + 1, 32), w)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        row_linear(x, torch.randn(24, 32))
     with pytest.raises(ValueError, match="even head_dim"):
         rope_qk(x, x, x, x, 5)
     with pytest.raises(ValueError, match="partial rotary"):
@@ -124,7 +146,7 @@ def test_bench_entries_run():
     from hf_sparse_verify.kernels.registry import load_all
 
     registry = load_all()
-    for name in ("qkv_proj", "rope_qk"):
+    for name in ("qkv_proj", "row_linear", "rope_qk"):
         cases = list(registry[name](DEVICE, torch.float32, True))
         assert {c.variant for c in cases} == {"triton", "torch"}
         for case in cases[:2]:

@@ -4,6 +4,8 @@
   without concatenating the weights: each program owns ``BLOCK_N`` output columns of one of the three projections
   (its tile index says which) and reads those weight rows once for all ``T <= BLOCK_M`` rows, GEMV-style. Products
   accumulate in float32; outputs are rounded to ``x.dtype``, as ``F.linear`` rounds them.
+- ``_linear_kernel``, grid ``(1, N / BLOCK_N)``: ``x @ w^T`` (+ bias) for one weight, the same tile code
+  (`row_linear`: the attention output projection, one launch where cuBLAS runs split-K plus a reduction).
 - ``_rope_kernel``, grid ``(T, H_q + H_kv)``: one head of one row: optional RMSNorm over the head (float32
   statistics, normalized value rounded to the activation dtype, times the weight, as transformers' RMSNorm), then
   ``x * cos + rotate_half(x) * sin`` with each product rounded to the activation dtype before the sum, as eager
@@ -29,6 +31,11 @@ TILES = {
     "proj_k": 128,
     "num_warps": 2,
     "num_stages": 4,
+    # the single-weight `row_linear_launch` (attention output projection)
+    "out_n": 16,
+    "out_k": 256,
+    "out_warps": 2,
+    "out_stages": 4,
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -78,6 +85,18 @@ def _qkv_proj_kernel(
     else:
         _project_tile(X, WV, BV, OV, (tile - tiles_q - tiles_k) * BLOCK_N, n_rows, n_hidden, s_x, s_wv, s_ov,
                       HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
+
+
+@triton.jit
+def _linear_kernel(
+    X, W, B, OUT, n_rows, n_hidden, s_x, s_w, s_o,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_wait(PDL)
+    _project_tile(X, W, B, OUT, tl.program_id(1) * BLOCK_N, n_rows, n_hidden, s_x, s_w, s_o,
+                  HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
 
 
 @triton.jit
@@ -180,6 +199,36 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         **pdl_launch(x.device),
     )  # fmt: skip
     return q, k, v
+
+
+def linear_block_n(n_out: int) -> int | None:
+    """Output columns per program of `row_linear_launch` (as `proj_block_n`, for one width)."""
+    block = TILES["out_n"]
+    while block >= 16 and n_out % block:
+        block //= 2
+    return block if block >= 16 else None
+
+
+@on_input_device
+def row_linear_launch(x, weight, bias) -> torch.Tensor:
+    """``x`` ``[T, K]`` (unit last stride), ``weight`` ``[N, K]`` (unit last stride; `linear_block_n` not None),
+    optional ``bias`` ``[N]`` -> ``[T, N]`` in ``x.dtype``."""
+    rows, hidden = x.shape
+    out = _empty((rows, weight.shape[0]), x.device, x.dtype)
+    if rows == 0:
+        return out
+    bn = linear_block_n(weight.shape[0])
+    bk = min(TILES["out_k"], max(16, next_power_of_2(hidden)))
+    dot_dtype, precision = _dot(x.dtype)
+    _linear_kernel[(triton.cdiv(rows, max(16, next_power_of_2(rows))), weight.shape[0] // bn)](
+        x, weight, bias if bias is not None else weight, out, rows, hidden, x.stride(0), weight.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=bn, BLOCK_K=bk,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["out_warps"], num_stages=TILES["out_stages"],
+        **pdl_launch(x.device),
+    )  # fmt: skip
+    return out
 
 
 @on_input_device

@@ -4,6 +4,7 @@ the reference elsewhere (CPU without ``TRITON_INTERPRET=1``, float64)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .._triton import triton_runs_on
 from .naive import qkv_proj_naive, rope_qk_naive
@@ -44,6 +45,20 @@ def _(x, w_q, w_k, w_v, b_q, b_k, b_v):
         x.new_empty((rows, w_k.shape[0])),
         x.new_empty((rows, w_v.shape[0])),
     )
+
+
+@torch.library.custom_op("hsv::row_linear", mutates_args=())
+def _row_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if _use_triton(x):
+        from .kernel import row_linear_launch
+
+        return row_linear_launch(x, weight, bias)
+    return F.linear(x, weight, bias).contiguous()
+
+
+@_row_linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 @torch.library.custom_op("hsv::rope_qk", mutates_args=())
@@ -144,6 +159,41 @@ def qkv_proj(
     if b_q is not None:
         b_q, b_k, b_v = (b.contiguous() for b in biases)
     return torch.ops.hsv.qkv_proj(x, w_q, w_k, w_v, b_q, b_k, b_v)
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for the few rows of decode and verify steps in one launch that reads the weight
+    once (cuBLAS runs the attention output projection of one row as split-K plus a reduction kernel, neither of
+    which can overlap its neighbours through programmatic dependent launch).
+
+    Args:
+        x: ``[T, K]`` with ``T <= MAX_ROWS``.
+        weight: ``[N, K]`` (``N`` a multiple of 16), ``x.dtype``; bias: ``[N]`` or None.
+
+    Returns:
+        ``[T, N]`` in ``x.dtype``, contiguous (float32 accumulation, as ``F.linear``; not its summation order).
+
+    Example:
+        >>> x, w = torch.randn(2, 32), torch.randn(48, 32)
+        >>> torch.allclose(row_linear(x, w), x @ w.T, atol=1e-5)
+        True
+    """
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"row_linear needs x [T, K] and weight [N, K]; got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(
+            f"row_linear reads the weight once for at most {MAX_ROWS} rows; got {x.shape[0]}: use F.linear"
+        )
+    if weight.shape[0] % 16:
+        raise ValueError(f"row_linear needs an output width that is a multiple of 16; got {weight.shape[0]}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"row_linear: bias must be [{weight.shape[0]}]; got {tuple(bias.shape)}")
+    _same_device_and_dtype("row_linear", x, weight, *((bias,) if bias is not None else ()))
+    return torch.ops.hsv.row_linear(
+        _unit_last(x), _unit_last(weight), bias.contiguous() if bias is not None else None
+    )
 
 
 def rope_qk(
