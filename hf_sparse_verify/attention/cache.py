@@ -63,6 +63,20 @@ class SpecLayer(CacheLayerMixin):
             self.values.scatter_(2, index.expand(*value_states.shape), value_states.to(self.dtype))
         return self.keys, self.values
 
+    def direct_write_slots(self, batch: int, q_len: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The ``[B, q]`` slots this step's keys and values go to, for a kernel that writes them into ``keys`` /
+        ``values`` itself instead of calling `update` (`hf_sparse_verify.modules.FusedQKVAttention`: rotary and
+        cache write in one launch); None where `update` has to run (buffers not allocated yet, another dtype or
+        step length, or a step that is not on the Triton backend)."""
+        step = current_step(required=False)
+        if step is None or step.backend != "triton" or not self.is_initialized:
+            return None
+        if step.q_len != q_len or self.dtype != dtype or self.keys.shape[0] != batch:
+            return None
+        if self.keys.shape != self.values.shape or self.keys.stride() != self.values.stride():
+            return None
+        return step.on(self.device).query_slots
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         step = current_step(required=False)
         return step.kv_len if step is not None else self.owner.capacity, 0

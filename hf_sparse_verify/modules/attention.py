@@ -6,11 +6,12 @@ transformers' ``LlamaAttention.forward`` (and Mistral's, Mixtral's, Qwen2's, Qwe
 update and the registered attention function. This module computes the same thing, sharing the original's
 projections and norms (no weight copied), with two launches on CUDA (`hf_sparse_verify.kernels.qkv_rope`): the
 three projections in one pass over their weights (steps of at most `MAX_ROWS` token rows; larger steps use
-``F.linear``), and norm + rotary of every query and key head in one kernel; ``o_proj`` of such steps is one Triton
+``F.linear``), and norm + rotary of every query and key head in one kernel (which also writes the step's keys and
+values into our `SpecCache`, `SpecLayer.direct_write_slots`, instead of a cache-write launch); ``o_proj`` of such steps is one Triton
 launch (`row_linear`, `TRITON_O_PROJ`) instead of cuBLAS split-K plus a reduction, which cannot overlap their
 neighbours through programmatic dependent launch. Elsewhere (CPU, no Triton) it runs the
-original arithmetic op by op, so CPU results are bitwise what transformers computes. The cache update and the
-attention function (``config._attn_implementation`` through `AttentionInterface`) are as in the original.
+original arithmetic op by op, so CPU results are bitwise what transformers computes. The cache update (other caches)
+and the attention function (``config._attn_implementation`` through `AttentionInterface`) are as in the original.
 
 What the originals pass to the attention function differs by class (checked against transformers 5.23.0's source):
 `SLIDING_WINDOW` says where each reads ``sliding_window`` from, or that it passes none. Only these classes, with full
@@ -23,8 +24,9 @@ from __future__ import annotations
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..attention.cache import SpecCache
 from ..kernels._triton import compiled_on
-from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, row_linear
+from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, rope_qk_cache, row_linear
 from ..kernels.qkv_rope.kernel import linear_block_n, proj_block_n
 from ..kernels.qkv_rope.naive import rotate_half
 from .gptj import _no_eager
@@ -122,8 +124,10 @@ class FusedQKVAttention(torch.nn.Module):
         weights += [n.weight for n in (self.q_norm, self.k_norm) if n is not None]
         return cos.shape[-1] == self.head_dim and all(w.dtype == dtype for w in weights)
 
-    def _project_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``x`` ``[T, H]`` rows -> q ``[T, Hq, D]``, k ``[T, Hkv, D]`` (normed, rotated), v ``[T, Hkv * D]``."""
+    def _project_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer=None, slots=None):
+        """``x`` ``[T, H]`` rows -> q ``[T, Hq, D]``, k ``[T, Hkv, D]`` (normed, rotated), v ``[T, Hkv * D]``; with
+        a cache ``layer`` and its ``slots`` (`SpecLayer.direct_write_slots`), k and v go into the layer's buffers in
+        the rotary launch and its ``keys`` / ``values`` come back instead."""
         biases = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
         if x.shape[0] <= MAX_ROWS and self._block_n is not None:
             q, k, v = qkv_proj(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, *biases)
@@ -131,8 +135,20 @@ class FusedQKVAttention(torch.nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         norms = [n.weight if n is not None else None for n in (self.q_norm, self.k_norm)]
         eps = self.q_norm.variance_epsilon if self.q_norm is not None else 1e-6
+        if slots is not None:
+            q = rope_qk_cache(q, k, v, cos, sin, self.head_dim, *norms, eps, layer.keys, layer.values, slots)
+            return q, layer.keys, layer.values
         q, k = rope_qk(q, k, cos, sin, self.head_dim, norms[0], norms[1], eps)
         return q, k, v
+
+    def _direct_cache(self, cache, batch: int, length: int, dtype: torch.dtype):
+        """``(layer, slots)`` when ``cache`` is our `SpecCache` and this step may write its layer directly (see
+        `SpecLayer.direct_write_slots`), else ``(None, None)``."""
+        if not isinstance(cache, SpecCache) or self.layer_idx >= len(cache.layers):
+            return None, None
+        layer = cache.layers[self.layer_idx]
+        slots = layer.direct_write_slots(batch, length, dtype)
+        return (layer, slots) if slots is not None else (None, None)
 
     def _project_eager(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """The original arithmetic: ``[B, H, T, D]`` queries, keys and values."""
@@ -161,18 +177,22 @@ class FusedQKVAttention(torch.nn.Module):
         batch, length, _ = hidden_states.shape
         cos, sin = position_embeddings
         fused = self._fused(hidden_states, cos)
+        cache = cache if cache is not None else past_key_values  # its name from transformers 5.24 / before
+        layer, slots = (
+            self._direct_cache(cache, batch, length, hidden_states.dtype) if fused else (None, None)
+        )
         if fused:
             rows = hidden_states.reshape(batch * length, -1)
             q, k, v = self._project_fused(
-                rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
+                rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1), layer, slots
             )
             q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-            k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
-            v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)
+            if slots is None:
+                k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)
+                v = v.view(batch, length, -1, self.head_dim).transpose(1, 2)
         else:
             q, k, v = self._project_eager(hidden_states, cos, sin)
-        cache = cache if cache is not None else past_key_values  # its name from transformers 5.24 / before
-        if cache is not None:
+        if cache is not None and slots is None:
             k, v = cache.update(k, v, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, _no_eager)
         if self._passes_window:

@@ -14,6 +14,7 @@ from hf_sparse_verify.kernels.qkv_rope import (
     qkv_proj,
     qkv_proj_naive,
     rope_qk,
+    rope_qk_cache,
     rope_qk_naive,
     row_linear,
 )
@@ -100,6 +101,46 @@ def test_rope_qk_matches_reference(monkeypatch, dtype, rows, heads_q, heads_kv, 
     for o, r in zip(out, ref):
         assert o.shape == r.shape and o.dtype == dtype and o.is_contiguous()
         torch.testing.assert_close(o.float(), r.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "batch, q_len, heads_kv, head_dim, norm", [(1, 1, 2, 16, True), (3, 4, 1, 10, False)]
+)
+def test_rope_qk_cache_equals_rope_then_cache_write(
+    monkeypatch, dtype, batch, q_len, heads_kv, head_dim, norm
+):
+    """Keys and values written into the caches by the rotary launch are exactly what `rope_qk` + `cache_write` put
+    there (same kernel arithmetic), the queries are `rope_qk`'s, and every other cache slot is untouched."""
+    from hf_sparse_verify.kernels.cache_write import cache_write
+
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(batch * 10 + q_len)
+    rows, heads_q, capacity = batch * q_len, 2 * heads_kv, 12
+    q = torch.randn(rows, heads_q * head_dim, generator=g).to(DEVICE, dtype)
+    k, v = (torch.randn(rows, heads_kv * head_dim, generator=g).to(DEVICE, dtype) for _ in range(2))
+    angle = torch.rand(rows, head_dim // 2, generator=g) * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(DEVICE, dtype)
+    sin = torch.cat([angle.sin(), angle.sin()], -1).to(DEVICE, dtype)
+    weights = [
+        (torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) if norm else None for _ in range(2)
+    ]
+    slots = torch.stack([torch.randperm(capacity, generator=g)[:q_len] for _ in range(batch)]).to(DEVICE)
+    caches = [
+        torch.randn(batch, heads_kv, capacity, head_dim, generator=g).to(DEVICE, dtype) for _ in range(2)
+    ]
+    expected = [c.clone() for c in caches]
+    rq, rk = rope_qk(q, k, cos, sin, head_dim, *weights, eps=1e-6)
+    new_k = rk.view(batch, q_len, heads_kv, head_dim).transpose(1, 2)
+    new_v = v.view(batch, q_len, heads_kv, head_dim).transpose(1, 2)
+    cache_write(*expected, new_k, new_v, slots)
+    out_q = rope_qk_cache(q, k, v, cos, sin, head_dim, *weights, 1e-6, *caches, slots)
+    assert torch.equal(out_q, rq)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+    with pytest.raises(ValueError, match="slots"):
+        rope_qk_cache(q, k, v, cos, sin, head_dim, *weights, 1e-6, *caches, slots[:, :1].float())
+    with pytest.raises(ValueError, match="caches"):
+        rope_qk_cache(q, k, v, cos, sin, head_dim, *weights, 1e-6, caches[0], caches[1][:, :, :4], slots)
 
 
 def test_rope_reference_is_transformers_arithmetic():

@@ -4,6 +4,14 @@ where transformers runs three GEMMs, their split-K reductions and a dozen elemen
 and the output projection in a third (`row_linear`) (used by `hf_sparse_verify.modules.attention.FusedQKVAttention`)."""
 
 from .naive import qkv_proj_naive, rope_qk_naive
-from .op import MAX_ROWS, qkv_proj, rope_qk, row_linear
+from .op import MAX_ROWS, qkv_proj, rope_qk, rope_qk_cache, row_linear
 
-__all__ = ["MAX_ROWS", "qkv_proj", "qkv_proj_naive", "rope_qk", "rope_qk_naive", "row_linear"]
+__all__ = [
+    "MAX_ROWS",
+    "qkv_proj",
+    "qkv_proj_naive",
+    "rope_qk",
+    "rope_qk_cache",
+    "rope_qk_naive",
+    "row_linear",
+]

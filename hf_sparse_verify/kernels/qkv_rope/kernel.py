@@ -136,9 +136,10 @@ def _rope_head(
 
 @triton.jit
 def _rope_kernel(
-    Q, K, COS, SIN, QW, KW, OQ, OK,
-    heads_q, s_q, s_k, s_c, s_s, s_oq, s_ok, eps,
+    Q, K, COS, SIN, QW, KW, OQ, OK, V, KC, VC, SLOTS,
+    heads_q, s_q, s_k, s_c, s_s, s_oq, s_ok, s_v, q_len, s_cb, s_ch, s_ct, s_sb, eps,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+    TO_CACHE: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
@@ -150,8 +151,24 @@ def _rope_kernel(
                    HALF, BLOCK_H, Q_NORM)  # fmt: skip
     else:
         kv = head - heads_q
-        _rope_head(K + row * s_k + kv * 2 * HALF, OK + row * s_ok + kv * 2 * HALF, p_cos, p_sin, KW, eps,
-                   HALF, BLOCK_H, K_NORM)  # fmt: skip
+        if (
+            TO_CACHE
+        ):  # row = b * q_len + i goes to slot SLOTS[b, i] of the [B, H_kv, C, D] caches, v copied as is
+            b = row // q_len
+            slot = tl.load(SLOTS + b * s_sb + row % q_len).to(tl.int64)
+            at = b * s_cb + kv * s_ch + slot * s_ct
+            _rope_head(K + row * s_k + kv * 2 * HALF, KC + at, p_cos, p_sin, KW, eps,
+                       HALF, BLOCK_H, K_NORM)  # fmt: skip
+            offs = tl.arange(0, BLOCK_H)
+            ok = offs < HALF
+            p_v = V + row * s_v + kv * 2 * HALF
+            tl.store(VC + at + offs, tl.load(p_v + offs, mask=ok).to(VC.dtype.element_ty), mask=ok)
+            tl.store(
+                VC + at + HALF + offs, tl.load(p_v + HALF + offs, mask=ok).to(VC.dtype.element_ty), mask=ok
+            )
+        else:
+            _rope_head(K + row * s_k + kv * 2 * HALF, OK + row * s_ok + kv * 2 * HALF, p_cos, p_sin, KW, eps,
+                       HALF, BLOCK_H, K_NORM)  # fmt: skip
 
 
 def _empty(shape, device, dtype) -> torch.Tensor:
@@ -243,14 +260,41 @@ def rope_qk_launch(
     out_k = _empty((rows, heads_kv, head_dim), q.device, q.dtype)
     if rows == 0:
         return out_q, out_k
+    _launch_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, out_q, out_k, None)
+    return out_q, out_k
+
+
+def _launch_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, out_q, out_k, cache) -> None:
+    """``cache``: None (keys to ``out_k``) or ``(v, key_cache, value_cache, slots)`` (keys and values to the
+    caches' ``slots``; ``out_k`` unused)."""
+    rows = q.shape[0]
+    heads_q, heads_kv = q.shape[1] // head_dim, k.shape[1] // head_dim
     half = head_dim // 2
+    v, key_cache, value_cache, slots = cache if cache is not None else (k, q, q, q)
+    s_c = key_cache.stride()[:3] if cache is not None else (0, 0, 0)
     _rope_kernel[(rows, heads_q + heads_kv)](
         q, k, cos, sin,
         q_norm_weight if q_norm_weight is not None else q, k_norm_weight if k_norm_weight is not None else k,
-        out_q, out_k,
-        heads_q, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0), out_q.stride(0), out_k.stride(0), eps,
+        out_q, out_k, v, key_cache, value_cache, slots,
+        heads_q, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0), out_q.stride(0), out_k.stride(0),
+        v.stride(0), slots.shape[1] if cache is not None else 1, *s_c,
+        slots.stride(0) if cache is not None else 0, eps,
         HALF=half, BLOCK_H=next_power_of_2(half), Q_NORM=q_norm_weight is not None,
-        K_NORM=k_norm_weight is not None, num_warps=1 if head_dim <= 128 else 2,
+        K_NORM=k_norm_weight is not None, TO_CACHE=cache is not None, num_warps=1 if head_dim <= 128 else 2,
         **pdl_launch(q.device),
     )  # fmt: skip
-    return out_q, out_k
+
+
+@on_input_device
+def rope_qk_cache_launch(
+    q, k, v, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, key_cache, value_cache, slots
+) -> torch.Tensor:
+    """As `rope_qk_launch`, with the rotated keys and the values ``v`` ``[T, H_kv * D]`` (unit last stride) written to
+    ``key_cache`` / ``value_cache`` ``[B, H_kv, C, D]`` (same strides, unit last) at ``slots`` ``[B, T / B]``;
+    returns the rotated queries ``[T, H_q, D]``."""
+    rows = q.shape[0]
+    out_q = _empty((rows, q.shape[1] // head_dim, head_dim), q.device, q.dtype)
+    if rows:
+        cache = (v, key_cache, value_cache, slots)
+        _launch_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, out_q, out_q, cache)
+    return out_q

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .._triton import triton_runs_on
+from ..cache_write.naive import cache_write_naive
 from .naive import qkv_proj_naive, rope_qk_naive
 
 #: the projection kernel reads each weight once for up to this many token rows (decode and verify steps); callers
@@ -86,6 +87,40 @@ def _(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps):
     return q.new_empty((rows, q.shape[1] // head_dim, head_dim)), q.new_empty(
         (rows, k.shape[1] // head_dim, head_dim)
     )
+
+
+@torch.library.custom_op("hsv::rope_qk_cache", mutates_args=("key_cache", "value_cache"))
+def _rope_qk_cache_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    if _use_triton(q):
+        from .kernel import rope_qk_cache_launch
+
+        return rope_qk_cache_launch(
+            q, k, v, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, key_cache, value_cache, slots
+        )
+    out_q, out_k = rope_qk_naive(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps)
+    batch, q_len = slots.shape
+    new_k = out_k.view(batch, q_len, -1, head_dim).transpose(1, 2)
+    new_v = v.view(batch, q_len, -1, head_dim).transpose(1, 2)
+    cache_write_naive(key_cache, value_cache, new_k, new_v, slots)
+    return out_q.contiguous()
+
+
+@_rope_qk_cache_op.register_fake
+def _(q, k, v, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps, key_cache, value_cache, slots):
+    return q.new_empty((q.shape[0], q.shape[1] // head_dim, head_dim))
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -196,6 +231,31 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     )
 
 
+def _check_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight) -> None:
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope_qk needs an even head_dim; got {head_dim}")
+    if (
+        q.dim() != 2
+        or k.dim() != 2
+        or q.shape[1] % head_dim
+        or k.shape[1] % head_dim
+        or k.shape[0] != q.shape[0]
+    ):
+        raise ValueError(
+            f"rope_qk needs q [T, H_q * {head_dim}] and k [T, H_kv * {head_dim}]; got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
+    if cos.shape != (q.shape[0], head_dim) or sin.shape != cos.shape:
+        raise ValueError(
+            f"rope_qk needs cos and sin [T, D] = [{q.shape[0]}, {head_dim}]; got {tuple(cos.shape)} and "
+            f"{tuple(sin.shape)} (partial rotary embeddings are not handled)"
+        )
+    norms = tuple(w for w in (q_norm_weight, k_norm_weight) if w is not None)
+    if any(w.shape != (head_dim,) for w in norms):
+        raise ValueError(f"rope_qk: norm weights must be [{head_dim}]; got {[tuple(w.shape) for w in norms]}")
+    _same_device_and_dtype("rope_qk", q, k, cos, sin, *norms)
+
+
 def rope_qk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -225,28 +285,73 @@ def rope_qk(
         >>> tuple(rq.shape), tuple(rk.shape)
         ((3, 2, 8), (3, 1, 8))
     """
-    if head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"rope_qk needs an even head_dim; got {head_dim}")
-    if (
-        q.dim() != 2
-        or k.dim() != 2
-        or q.shape[1] % head_dim
-        or k.shape[1] % head_dim
-        or k.shape[0] != q.shape[0]
-    ):
-        raise ValueError(
-            f"rope_qk needs q [T, H_q * {head_dim}] and k [T, H_kv * {head_dim}]; got {tuple(q.shape)} and "
-            f"{tuple(k.shape)}"
-        )
-    if cos.shape != (q.shape[0], head_dim) or sin.shape != cos.shape:
-        raise ValueError(
-            f"rope_qk needs cos and sin [T, D] = [{q.shape[0]}, {head_dim}]; got {tuple(cos.shape)} and "
-            f"{tuple(sin.shape)} (partial rotary embeddings are not handled)"
-        )
-    norms = tuple(w for w in (q_norm_weight, k_norm_weight) if w is not None)
-    if any(w.shape != (head_dim,) for w in norms):
-        raise ValueError(f"rope_qk: norm weights must be [{head_dim}]; got {[tuple(w.shape) for w in norms]}")
-    _same_device_and_dtype("rope_qk", q, k, cos, sin, *norms)
+    _check_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight)
     q, k, cos, sin = (_unit_last(t) for t in (q, k, cos, sin))
     norms_c = [w.contiguous() if w is not None else None for w in (q_norm_weight, k_norm_weight)]
     return torch.ops.hsv.rope_qk(q, k, cos, sin, int(head_dim), norms_c[0], norms_c[1], float(eps))
+
+
+def rope_qk_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """`rope_qk` that writes the step's keys (normed, rotated) and values ``v`` straight into a KV cache, in the same
+    launch: ``key_cache[b, h, slots[b, i]]`` gets the key of row ``b * (T / B) + i``, head ``h`` (values likewise),
+    which is what `rope_qk` followed by `hf_sparse_verify.kernels.cache_write.cache_write` computes, one launch
+    fewer. Returns the rotated queries ``[T, H_q, D]``.
+
+    Args:
+        q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight, eps: as `rope_qk`.
+        v: ``[T, H_kv * D]``, ``q.dtype``.
+        key_cache, value_cache: ``[B, H_kv, C, D]`` of one shape, strides and dtype (``q.dtype``), unit last stride.
+        slots: ``[B, T / B]`` integer slots, each below ``C``.
+
+    Example:
+        >>> q, k, v = torch.randn(2, 16), torch.randn(2, 8), torch.randn(2, 8)
+        >>> cos, sin = torch.randn(2, 8), torch.randn(2, 8)
+        >>> kc, vc = torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8)
+        >>> rq = rope_qk_cache(q, k, v, cos, sin, 8, None, None, 1e-6, kc, vc, torch.tensor([[1, 3]]))
+        >>> torch.equal(vc[0, 0, 3], v[1]), torch.equal(kc[0, 0, 1], rope_qk(q, k, cos, sin, 8)[1][0, 0])
+        (True, True)
+    """
+    batch = slots.shape[0] if slots.dim() == 2 else 0
+    if slots.dim() != 2 or batch == 0 or q.shape[0] != batch * slots.shape[1] or slots.is_floating_point():
+        raise ValueError(
+            f"rope_qk_cache needs integer slots [B, T / B] for the {q.shape[0]} rows of q; got "
+            f"{tuple(slots.shape)} {slots.dtype}"
+        )
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise ValueError(f"rope_qk_cache needs v shaped like k {tuple(k.shape)}; got {tuple(v.shape)}")
+    heads_kv = k.shape[1] // head_dim if head_dim > 0 else 0
+    if (
+        key_cache.dim() != 4
+        or key_cache.shape[0] != batch
+        or key_cache.shape[1] != heads_kv
+        or key_cache.shape[3] != head_dim
+        or value_cache.shape != key_cache.shape
+        or value_cache.stride() != key_cache.stride()
+        or key_cache.stride(-1) != 1
+        or {key_cache.dtype, value_cache.dtype} != {q.dtype}
+    ):
+        raise ValueError(
+            f"rope_qk_cache needs key and value caches [B, H_kv, C, D] = [{batch}, {heads_kv}, C, {head_dim}] of "
+            f"one layout and q's dtype {q.dtype}; got {tuple(key_cache.shape)} {key_cache.dtype} and "
+            f"{tuple(value_cache.shape)} {value_cache.dtype}"
+        )
+    _check_rope(q, k, cos, sin, head_dim, q_norm_weight, k_norm_weight)
+    return torch.ops.hsv.rope_qk_cache(
+        _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(cos), _unit_last(sin), int(head_dim),
+        q_norm_weight.contiguous() if q_norm_weight is not None else None,
+        k_norm_weight.contiguous() if k_norm_weight is not None else None,
+        float(eps), key_cache, value_cache, slots,
+    )  # fmt: skip
