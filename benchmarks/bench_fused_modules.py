@@ -42,6 +42,7 @@ VARIANTS = {
         fused_attention=True, fused_router=True, pdl=True, qkv_tiles=dict(num_warps=4, num_stages=3)
     ),
     "cublas_o_proj": dict(fused_attention=True, fused_router=True, pdl=True, triton_o_proj=False),
+    "separate_cache_write": dict(fused_attention=True, fused_router=True, pdl=True, direct_cache_write=False),
 }
 
 
@@ -80,15 +81,18 @@ def main() -> None:
                     fields = dict(VARIANTS[variant])
                     set_pdl(fields.pop("pdl"))
                     tiles, o_proj = dict(qkv_kernel.TILES), attention_module.TRITON_O_PROJ
+                    direct = attention_module.DIRECT_CACHE_WRITE
                     qkv_kernel.TILES.update(fields.pop("qkv_tiles", {}))
                     qkv_kernel.TILES.update(args.out_tiles)
                     attention_module.TRITON_O_PROJ = fields.pop("triton_o_proj", o_proj)
+                    attention_module.DIRECT_CACHE_WRITE = fields.pop("direct_cache_write", direct)
                     step_args = dataclasses.replace(base, **fields)
                     try:
                         times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
                     finally:
                         qkv_kernel.TILES.update(tiles)
                         attention_module.TRITON_O_PROJ = o_proj
+                        attention_module.DIRECT_CACHE_WRITE = direct
                     runs[variant].append(times)
                     _free(device)
             set_pdl(pdl_default)

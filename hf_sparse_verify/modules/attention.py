@@ -34,6 +34,9 @@ from .gptj import _no_eager
 #: ``o_proj`` of fused steps on the Triton `row_linear` (one launch, overlapping its neighbours through programmatic
 #: dependent launch) rather than ``nn.Linear`` (cuBLAS split-K + reduction); benchmarks switch it for A/B runs
 TRITON_O_PROJ = True
+#: fused steps on our `SpecCache` write their keys and values in the rotary launch (`rope_qk_cache`) rather than in a
+#: cache-write launch of their own; benchmarks switch it for A/B runs
+DIRECT_CACHE_WRITE = True
 
 #: attention class -> where its forward reads the ``sliding_window`` it passes to the attention function: ``"module"``
 #: (its own ``sliding_window`` attribute), ``"config"`` (``getattr(config, "sliding_window", None)``) or None (passes
@@ -144,7 +147,7 @@ class FusedQKVAttention(torch.nn.Module):
     def _direct_cache(self, cache, batch: int, length: int, dtype: torch.dtype):
         """``(layer, slots)`` when ``cache`` is our `SpecCache` and this step may write its layer directly (see
         `SpecLayer.direct_write_slots`), else ``(None, None)``."""
-        if not isinstance(cache, SpecCache) or self.layer_idx >= len(cache.layers):
+        if not DIRECT_CACHE_WRITE or not isinstance(cache, SpecCache) or self.layer_idx >= len(cache.layers):
             return None, None
         layer = cache.layers[self.layer_idx]
         slots = layer.direct_write_slots(batch, length, dtype)
