@@ -1,7 +1,6 @@
 """Programmatic dependent launch (PDL) of our Triton kernels. Everywhere: every kernel that takes part waits for the
-previous kernel before it touches memory (checked on the source: a kernel launched with PDL that touched memory
-before `pdl_wait` would race with the previous kernel; the projection kernels read their first weight tile early,
-`READS_BEFORE_WAIT`), every launch site passes `pdl_launch`, and PDL is off
+kernel before it as its first statement (checked on the source: a kernel launched with PDL that touched memory
+before `pdl_wait` would race with the previous kernel), every launch site passes `pdl_launch`, and PDL is off
 wherever it cannot apply. On a Hopper (or newer) GPU: whole greedy ``generate`` calls (CUDA graphs, Triton fast
 path, dense and MoE, lossless and sparse strategies) give the same tokens with PDL on and off, and with it on the
 same tokens as plain ``generate`` in float32."""
@@ -41,12 +40,6 @@ def _kernels_and_launches():
         yield path, jit, launches
 
 
-#: what a kernel may call before its `pdl_wait`: index arithmetic on its program ids and arguments
-INDEX_CALLS = {"tl.program_id", "tl.where", "tl.arange"}
-#: jit helpers that read global memory before the wait, and why that cannot race with the previous kernel
-READS_BEFORE_WAIT = {"_first_weight_tile": "loads a model weight, which no kernel of a step ever writes"}
-
-
 def test_every_launched_kernel_waits_for_the_previous_one_first():
     launched = 0
     for path, jit, launches in _kernels_and_launches():
@@ -57,17 +50,10 @@ def test_every_launched_kernel_waits_for_the_previous_one_first():
             body = fn.body
             if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):  # docstring
                 body = body[1:]
-            statements = [ast.unparse(b) for b in body]
-            assert "pdl_wait(PDL)" in statements, (
-                f"{path.parent.name}.{name} never calls pdl_wait(PDL) itself"
+            first = ast.unparse(body[0])
+            assert first == "pdl_wait(PDL)", (
+                f"{path.parent.name}.{name} starts with {first!r}, not pdl_wait(PDL)"
             )
-            for before in body[: statements.index("pdl_wait(PDL)")]:
-                calls = {ast.unparse(c.func) for c in ast.walk(before) if isinstance(c, ast.Call)}
-                bad = calls - INDEX_CALLS - set(READS_BEFORE_WAIT)
-                assert not bad, (
-                    f"{path.parent.name}.{name} calls {sorted(bad)} before pdl_wait(PDL): only index arithmetic "
-                    f"and {sorted(READS_BEFORE_WAIT)} may come first"
-                )
             spread = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
             assert any(s.startswith("pdl_launch(") for s in spread), (
                 f"a launch of {path.parent.name}.{name} does not pass **pdl_launch(device)"

@@ -130,9 +130,7 @@ if HAVE_TRITON:
     def pdl_wait(PDL: tl.constexpr):
         """The first statement of every kernel of this package: under PDL, wait until the previous kernel on the
         stream has finished and its writes are visible, then let the next kernel launch. Nothing of the kernel may
-        read or write global memory before it (the previous kernel may still be reading buffers this one writes),
-        except model weights, which no kernel of a step writes: the projection kernels load their first weight
-        tile first (`hf_sparse_verify.kernels.qkv_rope.kernel._first_weight_tile`)."""
+        read or write global memory before it (the previous kernel may still be reading buffers this one writes)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()

@@ -44,31 +44,17 @@ _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float
 
 
 @triton.jit
-def _first_weight_tile(W, n0, n_hidden, s_w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The ``[BLOCK_N, BLOCK_K]`` weight tile of output columns ``n0..`` at ``k = 0``. The projection kernels load
-    it before `pdl_wait`, so its DRAM latency overlaps the previous kernel's tail: weights are never written by a
-    step's kernels, so reading them early cannot race (the one read allowed before the wait, `tests/test_pdl.py`)."""
-    offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    return tl.load(W + offs_n[:, None] * s_w + offs_k[None, :], mask=(offs_k < n_hidden)[None, :], other=0.0)
-
-
-@triton.jit
 def _project_tile(
-    X, W, B, OUT, n0, n_rows, n_hidden, s_x, s_w, s_o, b_w0,
+    X, W, B, OUT, n0, n_rows, n_hidden, s_x, s_w, s_o,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """``OUT[:, n0:n0 + BLOCK_N] = X @ W[n0:n0 + BLOCK_N]^T`` (+ bias) for the program's ``BLOCK_M`` rows, ``b_w0``
-    being the weight tile at ``k = 0`` (`_first_weight_tile`)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < n_rows
-    p_x = X + offs_m[:, None].to(tl.int64) * s_x + offs_k[None, :]
-    b_x = tl.load(p_x, mask=m_ok[:, None] & (offs_k < n_hidden)[None, :], other=0.0).to(DOT_DTYPE)
-    b_acc = tl.dot(b_x, tl.trans(b_w0.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
-    for k0 in range(BLOCK_K, n_hidden, BLOCK_K):
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, n_hidden, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < n_hidden
         p_x = X + offs_m[:, None].to(tl.int64) * s_x + k[None, :]
@@ -90,22 +76,16 @@ def _qkv_proj_kernel(
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(1)
-    in_q = tile < tiles_q
-    in_k = (tile >= tiles_q) & (tile < tiles_q + tiles_k)
-    w = tl.where(in_q, WQ, tl.where(in_k, WK, WV))
-    s_w = tl.where(in_q, s_wq, tl.where(in_k, s_wk, s_wv))
-    n0 = (tile - tl.where(in_q, 0, tl.where(in_k, tiles_q, tiles_q + tiles_k))) * BLOCK_N
-    b_w0 = _first_weight_tile(w, n0, n_hidden, s_w, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
-    if in_q:
-        _project_tile(X, WQ, BQ, OQ, n0, n_rows, n_hidden, s_x, s_wq, s_oq, b_w0,
+    tile = tl.program_id(1)
+    if tile < tiles_q:
+        _project_tile(X, WQ, BQ, OQ, tile * BLOCK_N, n_rows, n_hidden, s_x, s_wq, s_oq,
                       HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
-    elif in_k:
-        _project_tile(X, WK, BK, OK, n0, n_rows, n_hidden, s_x, s_wk, s_ok, b_w0,
+    elif tile < tiles_q + tiles_k:
+        _project_tile(X, WK, BK, OK, (tile - tiles_q) * BLOCK_N, n_rows, n_hidden, s_x, s_wk, s_ok,
                       HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     else:
-        _project_tile(X, WV, BV, OV, n0, n_rows, n_hidden, s_x, s_wv, s_ov, b_w0,
+        _project_tile(X, WV, BV, OV, (tile - tiles_q - tiles_k) * BLOCK_N, n_rows, n_hidden, s_x, s_wv, s_ov,
                       HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
 
 
@@ -116,10 +96,8 @@ def _linear_kernel(
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    n0 = tl.program_id(1) * BLOCK_N
-    b_w0 = _first_weight_tile(W, n0, n_hidden, s_w, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
-    _project_tile(X, W, B, OUT, n0, n_rows, n_hidden, s_x, s_w, s_o, b_w0,
+    _project_tile(X, W, B, OUT, tl.program_id(1) * BLOCK_N, n_rows, n_hidden, s_x, s_w, s_o,
                   HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
 
 
