@@ -31,12 +31,24 @@ def _with_warps(warps: int, fn, x, w):
         kernel.FUSED_NUM_WARPS = saved
 
 
+def _with_programs(programs: int, fn, x, w):
+    saved, kernel.TARGET_PROGRAMS = kernel.TARGET_PROGRAMS, programs
+    try:
+        return fn(x, w, TOP_K, True, False)
+    finally:
+        kernel.TARGET_PROGRAMS = saved
+
+
 def _variants() -> dict:
     new = functools.partial(kernel.launch, logits_in_kernel=True)
     return {
         "fused": lambda x, w: new(x, w, TOP_K, True, False),
         "fused_slice512": lambda x, w: new(x, w, TOP_K, True, False, h_slice=512),
         "fused_warps2": functools.partial(_with_warps, 2, new),
+        "fused_warps8": functools.partial(_with_warps, 8, new),
+        "fused_programs32": functools.partial(_with_programs, 32, new),
+        "fused_programs128": functools.partial(_with_programs, 128, new),
+        "fused_programs256": functools.partial(_with_programs, 256, new),
         "linear+triton": lambda x, w: kernel.launch(x, w, TOP_K, True, False, logits_in_kernel=False),
         "eager": lambda x, w: eager_router(x, w, TOP_K),
     }
