@@ -8,9 +8,9 @@ cache keyword's name) computes::
     h = x + self_attn(input_layernorm(x))
     out = h + mlp(post_attention_layernorm(h))
 
-Each ``+`` is a torch elementwise kernel of its own, and the only kernels of a captured decode step that cannot
-overlap their neighbours through programmatic dependent launch (`hf_sparse_verify.kernels._triton.pdl_launch`). This
-module computes the same, sharing the original's submodules (nothing copied):
+Each ``+`` is a torch elementwise kernel of its own, which cannot overlap its neighbours through programmatic
+dependent launch as our kernels do (`hf_sparse_verify.kernels._triton.pdl_launch`). This module computes the same,
+sharing the original's submodules (nothing copied):
 
 - the first add and the post-attention RMSNorm are one launch (`hf_sparse_verify.kernels.rms_norm.add_rms_norm`);
 - for a MoE block that is ``gate`` then ``experts`` (`FUSABLE_MOE`) whose experts run our ``"hsv_fused"``
@@ -43,8 +43,8 @@ REPLACEABLE = frozenset(
         "Qwen3MoeDecoderLayer",
     }
 )
-#: MoE blocks whose forward is ``experts(x, *gate(x)[2:0:-1])`` on the flattened rows (Mixtral's adds jitter noise
-#: in training only), so the residual can be handed to the experts
+#: MoE blocks whose forward is ``_, weights, index = gate(rows); experts(rows, index, weights)`` on the flattened
+#: rows (Mixtral's also adds jitter noise, in training only), so the residual can be handed to the experts
 FUSABLE_MOE = frozenset({"MixtralSparseMoeBlock", "OlmoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock"})
 
 
