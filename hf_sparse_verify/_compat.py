@@ -34,6 +34,8 @@
 - Experts modules carry no layer index: `experts_layers` finds them by the attributes transformers'
   ``use_experts_implementation`` sets on them and numbers them by their decoder layer (``get_decoder().layers``,
   the layer's attention ``layer_idx`` where it has one). Checked on 5.23.0.
+- `has_forward_hooks` reads torch's ``nn.Module`` hook dicts (own and global), so a replacement that calls an
+  experts function directly can fall back where a hook would be skipped. Checked on torch 2.11 and 2.13.
 """
 
 from __future__ import annotations
@@ -238,6 +240,20 @@ def is_experts_module(module) -> bool:
     """Whether ``module`` is a transformers experts block dispatched through `ExpertsInterface` (its class is
     decorated with ``use_experts_implementation``, whose ``__init__`` sets these attributes)."""
     return all(hasattr(module, name) for name in ("has_gate", "is_transposed", "is_concatenated", "config"))
+
+
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs forward hooks or pre-hooks, its own or torch's global ones (torch internals: the hook
+    dicts of ``nn.Module``). A replacement that calls the module's function without ``__call__``
+    (`hf_sparse_verify.modules.FusedDecoderLayer` handing a residual to the fused experts) would skip them."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
 
 
 def experts_layers(model) -> dict:

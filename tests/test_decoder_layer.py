@@ -120,6 +120,27 @@ def test_whole_model_with_swapped_layers(reference_ops, arch):
                 layers[i] = layer
 
 
+def test_hooked_experts_keep_their_hooks(reference_ops):
+    """Hooks on the experts (RouterStats' calibration records routing weights so) still run: the layer then calls
+    the MoE block as the original does and adds the residual itself."""
+    model = _model("qwen3_moe")
+    _use_fused_experts(model)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
+    layer = decoder_layers(model)[0]
+    (args, kwargs), _ = _layer_calls(model, ids)
+    seen = []
+    handle = layer.mlp.experts.register_forward_pre_hook(lambda m, a: seen.append(a[2].shape))
+    try:
+        ours = FusedDecoderLayer(layer)
+        assert not ours._experts_take_residual()
+        with torch.no_grad():
+            assert torch.equal(ours(*args, **kwargs), layer(*args, **kwargs))
+        assert len(seen) == 2  # once for ours, once for the original
+    finally:
+        handle.remove()
+    assert FusedDecoderLayer(layer)._experts_take_residual()
+
+
 def test_refused_layers():
     model = make_model("llama")
     layer = decoder_layers(model)[0]

@@ -15,7 +15,8 @@ sharing the original's submodules (nothing copied):
 - the first add and the post-attention RMSNorm are one launch (`hf_sparse_verify.kernels.rms_norm.add_rms_norm`);
 - for a MoE block that is ``gate`` then ``experts`` (`FUSABLE_MOE`) whose experts run our ``"hsv_fused"``
   implementation, the second add happens in the experts' last launch (``fused_experts_forward(...,
-  residual=h)``); any other ``mlp`` (dense MLPs, Qwen2-MoE's shared expert) keeps a torch add.
+  residual=h)``) unless hooks are registered on the experts; any other ``mlp`` (dense MLPs, Qwen2-MoE's shared
+  expert) keeps a torch add.
 
 Both fused adds are bitwise the eager ones (the sum is rounded to the activation dtype first, as eager rounds it).
 The keyword arguments the model passes go to ``self_attn`` unchanged, as the originals pass them.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .._compat import has_forward_hooks
 from ..kernels.rms_norm import add_rms_norm
 from ..moe import fused as fused_moe
 from ..placement import swappable
@@ -95,7 +97,11 @@ class FusedDecoderLayer(torch.nn.Module):
             return False
         experts = getattr(mlp, "experts", None)
         config = getattr(experts, "config", None)
-        return getattr(config, "_experts_implementation", None) == fused_moe.NAME
+        if getattr(config, "_experts_implementation", None) != fused_moe.NAME:
+            return False
+        return not has_forward_hooks(
+            experts
+        )  # e.g. RouterStats' calibration hook: called directly, it would not run
 
     def forward(self, hidden_states: torch.Tensor, **kwargs):
         """``hidden_states`` ``[B, T, H]`` and the keyword arguments the model passes its decoder layers (handed
