@@ -111,15 +111,20 @@ def run_speed(args) -> dict:
     vocab = model.config.vocab_size
     hsv.set_graph_cache_size(1)
     records = []
-    total = len(args.cases) * (sum(s in args.strategies for s in STRATEGIES) * len(args.ks) + 2)
+    strategies = [s for s in ["k0", *STRATEGIES, "vegas_utility"] if s in args.strategies]
+
+    def ks_of(strategy: str) -> list[int]:
+        return [0] if strategy in ("k0", "vegas_utility") else args.ks
+
+    total = len(args.cases) * sum(len(ks_of(s)) for s in strategies)
     bar = tqdm(total=total, desc="bench_long speed", file=sys.stdout)
     for case in args.cases:
         batch, context = _parse_case(case)
         gen = torch.Generator("cuda").manual_seed(0)
         ids = torch.randint(0, vocab, (batch, context), device=device, generator=gen)
-        for strategy in [s for s in ["k0", *STRATEGIES, "vegas_utility"] if s in args.strategies]:
+        for strategy in strategies:
             hsv.clear_graph_cache()
-            ks = [0] if strategy in ("k0", "vegas_utility") else args.ks
+            ks = ks_of(strategy)
             captures = []
             cold = None
             if strategy == "vegas_utility":
@@ -137,6 +142,7 @@ def run_speed(args) -> dict:
                     print(json.dumps(records[-1]), flush=True)
                     hsv.clear_graph_cache()
                     captures.append(None)
+                    bar.update(1)
                     continue
                 wall = time.perf_counter() - begin
                 captures.append(stats.graph_capture_s)
