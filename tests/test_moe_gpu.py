@@ -40,6 +40,12 @@ def test_compiled_kernels_match_reference(dtype, tokens, skip):
     scale = ref.abs().max()
     tol = 1e-5 if dtype == torch.float32 else 1.5e-2
     torch.testing.assert_close(out.double() / scale, ref / scale, rtol=0, atol=tol)
+    # the residual epilogue (FusedDecoderLayer): bitwise the decoder layer's `residual + experts` on the GPU
+    residual = torch.randn_like(x)
+    summed = kernel_module.launch(
+        x, module.gate_up_proj, module.down_proj, index, weights, n_active, False, residual=residual
+    )
+    assert torch.equal(summed, residual + out)
 
 
 def test_graph_capture_replays_new_routing_deterministically():
