@@ -14,6 +14,7 @@ between the runs shows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -44,6 +45,27 @@ VARIANTS = {
     "cublas_o_proj": dict(fused_attention=True, fused_router=True, pdl=True, triton_o_proj=False),
     "separate_cache_write": dict(fused_attention=True, fused_router=True, pdl=True, direct_cache_write=False),
 }
+
+
+#: variant keys -> the `hf_sparse_verify.modules.attention` switch they set
+ATTENTION_FLAGS = {"triton_o_proj": "TRITON_O_PROJ", "direct_cache_write": "DIRECT_CACHE_WRITE"}
+
+
+@contextlib.contextmanager
+def _settings(tiles: dict, flags: dict):
+    """Within the block, `qkv_rope.kernel.TILES` updated with ``tiles`` and the attention module's switches set as
+    ``flags`` says; both restored on exit."""
+    saved_tiles = dict(qkv_kernel.TILES)
+    saved_flags = {name: getattr(attention_module, name) for name in flags}
+    qkv_kernel.TILES.update(tiles)
+    for name, value in flags.items():
+        setattr(attention_module, name, value)
+    try:
+        yield
+    finally:
+        qkv_kernel.TILES.update(saved_tiles)
+        for name, value in saved_flags.items():
+            setattr(attention_module, name, value)
 
 
 @torch.no_grad()
@@ -80,19 +102,11 @@ def main() -> None:
                 for variant in args.variants:
                     fields = dict(VARIANTS[variant])
                     set_pdl(fields.pop("pdl"))
-                    tiles, o_proj = dict(qkv_kernel.TILES), attention_module.TRITON_O_PROJ
-                    direct = attention_module.DIRECT_CACHE_WRITE
-                    qkv_kernel.TILES.update(fields.pop("qkv_tiles", {}))
-                    qkv_kernel.TILES.update(args.out_tiles)
-                    attention_module.TRITON_O_PROJ = fields.pop("triton_o_proj", o_proj)
-                    attention_module.DIRECT_CACHE_WRITE = fields.pop("direct_cache_write", direct)
+                    tiles = {**fields.pop("qkv_tiles", {}), **args.out_tiles}
+                    flags = {name: fields.pop(key) for key, name in ATTENTION_FLAGS.items() if key in fields}
                     step_args = dataclasses.replace(base, **fields)
-                    try:
+                    with _settings(tiles, flags):
                         times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)
-                    finally:
-                        qkv_kernel.TILES.update(tiles)
-                        attention_module.TRITON_O_PROJ = o_proj
-                        attention_module.DIRECT_CACHE_WRITE = direct
                     runs[variant].append(times)
                     _free(device)
             set_pdl(pdl_default)

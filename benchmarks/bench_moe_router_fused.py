@@ -23,20 +23,15 @@ from hf_sparse_verify.kernels.moe_router import kernel
 from hf_sparse_verify.kernels.moe_router.bench import EXPERTS, HIDDEN, TOP_K, eager_router
 
 
-def _with_warps(warps: int, fn, x, w):
-    saved, kernel.FUSED_NUM_WARPS = kernel.FUSED_NUM_WARPS, warps
+def _with(setting: str, value: int, fn, x, w):
+    """``fn`` with the router kernel's module-level ``setting`` (``FUSED_NUM_WARPS``, ``TARGET_PROGRAMS``) set to
+    ``value`` for the call."""
+    saved = getattr(kernel, setting)
+    setattr(kernel, setting, value)
     try:
         return fn(x, w, TOP_K, True, False)
     finally:
-        kernel.FUSED_NUM_WARPS = saved
-
-
-def _with_programs(programs: int, fn, x, w):
-    saved, kernel.TARGET_PROGRAMS = kernel.TARGET_PROGRAMS, programs
-    try:
-        return fn(x, w, TOP_K, True, False)
-    finally:
-        kernel.TARGET_PROGRAMS = saved
+        setattr(kernel, setting, saved)
 
 
 def _variants() -> dict:
@@ -44,11 +39,11 @@ def _variants() -> dict:
     return {
         "fused": lambda x, w: new(x, w, TOP_K, True, False),
         "fused_slice512": lambda x, w: new(x, w, TOP_K, True, False, h_slice=512),
-        "fused_warps2": functools.partial(_with_warps, 2, new),
-        "fused_warps8": functools.partial(_with_warps, 8, new),
-        "fused_programs32": functools.partial(_with_programs, 32, new),
-        "fused_programs128": functools.partial(_with_programs, 128, new),
-        "fused_programs256": functools.partial(_with_programs, 256, new),
+        "fused_warps2": functools.partial(_with, "FUSED_NUM_WARPS", 2, new),
+        "fused_warps8": functools.partial(_with, "FUSED_NUM_WARPS", 8, new),
+        "fused_programs32": functools.partial(_with, "TARGET_PROGRAMS", 32, new),
+        "fused_programs128": functools.partial(_with, "TARGET_PROGRAMS", 128, new),
+        "fused_programs256": functools.partial(_with, "TARGET_PROGRAMS", 256, new),
         "linear+triton": lambda x, w: kernel.launch(x, w, TOP_K, True, False, logits_in_kernel=False),
         "eager": lambda x, w: eager_router(x, w, TOP_K),
     }

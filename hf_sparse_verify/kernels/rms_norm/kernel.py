@@ -1,7 +1,7 @@
 """Triton RMSNorm: one program per row, one launch instead of the six elementwise/reduction kernels of the eager
 module (measured on an H200 decode step of the Llama-3.1-8B shape: 65 norms cost ~0.6 ms of 7.1 ms eagerly).
 
-``_add_rms_norm_kernel`` also adds the residual first (a decoder layer's ``residual + attention`` before its
+With ``ADD`` the kernel also adds the residual first (a decoder layer's ``residual + attention`` before its
 post-attention norm), writing both the sum and its norm: one launch instead of an add and a norm."""
 
 from __future__ import annotations
@@ -14,12 +14,22 @@ from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(
+    X, R, W, OUT, SUM, n_cols, s_x, s_r, s_o, s_s, eps,
+    ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """One row: ``OUT = rms_norm(X)``, or with ``ADD`` ``SUM = R + X`` (rounded to the activation dtype, as eager's
+    add) and ``OUT = rms_norm(SUM)``."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
     b_x = tl.load(X + row * s_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if ADD:
+        b_r = tl.load(R + row * s_r + offs, mask=ok, other=0.0).to(tl.float32)
+        b_s = (b_r + b_x).to(X.dtype.element_ty)
+        tl.store(SUM + row * s_s + offs, b_s, mask=ok)
+        b_x = b_s.to(tl.float32)
     variance = tl.sum(b_x * b_x, axis=0) / n_cols
     b_y = (b_x * tl.math.rsqrt(variance + eps)).to(X.dtype.element_ty)  # rounded to the input dtype, as eager
     b_w = tl.load(W + offs, mask=ok, other=0.0)
@@ -27,38 +37,24 @@ def _rms_norm_kernel(X, W, OUT, n_cols, s_x, s_o, eps, BLOCK: tl.constexpr, PDL:
     tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _add_rms_norm_kernel(
-    X, R, W, OUT, SUM, n_cols, s_x, s_r, s_o, s_s, eps, BLOCK: tl.constexpr, PDL: tl.constexpr
-):  # fmt: skip
-    pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    ok = offs < n_cols
-    b_x = tl.load(X + row * s_x + offs, mask=ok, other=0.0).to(tl.float32)
-    b_r = tl.load(R + row * s_r + offs, mask=ok, other=0.0).to(tl.float32)
-    b_s = (b_r + b_x).to(SUM.dtype.element_ty)  # the sum rounded to the activation dtype, as eager's add
-    tl.store(SUM + row * s_s + offs, b_s, mask=ok)
-    b_h = b_s.to(tl.float32)
-    variance = tl.sum(b_h * b_h, axis=0) / n_cols
-    b_y = (b_h * tl.math.rsqrt(variance + eps)).to(SUM.dtype.element_ty)
-    b_w = tl.load(W + offs, mask=ok, other=0.0)
-    b_out = b_w.to(tl.float32) * b_y.to(tl.float32)
-    tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    n_cols = x.shape[-1]
+    rows = x.reshape(-1, n_cols)  # a view when the last dim is contiguous
+    res = residual.reshape(-1, n_cols) if residual is not None else rows
+    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    total = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if residual is not None else out
+    block = next_power_of_2(n_cols)
+    _rms_norm_kernel[(rows.shape[0],)](
+        rows, res, weight, out, total, n_cols, rows.stride(0), res.stride(0), out.stride(0), total.stride(0), eps,
+        ADD=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        **pdl_launch(rows.device),
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n_cols), total.view(x.shape)
 
 
 @on_input_device
 def launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    n_cols = x.shape[-1]
-    rows = x.reshape(-1, n_cols)  # a view when the last dim is contiguous
-    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    block = next_power_of_2(n_cols)
-    _rms_norm_kernel[(rows.shape[0],)](
-        rows, weight, out, n_cols, rows.stride(0), out.stride(0), eps,
-        BLOCK=block, num_warps=8 if block >= 4096 else 4,
-        **pdl_launch(rows.device),
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], n_cols)
+    return _launch(x, None, weight, eps)[0]
 
 
 @on_input_device
@@ -66,14 +62,4 @@ def launch_add(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x``, ``residual`` ``[..., N]`` (one shape and dtype, unit last stride) -> (norm of the sum, the sum)."""
-    n_cols = x.shape[-1]
-    rows, res = x.reshape(-1, n_cols), residual.reshape(-1, n_cols)
-    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    total = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    block = next_power_of_2(n_cols)
-    _add_rms_norm_kernel[(rows.shape[0],)](
-        rows, res, weight, out, total, n_cols, rows.stride(0), res.stride(0), out.stride(0), total.stride(0), eps,
-        BLOCK=block, num_warps=8 if block >= 4096 else 4,
-        **pdl_launch(rows.device),
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], n_cols), total.view(x.shape)
+    return _launch(x, residual, weight, eps)
