@@ -41,9 +41,12 @@ SETTINGS = {
         attention=SparseAttention(reuse=True)
     ),  # anchors: every 4th layer, see _anchors
     "attn_reuse_ffn": LossySparseVerify(attention=SparseAttention(reuse=True), ffn=SparseFFN(tau=0.0)),
+    "attn_reuse_ffn75": LossySparseVerify(attention=SparseAttention(reuse=True), ffn=SparseFFN(tau=0.0)),
     "attn_ffn": LossySparseVerify(
         attention=ATTENTION, ffn=SparseFFN(tau=0.0)
     ),  # tau set per shape, see _ffn_tau
+    "ffn": LossySparseVerify(attention=None, ffn=SparseFFN(tau=0.0)),
+    "ffn75": LossySparseVerify(attention=None, ffn=SparseFFN(tau=0.0)),
     "moe_skip1": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=1, budget=0.5)),
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
     "moe_skip4": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=4, budget=0.3)),
@@ -51,17 +54,20 @@ SETTINGS = {
 }
 
 
-def _ffn_tau(model, share: float = 0.5) -> float:
-    """A tau that skips about ``share`` of the channels of layer 0 on random inputs (random weights: the same
-    distribution in every layer)."""
+#: settings whose FFN tau is set per shape (`_ffn_tau`): the share of each verify row's channels they skip
+FFN_SHARE = {"attn_ffn": 0.5, "attn_reuse_ffn": 0.5, "attn_reuse_ffn75": 0.75, "ffn": 0.5, "ffn75": 0.75}
+
+
+def _ffn_tau(model, share: float, tokens: int) -> float:
+    """A tau under which a share ``share`` of the row masks' channels fall on random inputs of the MLP's scale
+    (unit RMS, what the post-attention norm hands it): the ``share`` quantile over channels of the maximum over a
+    verify row's ``tokens`` tokens of ``|silu(gate(x))|`` in layer 0 (random weights: the same distribution in every
+    layer). The row mask is what the kernels skip by, so a per-token quantile would skip far less: with 16 tokens a
+    channel is skipped only when all 16 are under tau."""
     gate = model.model.layers[0].mlp.gate_proj.weight
-    x = torch.randn(256, model.config.hidden_size, device=gate.device, dtype=gate.dtype)
-    act = torch.nn.functional.silu(x @ gate.T).abs().float()
-    return (
-        float(act.quantile(share))
-        if act.numel() < 2**24
-        else float(act.flatten()[: 2**24 - 1].quantile(share))
-    )
+    x = torch.randn(64, tokens, model.config.hidden_size, device=gate.device, dtype=gate.dtype)
+    row_max = torch.nn.functional.silu(x @ gate.T).abs().amax(dim=1).float().flatten()  # [64 * I]
+    return float(row_max[: 2**24 - 1].quantile(share))
 
 
 def _anchors(layers: int):
@@ -123,8 +129,11 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
         bar.update(1)
         for name in settings:
             cfg = SETTINGS[name]
-            if cfg.ffn is not None and cfg.ffn.tau == 0.0:
-                cfg = LossySparseVerify(attention=cfg.attention, ffn=SparseFFN(tau=_ffn_tau(model)))
+            share = FFN_SHARE.get(name)
+            if share is not None:
+                cfg = LossySparseVerify(
+                    attention=cfg.attention, ffn=SparseFFN(tau=_ffn_tau(model, share, width))
+                )
             calibration = _anchors(layers) if cfg.attention is not None and cfg.attention.reuse else None
             if cfg.moe is not None and not hasattr(model.config, "num_experts_per_tok"):
                 continue
@@ -144,6 +153,7 @@ def run_case(shape: str, batch: int, context: int, width: int, settings: list[st
                     new_tokens=width,
                     setting=name,
                     setting_detail=cfg.to_dict(),
+                    ffn_row_share_skipped=share,
                     dense_verify_ms=round(dense, 4),
                     sparse_verify_ms=round(sparse, 4),
                     speedup=round(dense / sparse, 3),

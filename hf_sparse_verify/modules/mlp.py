@@ -5,13 +5,14 @@ Per forward, from the running step (`hf_sparse_verify.step.current_step`):
 
 - verify steps whose `VerifySparsity` gives a threshold ``tau`` for this layer: the sparse path. ``x`` is ``[B, q,
   H]``; row ``b`` keeps channel ``i`` when ``|silu(gate(x))_i|`` reaches ``tau`` for one of its ``q`` tokens, and
-  only the kept rows of ``up`` and ``down`` are read (Triton where it runs; elsewhere the reference computes the same
-  result densely with the skipped channels zeroed).
+  only the rows of ``up`` and ``down`` that some row keeps are read (Triton where it runs: two or three launches;
+  elsewhere the reference computes the same result densely with the skipped channels zeroed). The gate projection
+  runs inside the kernel, so forward hooks on ``gate_proj`` do not see sparse steps.
 - everything else: dense. On CUDA, for steps of at most `FUSED_MAX_ROWS` token rows, the fused ``silu(gate) * up``
   kernel plus a torch matmul for ``down``; elsewhere the original module's arithmetic, so CPU results are bitwise
   what transformers computes.
 
-Memory: the sparse kernels read ``down`` one kept channel at a time, which wants ``down_proj.weight.T`` as contiguous
+Memory: the sparse down kernel reads ``down`` one kept channel at a time, which wants ``down_proj.weight.T`` as contiguous
 rows. With ``down_copy=True`` (default) that copy is built on a layer's first sparse step on a CUDA device and kept
 for the life of the weight: ``I * H`` elements per layer, as large as ``down_proj`` itself (a third of the MLP
 weights; 117 MiB per layer, 3.7 GiB in all for Llama-3.1-8B in bf16). Build it before capturing CUDA graphs (run
@@ -26,7 +27,7 @@ import weakref
 import torch
 
 from ..kernels._triton import compiled_on
-from ..kernels.sparse_ffn import gated_act, kept_channels, sparse_up_down
+from ..kernels.sparse_ffn import gated_act, masked_down, sparse_gate_up
 from ..step import current_step
 
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
@@ -96,11 +97,10 @@ class GatedMLP(torch.nn.Module):
                 f"the sparse FFN of layer {self.layer_idx} needs its input as [batch rows, verify tokens, hidden]; "
                 f"got {tuple(x.shape)}"
             )
-        act = self.act_fn(self.gate_proj(x))  # [B, q, I]
-        index, count = kept_channels(act, tau)
+        h, keep = sparse_gate_up(x, self.gate_proj.weight, self.up_proj.weight, tau)  # [B, q, I], [B, I]
         weight = self.down_proj.weight  # [H, I]
         down_t = transposed_copy(weight) if self.down_copy and x.device.type == "cuda" else weight.T
-        return sparse_up_down(x, act, self.up_proj.weight, down_t, index, count)
+        return masked_down(h, down_t, keep)
 
 
 def transposed_copy(weight: torch.Tensor) -> torch.Tensor:

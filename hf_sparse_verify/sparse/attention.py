@@ -26,8 +26,8 @@ import torch
 
 from ..kernels.block_sparse import block_sparse_attention, merge_query_blocks
 from ..kernels.block_sparse.naive import selected_block_mask
-from ..kernels.block_summary import build_block_summaries, update_block_summaries
-from ..kernels.block_summary.naive import num_blocks
+from ..kernels.block_summary import build_block_summaries, score_blocks, update_block_summaries
+from ..kernels.topk_slots import topk_slots
 from .config import SparseAttention
 
 
@@ -98,73 +98,58 @@ class BlockSparseVerifyAttention:
                 self.mean_key[layer] = fresh
 
     # --------------------------------------------------------------------------------------------- selection
-    def _block_masks(self, view, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(drop [B, NB], local [B, NB])`` bool, shared by every layer of the step on this device (memoized on
-        the step's `DeviceView`): blocks outside the row's valid range or forced (the kernel adds those), and the
-        local blocks before the new tokens."""
-        key = ("sparse_verify_blocks", nb)
-        masks = view.extra.get(key)
-        if masks is None:
-            bs = self.cfg.block_size
-            blocks = torch.arange(nb, device=view.device)
-            first_new = (view.start // bs)[:, None]
-            last_new = ((view.start + view.step.q_len - 1) // bs)[:, None]
-            sink = (view.pad // bs)[:, None]
-            valid = (blocks >= sink) & (blocks <= last_new)  # [B, NB]
-            forced = (blocks == sink) | (blocks >= first_new)
-            local = (blocks < first_new) & (blocks >= first_new - self.cfg.local_blocks) & valid & ~forced
-            masks = (~valid | forced, local)
-            view.extra[key] = masks
-        return masks
-
-    def _scores(self, query, mean_key, view, q_rows: torch.Tensor | None) -> torch.Tensor:
-        """``[B, H_kv, R, NB]`` float32 scores of the query rows ``q_rows`` ``[R]`` (None: row 0); blocks outside
-        a row's valid range are ``-inf``, the forced blocks ``-inf`` (the kernel adds them), the local blocks
-        ``+inf``."""
-        b, h, _, d = query.shape
-        h_kv, nb = mean_key.shape[1], mean_key.shape[2]
-        rows = query[:, :, :1] if q_rows is None else query[:, :, q_rows]
-        grouped = rows.float().reshape(b, h_kv, h // h_kv, rows.shape[2], d).sum(2)
-        scores = torch.einsum("bgrd,bgnd->bgrn", grouped, mean_key)  # [B, H_kv, R, NB]
-        drop, local = self._block_masks(view, nb)
-        scores = scores.masked_fill(local[:, None, None], float("inf"))
-        return scores.masked_fill(drop[:, None, None], float("-inf"))
-
-    def _top(self, scores: torch.Tensor, keep: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top ``keep[b]`` blocks per (row, head, query row): ``[B, H_kv, R, k_max]`` ascending ids, counts."""
-        k = min(k_max, scores.shape[-1])
-        values, ids = scores.topk(k, dim=-1)
-        rank = torch.arange(k, device=scores.device)
-        valid = (rank < keep[:, None, None, None]) & (values > float("-inf"))
-        nb = scores.shape[-1]
-        ids = torch.where(valid, ids, nb).sort(dim=-1).values
-        count = valid.sum(-1)
-        return torch.where(ids < nb, ids, 0).to(torch.int32), count.to(torch.int32)
+    def _window(self, view, k_max: int) -> tuple[torch.Tensor, ...]:
+        """The step's selection frame, shared by every selecting layer on this device (memoized on the step's
+        `DeviceView`), all ``[B]`` int64: the candidate blocks ``[lo, hi)`` (after the sink block, before the first
+        block of the new tokens: the kernel adds those itself), how many of them to pick (the budget less the
+        forced blocks, at most the candidates and ``k_max``) and how many of the last candidates are the local
+        blocks, picked first."""
+        key = ("sparse_verify_window", k_max)
+        frame = view.extra.get(key)
+        if frame is None:
+            bs, q_len = self.cfg.block_size, view.step.q_len
+            first_new = view.start.long() // bs
+            lo = view.pad.long() // bs + 1
+            candidates = (first_new - lo).clamp_min(0)
+            forced = 1 + ((view.start.long() + q_len - 1) // bs - first_new + 1)
+            length = view.start.long() + q_len - view.pad.long()  # tokens of each row after this step
+            count = (row_budget(self.cfg, length) - forced).clamp_min(0)
+            count = torch.minimum(torch.minimum(count, candidates), torch.full_like(count, k_max))
+            local = torch.minimum(candidates.clamp_max(self.cfg.local_blocks), count)
+            frame = (lo, torch.maximum(first_new, lo), count, local)
+            view.extra[key] = frame
+        return frame
 
     def _select(self, query, key, mean_key, view) -> tuple:
+        """Block lists of one selecting layer: score every block's mean key against the schedule's query rows
+        (``score_blocks``), then the top blocks of each (row, KV head, query row) in ascending order
+        (``topk_slots``: a radix select, no sort). Two launches on the GPU, the PyTorch references elsewhere."""
         cfg, q_len = self.cfg, view.step.q_len
-        bs, capacity = cfg.block_size, key.shape[2]
-        nb = num_blocks(capacity, bs)
-        keep = view.extra.get("sparse_verify_keep")
-        if keep is None:  # [B] blocks picked besides the forced ones (one per step, shared by the layers)
-            length = view.start + q_len - view.pad  # tokens of each row after this step
-            forced = 1 + ((view.start + q_len - 1) // bs - view.start // bs + 1)
-            keep = (row_budget(cfg, length) - forced).clamp_min(0)
-            view.extra["sparse_verify_keep"] = keep
-        k_max = max(1, min(nb, cfg.budget_blocks(capacity)))
+        batch, h_kv, nb = mean_key.shape[0], mean_key.shape[1], mean_key.shape[2]
+        k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
+        lo, hi, count, local = self._window(view, k_max)
         if cfg.schedule == "exact_merged" and q_len > 1:
-            rows = torch.arange(q_len, device=query.device)
+            rows = list(range(q_len))
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
-            rows = torch.arange(0, q_len, cfg.group_size, device=query.device)
+            rows = list(range(0, q_len, cfg.group_size))
         else:
-            rows = None  # one selection for the row: its first verify token's
-        index, count = self._top(self._scores(query, mean_key, view, rows), keep, k_max)  # [B, H_kv, R, k]
-        if rows is None:
-            return index[:, :, 0], count[:, :, 0], None
+            rows = [0]  # one selection for the row: its first verify token's
+        r = len(rows)
+        # [R, B, H, D] query rows against [R, B, H_kv, NB, D] (a stride-0 view of the summaries)
+        q_rows = query[:, :, rows[0]].unsqueeze(0) if r == 1 else query[:, :, rows].permute(2, 0, 1, 3)
+        scores = score_blocks(q_rows, mean_key.expand(r, *mean_key.shape), view.pad, hi * cfg.block_size,
+                              cfg.block_size)  # fmt: skip
+        # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
+        ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)
+        picked = topk_slots(ranked, lo, hi, count, k_max, recent=local)  # [R * H_kv, B, k_max]
+        index = picked.view(r, h_kv, batch, k_max).permute(2, 1, 0, 3)  # [B, H_kv, R, k_max]
+        counts = count[:, None, None].expand(batch, h_kv, r)
+        if r == 1:
+            return index[:, :, 0], counts[:, :, 0], None
         if cfg.schedule == "approx_shared":  # every query takes its group's representative's blocks
             group = torch.arange(q_len, device=query.device) // cfg.group_size
-            index, count = index[:, :, group], count[:, :, group]
-        return merge_query_blocks(index, count, nb)
+            index, counts = index[:, :, group], counts[:, :, group]
+        return merge_query_blocks(index, counts, nb)
 
     # ------------------------------------------------------------------------------------------------ attend
     def attend(self, module, query, key, value, view, scaling: float) -> torch.Tensor | None:

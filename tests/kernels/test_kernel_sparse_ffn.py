@@ -1,6 +1,7 @@
-"""Sparse FFN kernels: the fused gated activation and the sparse up/down (Triton, interpreted on CPU) vs the float64
-references on odd shapes, the compaction vs its loop reference, count = 0 and count = I, both layouts of the down
-weight, poisoned buffers, the CPU fallback of the custom ops, input checks and the benchmark cases."""
+"""Sparse FFN kernels: the fused gated activation, the sparse gate/up and the masked down projection (Triton,
+interpreted on CPU) vs the float64 references on odd shapes (several row tiles, several down splits, nothing or
+everything kept), both layouts of the down weight, skipped weight rows never read, poisoned buffers, the CPU fallback
+of the custom ops, input checks and the benchmark cases."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ import hf_sparse_verify.kernels.sparse_ffn.op as op_module
 from hf_sparse_verify.kernels._triton import triton_runs_on
 from hf_sparse_verify.kernels.sparse_ffn import (
     channel_mask_naive,
-    compact_naive,
-    gate_activations,
     gated_act,
     gated_act_naive,
-    kept_channels,
+    masked_down,
+    masked_down_naive,
     sparse_ffn,
+    sparse_gate_up,
+    sparse_gate_up_naive,
     sparse_mlp_naive,
-    sparse_up_down,
-    sparse_up_down_naive,
 )
 from hf_sparse_verify.kernels.sparse_ffn import kernel as kernel_module
 
@@ -38,10 +38,11 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 @pytest.fixture
 def poisoned(monkeypatch):
-    """Every buffer a launch allocates starts as NaN, so a read of an unwritten element shows in the output."""
+    """Every buffer a launch allocates starts as NaN (integer buffers: 7, neither 0 nor 1), so a read of an
+    unwritten element shows in the output."""
 
     def empty(shape, device, dtype):
-        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+        return torch.full(shape, float("nan") if dtype.is_floating_point else 7, device=device, dtype=dtype)
 
     monkeypatch.setattr(kernel_module, "_empty", empty)
 
@@ -81,73 +82,86 @@ def test_gated_act_op_reshapes_and_strides():
 
 
 def inputs(batch, q_len, hidden, inter, dtype, skipped, seed=0):
-    """``x [B, q, H]``, activations, weights and a threshold that skips about ``skipped`` of the channels."""
+    """``x [B, q, H]``, weights and a threshold on the row maxima of ``|silu(gate)|`` that skips about ``skipped`` of
+    the (row, channel) pairs."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, q_len, hidden, generator=g).to(DEVICE, dtype)
     w_gate, w_up, w_down = weights(hidden, inter, dtype, seed)
-    act = gate_activations(x, w_gate)
-    row_max = act.abs().amax(dim=1).float().flatten()
-    tau = (
-        torch.quantile(row_max, skipped)
-        if 0.0 < skipped < 1.0
-        else torch.tensor(0.0 if skipped == 0 else 1e9, device=DEVICE)
-    )
-    return x, act, w_gate, w_up, w_down, tau.float()
+    act = F.silu(x @ w_gate.T)
+    row_max = act.abs().amax(dim=1).float().flatten().sort().values
+    if 0.0 < skipped < 1.0:  # midway between two row maxima: no value sits at tau
+        i = min(max(1, int(skipped * row_max.numel())), row_max.numel() - 1)
+        tau = (row_max[i - 1] + row_max[i]) / 2
+    else:
+        tau = torch.tensor(0.0 if skipped == 0 else 1e9, device=DEVICE)
+    return x, w_gate, w_up, w_down, tau.float()
+
+
+SHAPES = [
+    (1, 1, 32, 48, 0.5),
+    (1, 5, 48, 40, 0.75),
+    (3, 4, 40, 72, 0.3),
+    (2, 8, 24, 300, 0.6),  # several down splits
+    (4, 17, 32, 33, 0.5),  # q past 16: BLOCK_Q 32
+    (9, 16, 32, 40, 0.5),  # 9 rows of 16 tokens: two row tiles (8 batch rows each), the second one ragged
+    (2, 3, 32, 48, 0.0),  # every channel kept
+    (2, 3, 32, 48, 1.0),  # none kept
+]
 
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    "batch, q_len, hidden, inter, skipped",
-    [
-        (1, 1, 32, 48, 0.5),
-        (1, 5, 48, 40, 0.75),
-        (3, 4, 40, 72, 0.3),
-        (2, 8, 24, 300, 0.6),  # several down splits
-        (4, 17, 32, 33, 0.5),  # q past 16: BLOCK_Q 32
-        (2, 3, 32, 48, 0.0),  # count = I
-        (2, 3, 32, 48, 1.0),  # count = 0
-    ],
-)
-@pytest.mark.parametrize("down_layout", ["copy", "view"])
-def test_sparse_up_down_matches_reference(poisoned, dtype, batch, q_len, hidden, inter, skipped, down_layout):
-    x, act, _, w_up, w_down, tau = inputs(batch, q_len, hidden, inter, dtype, skipped, seed=batch * q_len)
-    index, count = kept_channels(act, tau)
+@pytest.mark.parametrize("batch, q_len, hidden, inter, skipped", SHAPES)
+def test_sparse_gate_up_matches_reference(poisoned, dtype, batch, q_len, hidden, inter, skipped):
+    x, w_gate, w_up, _, tau = inputs(batch, q_len, hidden, inter, dtype, skipped, seed=batch * q_len)
+    h, keep = kernel_module.sparse_gate_up_launch(x, w_gate, w_up, tau)
+    keep = keep.bool()
+    if dtype == torch.float32:
+        ref_h, ref_keep = sparse_gate_up_naive(x.double(), w_gate.double(), w_up.double(), tau)
+        assert torch.equal(keep, ref_keep)
+    else:  # the reference's bf16 rounding, float32 sums: the masks differ only where a value sits at tau
+        ref_h, ref_keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
+        assert (keep != ref_keep).float().mean() <= 0.05
+        agree = (keep == ref_keep)[:, None, :]
+        h, ref_h = torch.where(agree, h, 0), torch.where(agree, ref_h, 0)
+    check(h, ref_h, dtype)
     if skipped == 0.0:
-        assert (count == inter).all()
+        assert keep.all()
     if skipped == 1.0:
-        assert (count == 0).all()
+        assert not keep.any() and (h == 0).all()
+    if 0.0 < skipped < 1.0:
+        assert 0 < keep.float().mean() < 1  # the threshold splits the channels: the mask matters here
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, q_len, hidden, inter, skipped", SHAPES)
+@pytest.mark.parametrize("down_layout", ["copy", "view"])
+def test_masked_down_matches_reference(poisoned, dtype, batch, q_len, hidden, inter, skipped, down_layout):
+    x, w_gate, w_up, w_down, tau = inputs(batch, q_len, hidden, inter, dtype, skipped, seed=batch + q_len)
+    h, keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
     w_down_t = w_down.T.contiguous() if down_layout == "copy" else w_down.T
-    out = kernel_module.sparse_up_down_launch(x, act, w_up, w_down_t, index, count)
-    ref = sparse_up_down_naive(x.double(), act.double(), w_up.double(), w_down_t.double(), index, count)
-    check(out, ref, dtype)
+    out = kernel_module.masked_down_launch(h, w_down_t, keep)
+    check(out, masked_down_naive(h.double(), w_down_t.double(), keep), dtype)
     if skipped == 1.0:
         assert (out == 0).all()
 
 
 @needs_triton
-def test_sparse_up_down_reads_only_kept_rows(poisoned):
-    """NaN in every skipped row of ``w_up`` and ``w_down_t``: the output stays finite, so those rows are never
-    read (and a wrong channel id would pick up a NaN)."""
-    x, act, _, w_up, w_down, tau = inputs(2, 4, 32, 64, torch.float32, 0.5, seed=3)
-    index, count = kept_channels(act, tau)
-    keep = channel_mask_naive(act, tau).any(0)  # channels kept by some row
-    assert not keep.all()
-    ref = sparse_up_down_naive(x.double(), act.double(), w_up.double(), w_down.T.double(), index, count)
+@pytest.mark.parametrize("batch, skipped", [(2, 0.7), (9, 0.95)])
+def test_sparse_kernels_read_only_kept_rows(poisoned, batch, skipped):
+    """NaN in every row of ``w_up`` and ``w_down_t`` that no batch row keeps: the output stays finite, so those rows
+    are never read."""
+    x, w_gate, w_up, w_down, tau = inputs(batch, 4, 32, 64, torch.float32, skipped, seed=3)
+    ref = sparse_mlp_naive(x.double(), w_gate.double(), w_up.double(), w_down.double(), tau)
+    _, keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
+    used = keep.any(0)  # channels kept by some row
+    assert not used.all()
     w_up, w_down_t = w_up.clone(), w_down.T.contiguous()
-    w_up[~keep] = float("nan")
-    w_down_t[~keep] = float("nan")
-    check(kernel_module.sparse_up_down_launch(x, act, w_up, w_down_t, index, count), ref, torch.float32)
-
-
-@pytest.mark.parametrize("batch, q_len, inter", [(1, 1, 7), (3, 4, 50), (2, 9, 128)])
-def test_kept_channels_matches_loop_reference(batch, q_len, inter):
-    act = torch.randn(batch, q_len, inter, generator=torch.Generator().manual_seed(inter)).to(DEVICE)
-    for tau in (0.0, 0.8, 1.5, 1e9):
-        index, count = kept_channels(act, torch.tensor(tau))
-        ref_index, ref_count = compact_naive(channel_mask_naive(act, tau))
-        assert index.dtype == count.dtype == torch.int32
-        assert torch.equal(index, ref_index) and torch.equal(count, ref_count)
+    w_up[~used] = float("nan")
+    w_down_t[~used] = float("nan")
+    h, keep = kernel_module.sparse_gate_up_launch(x, w_gate, w_up, tau)
+    check(kernel_module.masked_down_launch(h, w_down_t, keep), ref, torch.float32)
 
 
 def test_mask_is_max_over_the_rows_tokens():
@@ -155,22 +169,23 @@ def test_mask_is_max_over_the_rows_tokens():
     act[0, 2, 1] = -0.5  # one token of row 0 reaches tau on channel 1
     act[1, 0, 3] = 0.5
     act[1, 1, 0] = 0.49  # under tau
-    index, count = kept_channels(act, torch.tensor(0.5))
-    assert count.tolist() == [1, 1] and index[:, 0].tolist() == [1, 3]
+    assert channel_mask_naive(act, torch.tensor(0.5)).tolist() == [
+        [False, True, False, False],
+        [False, False, False, True],
+    ]
 
 
 def test_threshold_compared_in_float32():
     """A bf16 activation just under a float32 tau is skipped even where tau rounds to it in bf16."""
     act = torch.full((1, 1, 2), 1.0, dtype=torch.bfloat16)
-    _, count = kept_channels(act, torch.tensor(1.0001))
-    assert count.tolist() == [0]
+    assert not channel_mask_naive(act, torch.tensor(1.0001)).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sparse_ffn_equals_zeroed_channels(dtype):
     """The public op (Triton when interpreting, else the reference) vs the dense MLP with skipped channels zeroed;
     tau = 0 is the dense MLP."""
-    x, _, w_gate, w_up, w_down, tau = inputs(3, 5, 32, 64, dtype, 0.5, seed=11)
+    x, w_gate, w_up, w_down, tau = inputs(3, 5, 32, 64, dtype, 0.5, seed=11)
     tol = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(
         sparse_ffn(x, w_gate, w_up, w_down.T.contiguous(), tau),
@@ -186,32 +201,33 @@ def test_sparse_ffn_equals_zeroed_channels(dtype):
 def test_ops_fall_back_to_the_reference(monkeypatch):
     """Where Triton cannot run (CPU without TRITON_INTERPRET) the ops compute the references."""
     monkeypatch.setattr(op_module, "triton_runs_on", lambda device: False)
-    x, act, w_gate, w_up, w_down, tau = inputs(2, 3, 16, 24, torch.float32, 0.5)
-    index, count = kept_channels(act, tau)
+    x, w_gate, w_up, w_down, tau = inputs(2, 3, 16, 24, torch.float32, 0.5)
     assert torch.equal(gated_act(x, w_gate, w_up), gated_act_naive(x, w_gate, w_up))
-    assert torch.equal(
-        sparse_up_down(x, act, w_up, w_down.T, index, count),
-        sparse_up_down_naive(x, act, w_up, w_down.T, index, count),
-    )
+    h, keep = sparse_gate_up(x, w_gate, w_up, tau)
+    ref_h, ref_keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
+    assert torch.equal(h, ref_h) and torch.equal(keep, ref_keep)
+    assert torch.equal(masked_down(h, w_down.T, keep), masked_down_naive(h, w_down.T, keep))
 
 
 def test_input_checks():
-    x, act, w_gate, w_up, w_down, tau = inputs(2, 3, 16, 24, torch.float32, 0.5)
-    index, count = kept_channels(act, tau)
+    x, w_gate, w_up, w_down, tau = inputs(2, 3, 16, 24, torch.float32, 0.5)
+    h, keep = sparse_gate_up(x, w_gate, w_up, tau)
     with pytest.raises(ValueError, match=r"w_gate, w_up \[I, H\]"):
         gated_act(x, w_gate[:, :8], w_up)
     with pytest.raises(ValueError, match="share one float dtype"):
         gated_act(x.half(), w_gate, w_up)
-    with pytest.raises(ValueError, match=r"pass down_proj.weight.T"):
-        sparse_up_down(x, act, w_up, w_down, index, count)
     with pytest.raises(ValueError, match=r"x \[B, q, H\]"):
-        sparse_up_down(x[0], act, w_up, w_down.T, index, count)
-    with pytest.raises(ValueError, match="index must be"):
-        sparse_up_down(x, act, w_up, w_down.T, index.float(), count)
-    with pytest.raises(ValueError, match="share one int dtype"):
-        sparse_up_down(x, act, w_up, w_down.T, index, count.long())
-    with pytest.raises(ValueError, match=r"act \[B, q, I\]"):
-        kept_channels(act[0], tau)
+        sparse_gate_up(x[0], w_gate, w_up, tau)
+    with pytest.raises(ValueError, match="at most 128 verify tokens"):
+        sparse_gate_up(torch.zeros(1, 129, 16), w_gate, w_up, tau)
+    with pytest.raises(ValueError, match="one threshold per layer"):
+        sparse_gate_up(x, w_gate, w_up, torch.zeros(2))
+    with pytest.raises(ValueError, match=r"pass down_proj.weight.T"):
+        masked_down(h, w_down, keep)
+    with pytest.raises(ValueError, match="keep must be bool"):
+        masked_down(h, w_down.T, keep.int())
+    with pytest.raises(ValueError, match="share one float dtype"):
+        masked_down(h.double(), w_down.T, keep)
 
 
 def test_docstring_examples():

@@ -4,15 +4,19 @@
   owns a tile of ``BLOCK_N`` channels and reads its gate and up rows in the same pass over ``H``; for ``T <=
   BLOCK_M`` (every decode and verify step: up to 64 rows) each weight is read exactly once, GEMV-style. Products
   accumulate in float32; gate, up, ``silu(gate)`` and the product are rounded to ``x.dtype`` where eager rounds them.
-- ``_sparse_up_kernel``, grid ``(B, I / BLOCK_C)``: for the kept channels of row ``b`` (compacted ids ``index[b,
-  :count[b]]``) ``h[b, t, s] = act[b, t, c_s] * (x[b, t] . w_up[c_s])``, stored compacted. Only the kept rows of
-  ``w_up`` are read; programs past ``count[b]`` return at once.
-- ``_sparse_down_kernel``, grid ``(B, H / BLOCK_N, SPLIT)``: ``partial[p, b, t] = sum_s h[b, t, s] * w_down_t[c_s]``
-  over split ``p`` of the row's kept channels (the ``count[b]`` kept slots are cut into ``SPLIT`` equal parts at run
-  time, so every split has work whatever the sparsity); the splits are summed in float32 afterwards, in order
-  (deterministic, no atomics). Only the kept rows of ``w_down_t = w_down.T`` are read.
+- ``_sparse_gate_up_kernel``, grid ``(B / BLOCK_B, I / BLOCK_N)``: the sparse FFN's first half for ``BLOCK_B`` whole
+  batch rows of ``q`` tokens. Pass 1 reads the tile's ``w_gate`` rows and computes ``act = silu(gate)``; a channel
+  of batch row ``b`` is kept when ``|act|`` of one of its tokens reaches ``tau`` (``keep[b, i]``, stored). Pass 2
+  reads a ``w_up`` row only where some batch row of the tile keeps the channel (masked loads: the skipped rows of
+  ``w_up`` are never fetched) and stores ``h = act * up``, zero where the token's row skips the channel.
+- ``_masked_down_kernel``, grid ``(B / BLOCK_B * H / BLOCK_N, SPLIT)``: ``y = h @ w_down_t`` over split ``p`` of the
+  channels, reading a row of ``w_down_t = w_down.T`` only where some batch row of the tile keeps the channel. With
+  ``SPLIT > 1`` the splits land in a float32 scratch and ``_sum_splits_kernel`` adds them in order (deterministic,
+  no atomics) and rounds; with one split the kernel stores the output itself.
 
-Every grid depends on shapes only (no host sync; CUDA-graph capturable).
+No compaction pass and no sort: the mask travels as ``keep`` ``[B, I]`` int8 and the loads are predicated on it, so
+a skipped channel costs an idle lane, not a memory read. Every grid depends on shapes only (no host sync;
+CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -23,9 +27,21 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
-#: tile settings (chosen for decode/verify row counts, not yet tuned on a GPU)
-TILES = {"act_n": 32, "act_k": 128, "up_c": 32, "up_k": 128, "down_n": 64, "down_s": 64, "num_warps": 4}
-#: the down kernel splits the kept channels until about this many programs run
+#: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels (first
+#: settings, to be swept on the device: `hf_sparse_verify.kernels.sparse_ffn.bench`)
+TILES = {
+    "act_n": 32,
+    "act_k": 128,
+    "num_warps": 4,
+    "sparse_n": 32,
+    "sparse_k": 128,
+    "down_n": 64,
+    "down_s": 64,
+}
+#: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
+#: rows of 16 verify tokens share one read of the weights
+SPARSE_ROWS = 128
+#: the down kernel splits the channels until about this many programs run
 DOWN_PROGRAMS = 512
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -66,73 +82,114 @@ def _gated_act_kernel(
 
 
 @triton.jit
-def _sparse_up_kernel(
-    X, ACT, WU, INDEX, COUNT, H,
-    q_len, n_hidden, s_xb, s_xt, s_ab, s_at, s_wu, s_ib, s_hb, s_ht,
-    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+def _sparse_gate_up_kernel(
+    X, WG, WU, TAU, H, KEEP,
+    n_batch, q_len, n_inter, n_hidden, s_xb, s_xt, s_wg, s_wu, s_hb, s_ht, s_kb,
+    BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    c0 = tl.program_id(1) * BLOCK_C
-    count = tl.load(COUNT + b)
-    if c0 >= count:
-        return
-    offs_s = c0 + tl.arange(0, BLOCK_C)
-    s_ok = offs_s < count
-    b_idx = tl.load(INDEX + b * s_ib + offs_s, mask=s_ok, other=0).to(tl.int64)  # [BLOCK_C] channel ids
-    offs_t = tl.arange(0, BLOCK_Q)
-    t_ok = offs_t < q_len
+    BLOCK_M: tl.constexpr = BLOCK_B * BLOCK_Q
+    offs_m = tl.arange(0, BLOCK_M)
+    row_b = tl.program_id(0) * BLOCK_B + offs_m // BLOCK_Q  # batch row of each tile row
+    row_t = offs_m % BLOCK_Q  # its token
+    m_ok = (row_b < n_batch) & (row_t < q_len)
+    p_x = X + row_b.to(tl.int64)[:, None] * s_xb + row_t[:, None] * s_xt
+    offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    n_ok = offs_n < n_inter
     offs_k = tl.arange(0, BLOCK_K)
-    b_up = tl.zeros([BLOCK_Q, BLOCK_C], dtype=tl.float32)
+
+    # pass 1: gate activations of every channel of the tile
+    b_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, n_hidden, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < n_hidden
-        p_x = X + b * s_xb + offs_t[:, None] * s_xt + k[None, :]
-        b_x = tl.load(p_x, mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        p_w = WU + b_idx[:, None] * s_wu + k[None, :]
-        b_w = tl.load(p_w, mask=s_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        b_up = tl.dot(b_x, tl.trans(b_w), b_up, input_precision=DOT_PRECISION)
+        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_w = tl.load(WG + offs_n[:, None] * s_wg + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        b_gate = tl.dot(b_x, tl.trans(b_w.to(DOT_DTYPE)), b_gate, input_precision=DOT_PRECISION)
     dtype = H.dtype.element_ty
-    ok = t_ok[:, None] & s_ok[None, :]
-    b_act = tl.load(ACT + b * s_ab + offs_t[:, None] * s_at + b_idx[None, :], mask=ok, other=0.0)
-    b_h = b_act.to(tl.float32) * b_up.to(dtype).to(tl.float32)
-    tl.store(H + b * s_hb + offs_t[:, None] * s_ht + offs_s[None, :], b_h.to(dtype), mask=ok)
+    b_gate = b_gate.to(dtype).to(tl.float32)
+    b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
+
+    # the row mask: max over the batch row's tokens of |act| against tau (float32); padding rows never keep
+    b_mag = tl.where(m_ok[:, None], tl.abs(b_act), -1.0)
+    b_keep = tl.max(tl.reshape(b_mag, [BLOCK_B, BLOCK_Q, BLOCK_N]), axis=1) >= tl.load(
+        TAU
+    )  # [BLOCK_B, BLOCK_N]
+    offs_bb = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    p_keep = KEEP + offs_bb.to(tl.int64)[:, None] * s_kb + offs_n[None, :]
+    tl.store(p_keep, b_keep.to(tl.int8), mask=(offs_bb < n_batch)[:, None] & n_ok[None, :])
+    u_ok = n_ok & (tl.max(b_keep.to(tl.int32), axis=0) > 0)  # some batch row of the tile keeps the channel
+
+    # pass 2: up, reading only the kept rows of w_up
+    b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, n_hidden, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < n_hidden
+        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_w = tl.load(WU + offs_n[:, None] * s_wu + k[None, :], mask=u_ok[:, None] & k_ok[None, :], other=0.0)
+        b_up = tl.dot(b_x, tl.trans(b_w.to(DOT_DTYPE)), b_up, input_precision=DOT_PRECISION)
+    b_rows = tl.reshape(tl.broadcast_to(b_keep[:, None, :], [BLOCK_B, BLOCK_Q, BLOCK_N]), [BLOCK_M, BLOCK_N])
+    b_h = tl.where(b_rows, (b_act * b_up.to(dtype).to(tl.float32)).to(dtype).to(tl.float32), 0.0)
+    p_h = H + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + offs_n[None, :]
+    tl.store(p_h, b_h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _sparse_down_kernel(
-    H, WD, INDEX, COUNT, PART,
-    q_len, n_hidden, s_hb, s_ht, s_wd_c, s_wd_h, s_ib, s_pp, s_pb, s_pt,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+def _masked_down_kernel(
+    HS, WD, KEEP, OUT,
+    n_batch, q_len, n_inter, n_hidden, n_tiles, s_hb, s_ht, s_wd_c, s_wd_h, s_kb, s_op, s_or,
+    BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
+    BLOCK_M: tl.constexpr = BLOCK_B * BLOCK_Q
+    chunk = tl.program_id(0) // n_tiles
+    offs_n = (tl.program_id(0) % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
     n_ok = offs_n < n_hidden
-    count = tl.load(COUNT + b)
-    chunk = tl.cdiv(tl.cdiv(count, SPLIT), BLOCK_S) * BLOCK_S  # kept slots per split, whole tiles
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, count)
-    offs_t = tl.arange(0, BLOCK_Q)
-    t_ok = offs_t < q_len
+    offs_m = tl.arange(0, BLOCK_M)
+    row_b = chunk * BLOCK_B + offs_m // BLOCK_Q
+    row_t = offs_m % BLOCK_Q
+    m_ok = (row_b < n_batch) & (row_t < q_len)
+    offs_bb = chunk * BLOCK_B + tl.arange(0, BLOCK_B)
+    bb_ok = offs_bb < n_batch
+    per_split = tl.cdiv(tl.cdiv(n_inter, SPLIT), BLOCK_S) * BLOCK_S  # channels per split, whole tiles
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, n_inter)
     offs_s = tl.arange(0, BLOCK_S)
-    b_y = tl.zeros([BLOCK_Q, BLOCK_N], dtype=tl.float32)
+    b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for s0 in range(lo, hi, BLOCK_S):
         s = s0 + offs_s
         s_ok = s < hi
-        b_idx = tl.load(INDEX + b * s_ib + s, mask=s_ok, other=0).to(tl.int64)
-        p_h = H + b * s_hb + offs_t[:, None] * s_ht + s[None, :]
-        b_h = tl.load(p_h, mask=t_ok[:, None] & s_ok[None, :], other=0.0).to(DOT_DTYPE)
-        p_w = WD + b_idx[:, None] * s_wd_c + offs_n[None, :].to(tl.int64) * s_wd_h
-        b_w = tl.load(p_w, mask=s_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
+        p_keep = KEEP + offs_bb.to(tl.int64)[:, None] * s_kb + s[None, :]
+        b_keep = tl.load(p_keep, mask=bb_ok[:, None] & s_ok[None, :], other=0)
+        u_ok = s_ok & (
+            tl.max(b_keep.to(tl.int32), axis=0) > 0
+        )  # some batch row of the tile keeps the channel
+        p_h = HS + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + s[None, :]
+        b_h = tl.load(p_h, mask=m_ok[:, None] & u_ok[None, :], other=0.0).to(DOT_DTYPE)
+        p_w = WD + s.to(tl.int64)[:, None] * s_wd_c + offs_n[None, :].to(tl.int64) * s_wd_h
+        b_w = tl.load(p_w, mask=u_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
         b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
-    p_o = PART + split * s_pp + b * s_pb + offs_t[:, None] * s_pt + offs_n[None, :]
-    tl.store(p_o, b_y, mask=t_ok[:, None] & n_ok[None, :])  # zeros where the split has no slot
+    rows = (row_b * q_len + row_t).to(tl.int64)  # row of the [B * q, H] output
+    p_o = OUT + split.to(tl.int64) * s_op + rows[:, None] * s_or + offs_n[None, :]
+    tl.store(p_o, b_y.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(
+    PART, OUT, n_elements, s_p, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    pdl_wait(PDL)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_elements
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in tl.static_range(SPLIT):
+        acc += tl.load(PART + p * s_p + offs, mask=ok, other=0.0)
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
 def _empty(shape, device, dtype) -> torch.Tensor:
@@ -171,50 +228,74 @@ def gated_act_launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) 
     return out
 
 
-def down_splits(batch: int, hidden: int, inter: int) -> int:
-    """How many parts the down kernel cuts each row's kept channels into (shapes only)."""
-    tiles = batch * triton.cdiv(hidden, _block(hidden, TILES["down_n"]))
+def sparse_rows(batch: int, q_len: int) -> tuple[int, int]:
+    """``(BLOCK_B, BLOCK_Q)``: whole batch rows per tile (``BLOCK_B * BLOCK_Q`` token rows, at least 16 for
+    ``tl.dot``, at most `SPARSE_ROWS` unless one row's tokens need more)."""
+    block_q = next_power_of_2(q_len)
+    block_b = min(next_power_of_2(batch), max(1, SPARSE_ROWS // block_q))
+    return max(block_b, 16 // block_q if block_q < 16 else 1), block_q
+
+
+def down_splits(tiles: int, inter: int) -> int:
+    """How many channel ranges the down kernel cuts ``I`` into, for ``tiles`` (row chunk, column tile) programs."""
     return max(1, min(triton.cdiv(DOWN_PROGRAMS, tiles), triton.cdiv(inter, 4 * TILES["down_s"])))
 
 
 @on_input_device
-def sparse_up_down_launch(
-    x: torch.Tensor,
-    act: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down_t: torch.Tensor,
-    index: torch.Tensor,
-    count: torch.Tensor,
-) -> torch.Tensor:
-    """``x`` ``[B, q, H]`` and ``act`` ``[B, q, I]`` (unit last stride), ``w_up`` ``[I, H]`` (unit last stride),
-    ``w_down_t`` ``[I, H]`` (any strides), ``index`` ``[B, I]`` / ``count`` ``[B]`` int32 contiguous ->
-    ``[B, q, H]`` in ``x.dtype``."""
+def sparse_gate_up_launch(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[B, q, H]`` (unit last stride), ``w_gate`` / ``w_up`` ``[I, H]`` (unit last stride), ``tau`` ``[]``
+    float32 -> ``h`` ``[B, q, I]`` in ``x.dtype`` and ``keep`` ``[B, I]`` int8."""
     batch, q_len, hidden = x.shape
-    inter = w_up.shape[0]
-    device = x.device
+    inter = w_gate.shape[0]
+    h = _empty((batch, q_len, inter), x.device, x.dtype)
+    keep = _empty((batch, inter), x.device, torch.int8)
     if batch == 0 or q_len == 0:
-        return _empty(x.shape, device, x.dtype)
+        return h, keep
+    block_b, block_q = sparse_rows(batch, q_len)
+    bn = _block(inter, TILES["sparse_n"])
+    bk = _block(hidden, TILES["sparse_k"] if block_b * block_q <= 32 else TILES["sparse_k"] // 2)
     dot_dtype, precision = _dot(x.dtype)
-    bq = _block(q_len, 64)
-    h = _empty((batch, q_len, inter), device, x.dtype)  # compacted: slot s of row b holds channel index[b, s]
-    bc = _block(inter, TILES["up_c"])
-    _sparse_up_kernel[(batch, triton.cdiv(inter, bc))](
-        x, act, w_up, index, count, h,
-        q_len, hidden, x.stride(0), x.stride(1), act.stride(0), act.stride(1), w_up.stride(0), index.stride(0),
-        h.stride(0), h.stride(1),
-        BLOCK_Q=bq, BLOCK_C=bc, BLOCK_K=_block(hidden, TILES["up_k"]), DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=precision, num_warps=TILES["num_warps"],
+    _sparse_gate_up_kernel[(triton.cdiv(batch, block_b), triton.cdiv(inter, bn))](
+        x, w_gate, w_up, tau, h, keep,
+        batch, q_len, inter, hidden, x.stride(0), x.stride(1), w_gate.stride(0), w_up.stride(0), h.stride(0),
+        h.stride(1), keep.stride(0),
+        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
+        num_warps=TILES["num_warps"] if block_b * block_q <= 64 else 2 * TILES["num_warps"],
         **pdl_launch(x.device),
     )  # fmt: skip
-    split = down_splits(batch, hidden, inter)
-    part = _empty((split, batch, q_len, hidden), device, torch.float32)
+    return h, keep
+
+
+@on_input_device
+def masked_down_launch(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``h`` ``[B, q, I]`` (unit last stride), ``w_down_t`` ``[I, H]`` (any strides), ``keep`` ``[B, I]`` int8 or
+    bool (unit last stride) -> ``[B, q, H]`` in ``h.dtype``."""
+    batch, q_len, inter = h.shape
+    hidden = w_down_t.shape[1]
+    out = _empty((batch, q_len, hidden), h.device, h.dtype)
+    if batch == 0 or q_len == 0:
+        return out
+    if keep.dtype == torch.bool:
+        keep = keep.view(torch.int8)
+    block_b, block_q = sparse_rows(batch, q_len)
     bn = _block(hidden, TILES["down_n"])
-    _sparse_down_kernel[(batch, triton.cdiv(hidden, bn), split)](
-        h, w_down_t, index, count, part,
-        q_len, hidden, h.stride(0), h.stride(1), w_down_t.stride(0), w_down_t.stride(1), index.stride(0),
-        part.stride(0), part.stride(1), part.stride(2),
-        BLOCK_Q=bq, BLOCK_N=bn, BLOCK_S=_block(inter, TILES["down_s"]), SPLIT=split, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=precision, num_warps=TILES["num_warps"],
+    tiles = triton.cdiv(batch, block_b) * triton.cdiv(hidden, bn)
+    split = down_splits(tiles, inter)
+    part = out if split == 1 else _empty((split, batch * q_len, hidden), h.device, torch.float32)
+    dot_dtype, precision = _dot(h.dtype)
+    _masked_down_kernel[(tiles, split)](
+        h, w_down_t, keep, part,
+        batch, q_len, inter, hidden, triton.cdiv(hidden, bn), h.stride(0), h.stride(1), w_down_t.stride(0),
+        w_down_t.stride(1), keep.stride(0), part.stride(0) if split > 1 else 0, hidden,
+        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_S=_block(inter, TILES["down_s"]), SPLIT=split,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["num_warps"],
         **pdl_launch(h.device),
     )  # fmt: skip
-    return part.sum(0).to(x.dtype)
+    if split > 1:
+        n = out.numel()
+        _sum_splits_kernel[(triton.cdiv(n, 1024),)](
+            part, out, n, part.stride(0), SPLIT=split, BLOCK=1024, num_warps=4, **pdl_launch(h.device)
+        )
+    return out

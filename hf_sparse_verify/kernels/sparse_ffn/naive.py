@@ -24,44 +24,29 @@ def channel_mask_naive(act: torch.Tensor, tau: torch.Tensor | float) -> torch.Te
     return act.abs().amax(dim=1).to(torch.promote_types(act.dtype, torch.float32)) >= tau
 
 
-def compact_naive(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept channel ids of each row in increasing order: ``index [B, I]`` int32 (entries past ``count[b]`` are 0)
-    and ``count [B]`` int32; ``keep`` ``[B, I]`` bool."""
-    index = torch.zeros(keep.shape, dtype=torch.int32, device=keep.device)
-    count = torch.zeros(keep.shape[0], dtype=torch.int32, device=keep.device)
-    for b in range(keep.shape[0]):
-        ids = torch.nonzero(keep[b]).flatten()
-        index[b, : ids.numel()] = ids.to(torch.int32)
-        count[b] = ids.numel()
-    return index, count
-
-
-def kept_mask_naive(index: torch.Tensor, count: torch.Tensor, inter: int) -> torch.Tensor:
-    """``[B, I]`` bool from the compacted form: True at ``index[b, s]`` for ``s < count[b]`` (no host sync)."""
-    slots = torch.arange(index.shape[1], device=index.device)
-    target = torch.where(slots[None, :] < count[:, None], index.long(), inter)  # unused slots -> spare column
-    keep = torch.zeros(index.shape[0], inter + 1, dtype=torch.bool, device=index.device)
-    return keep.scatter_(1, target, True)[:, :inter]
-
-
-def sparse_up_down_naive(
-    x: torch.Tensor,
-    act: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down_t: torch.Tensor,
-    index: torch.Tensor,
-    count: torch.Tensor,
-) -> torch.Tensor:
-    """``y[b, t] = sum_{c kept} act[b, t, c] * (x[b, t] . w_up[c]) * w_down_t[c]`` over the first ``count[b]``
-    channels of ``index[b]``; ``x`` ``[B, q, H]``, ``act`` ``[B, q, I]``, ``w_up`` / ``w_down_t`` ``[I, H]`` (any
-    strides) -> ``[B, q, H]`` in ``x.dtype``. ``up`` and the product ``act * up`` are rounded to ``x.dtype`` as
-    eager rounds them; matmuls in float32 or wider. Computed densely with the skipped channels zeroed (no host
-    sync, so it also serves as the CPU path)."""
+def sparse_gate_up_naive(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tau: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h, keep)``: ``keep`` ``[B, I]`` = `channel_mask_naive` of ``act = silu(x @ w_gate.T)``, ``h`` ``[B, q, I]``
+    = ``act * (x @ w_up.T)`` zeroed where the row skips the channel. Gate, ``act``, up and the product are rounded
+    to ``x.dtype`` as eager rounds them; matmuls in float32 or wider. Computed densely (no host sync, so it is also
+    the CPU path)."""
     acc = torch.promote_types(x.dtype, torch.float32)
-    keep = kept_mask_naive(index, count, w_up.shape[0])  # [B, I]
-    up = (x.to(acc) @ w_up.to(acc).T).to(x.dtype)  # [B, q, I]
-    h = (act.to(acc) * up.to(acc)).to(x.dtype) * keep[:, None, :]
-    return (h.to(acc) @ w_down_t.to(acc)).to(x.dtype)
+    gate = (x.to(acc) @ w_gate.to(acc).T).to(x.dtype)
+    act = F.silu(gate.to(acc)).to(x.dtype)  # [B, q, I]
+    keep = channel_mask_naive(act, tau)  # [B, I]
+    up = (x.to(acc) @ w_up.to(acc).T).to(x.dtype)
+    h = (act.to(acc) * up.to(acc)).to(x.dtype)
+    return torch.where(keep[:, None, :], h, torch.zeros((), dtype=x.dtype, device=x.device)), keep
+
+
+def masked_down_naive(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``h @ w_down_t`` with the channels no row keeps left out (``keep`` ``[B, I]``; ``h`` ``[B, q, I]`` is zero
+    where its row skips a channel), accumulated in float32 or wider, rounded to ``h.dtype``."""
+    acc = torch.promote_types(h.dtype, torch.float32)
+    used = keep.any(0)[:, None]  # [I, 1]: rows of w_down_t some row reads
+    w = torch.where(used, w_down_t.to(acc), torch.zeros((), dtype=acc, device=h.device))
+    return (h.to(acc) @ w).to(h.dtype)
 
 
 def sparse_mlp_naive(

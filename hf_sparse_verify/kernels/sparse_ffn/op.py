@@ -1,14 +1,12 @@
-"""``hsv::gated_act`` and ``hsv::sparse_up_down``: validation, registration with ``torch.library``, Triton where it
-runs, the reference elsewhere (CPU without ``TRITON_INTERPRET=1``, float64); `kept_channels` (plain tensor ops)
-turns gate activations into the compacted per-row channel lists the sparse kernels read."""
+"""``hsv::gated_act``, ``hsv::sparse_gate_up`` and ``hsv::masked_down``: validation, registration with
+``torch.library``, Triton where it runs, the reference elsewhere (CPU without ``TRITON_INTERPRET=1``, float64)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .._triton import triton_runs_on
-from .naive import channel_mask_naive, gated_act_naive, sparse_up_down_naive
+from .naive import gated_act_naive, masked_down_naive, sparse_gate_up_naive
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -31,25 +29,36 @@ def _(x, w_gate, w_up):
     return x.new_empty((x.shape[0], w_gate.shape[0]))
 
 
-@torch.library.custom_op("hsv::sparse_up_down", mutates_args=())
-def _sparse_up_down_op(
-    x: torch.Tensor,
-    act: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down_t: torch.Tensor,
-    index: torch.Tensor,
-    count: torch.Tensor,
-) -> torch.Tensor:
+@torch.library.custom_op("hsv::sparse_gate_up", mutates_args=())
+def _sparse_gate_up_op(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(x):
-        from .kernel import sparse_up_down_launch
+        from .kernel import sparse_gate_up_launch
 
-        return sparse_up_down_launch(x, act, w_up, w_down_t, index, count)
-    return sparse_up_down_naive(x, act, w_up, w_down_t, index, count)
+        h, keep = sparse_gate_up_launch(x, w_gate, w_up, tau)
+        return h, keep.view(torch.bool)
+    return sparse_gate_up_naive(x, w_gate, w_up, tau)
 
 
-@_sparse_up_down_op.register_fake
-def _(x, act, w_up, w_down_t, index, count):
-    return x.new_empty(x.shape)
+@_sparse_gate_up_op.register_fake
+def _(x, w_gate, w_up, tau):
+    inter = w_gate.shape[0]
+    return x.new_empty((*x.shape[:2], inter)), x.new_empty((x.shape[0], inter), dtype=torch.bool)
+
+
+@torch.library.custom_op("hsv::masked_down", mutates_args=())
+def _masked_down_op(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    if _use_triton(h):
+        from .kernel import masked_down_launch
+
+        return masked_down_launch(h, w_down_t, keep)
+    return masked_down_naive(h, w_down_t, keep)
+
+
+@_masked_down_op.register_fake
+def _(h, w_down_t, keep):
+    return h.new_empty((*h.shape[:2], w_down_t.shape[1]))
 
 
 def _same_device(*tensors: torch.Tensor) -> None:
@@ -94,105 +103,81 @@ def gated_act(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torc
     return out.view(*x.shape[:-1], w_gate.shape[0])
 
 
-def gate_activations(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
-    """``silu(x @ w_gate.T)`` rounded as eager rounds it: ``x`` ``[..., H]``, ``w_gate`` ``[I, H]`` -> ``[..., I]``."""
-    return F.silu(F.linear(x, w_gate))
-
-
-def kept_channels(act: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The channels each row keeps, compacted: channel ``i`` of row ``b`` is kept when ``max_t |act[b, t, i]| >=
-    tau``. Device tensor ops only (no host sync; shapes fixed by ``act``).
+def sparse_gate_up(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First half of the sparse FFN of a verify step (papers/000 §3.4): gate activations, one channel mask per batch
+    row, and ``h = silu(gate) * up`` over the kept channels, reading only the rows of ``w_up`` that some row keeps.
 
     Args:
-        act: ``[B, q, I]`` gate activations ``silu(gate(x))``.
-        tau: ``[]`` float32 threshold on ``act``'s device (a float is accepted).
+        x: ``[B, q, H]`` (``B`` batch rows of ``q`` verify tokens, ``q <= 128``).
+        w_gate, w_up: ``[I, H]`` (``nn.Linear`` weights), same dtype as ``x``.
+        tau: ``[]`` float32 threshold on ``|silu(gate)|``, on ``x``'s device (``0`` keeps every channel).
 
     Returns:
-        ``index [B, I]`` int32, the kept channel ids of each row in increasing order (entries past ``count[b]`` are
-        0), and ``count [B]`` int32.
+        ``h`` ``[B, q, I]`` in ``x.dtype``, zero where the token's row skips the channel, and ``keep`` ``[B, I]``
+        bool: channel ``i`` of row ``b`` is kept when ``max_t |silu(gate(x))[b, t, i]| >= tau`` (compared in
+        float32).
 
     Example:
-        >>> act = torch.tensor([[[0.1, -2.0, 0.0], [0.5, 0.0, 0.0]]])  # [1, 2, 3]
-        >>> index, count = kept_channels(act, torch.tensor(0.4))
-        >>> index.tolist(), count.tolist()
-        ([[0, 1, 0]], [2])
+        >>> x, wg, wu = torch.randn(2, 3, 16), torch.randn(24, 16), torch.randn(24, 16)
+        >>> h, keep = sparse_gate_up(x, wg, wu, torch.tensor(0.0))  # tau 0: the dense product
+        >>> bool(keep.all()), torch.allclose(h, F.silu(x @ wg.T) * (x @ wu.T), atol=1e-5)
+        (True, True)
     """
-    if act.dim() != 3:
-        raise ValueError(f"kept_channels needs act [B, q, I]; got {tuple(act.shape)}")
-    batch, _, inter = act.shape
-    keep = channel_mask_naive(act, tau)  # [B, I]
-    count = keep.sum(-1, dtype=torch.int32)  # [B]
-    slot = torch.cumsum(keep, -1, dtype=torch.int32) - 1  # [B, I] slot of each kept channel
-    target = torch.where(keep, slot, inter).long()  # skipped channels go to a spare column
-    channels = torch.arange(inter, dtype=torch.int32, device=act.device).expand(batch, inter)
-    index = torch.zeros(batch, inter + 1, dtype=torch.int32, device=act.device)
-    index.scatter_(1, target, channels)
-    return index[:, :inter].contiguous(), count
+    if x.dim() != 3 or w_gate.dim() != 2 or w_up.shape != w_gate.shape or w_gate.shape[1] != x.shape[-1]:
+        raise ValueError(
+            "sparse_gate_up needs x [B, q, H] (reshape the MLP input to [batch rows, verify tokens, hidden]) and "
+            f"w_gate, w_up [I, H]; got {tuple(x.shape)}, {tuple(w_gate.shape)}, {tuple(w_up.shape)}"
+        )
+    if x.shape[1] > 128:
+        raise ValueError(f"sparse_gate_up takes at most 128 verify tokens per row; got {x.shape[1]}")
+    if x.dtype not in _FLOAT_DTYPES or w_gate.dtype != x.dtype or w_up.dtype != x.dtype:
+        raise ValueError(
+            f"x and the weights must share one float dtype; got {x.dtype}, {w_gate.dtype}, {w_up.dtype}"
+        )
+    tau = torch.as_tensor(tau, dtype=torch.float32, device=x.device)
+    if tau.dim() != 0:
+        raise ValueError(f"tau must be a scalar (one threshold per layer); got shape {tuple(tau.shape)}")
+    _same_device(x, w_gate, w_up)
+    return torch.ops.hsv.sparse_gate_up(_unit_last(x), _unit_last(w_gate), _unit_last(w_up), tau)
 
 
-def sparse_up_down(
-    x: torch.Tensor,
-    act: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down_t: torch.Tensor,
-    index: torch.Tensor,
-    count: torch.Tensor,
-) -> torch.Tensor:
-    """Up and down projections over each row's kept channels only:
-    ``y[b, t] = sum_{s < count[b]} act[b, t, c] * (x[b, t] . w_up[c]) * w_down_t[c]`` with ``c = index[b, s]``.
+def masked_down(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Second half of the sparse FFN: ``y = h @ w_down_t``, reading a row of ``w_down_t`` only where some batch row
+    keeps the channel (``h`` must be zero where its row does not: what `sparse_gate_up` returns).
 
     Args:
-        x: ``[B, q, H]`` (``B`` batch rows of ``q`` verify tokens).
-        act: ``[B, q, I]`` gate activations (same dtype as ``x``).
-        w_up: ``[I, H]`` (``up_proj.weight``).
+        h: ``[B, q, I]``.
         w_down_t: ``[I, H]``: ``down_proj.weight.T``. A contiguous copy reads each kept channel as one contiguous
             row; the transposed view of ``down_proj.weight`` (no extra memory) gives the same result with scattered
             reads (slower on a GPU).
-        index, count: from `kept_channels` (int32 or int64).
+        keep: ``[B, I]`` bool (from `sparse_gate_up`).
 
     Returns:
-        ``[B, q, H]`` in ``x.dtype``.
+        ``[B, q, H]`` in ``h.dtype``.
 
     Example:
-        >>> x, act = torch.randn(2, 3, 16), torch.randn(2, 3, 24)
-        >>> w_up, w_down = torch.randn(24, 16), torch.randn(16, 24)
-        >>> index, count = kept_channels(act, torch.tensor(0.0))  # every channel kept
-        >>> y = sparse_up_down(x, act, w_up, w_down.T, index, count)
-        >>> torch.allclose(y, (act * (x @ w_up.T)) @ w_down.T, atol=1e-4)
+        >>> x, wg, wu, wd = torch.randn(2, 3, 16), torch.randn(24, 16), torch.randn(24, 16), torch.randn(16, 24)
+        >>> h, keep = sparse_gate_up(x, wg, wu, torch.tensor(0.5))
+        >>> y = masked_down(h, wd.T, keep)
+        >>> torch.allclose(y, (F.silu(x @ wg.T) * (x @ wu.T) * keep[:, None]) @ wd.T, atol=1e-4)
         True
     """
-    if x.dim() != 3 or act.dim() != 3 or act.shape[:2] != x.shape[:2]:
+    if h.dim() != 3 or w_down_t.dim() != 2 or w_down_t.shape[0] != h.shape[2]:
         raise ValueError(
-            f"sparse_up_down needs x [B, q, H] and act [B, q, I]; got {tuple(x.shape)} and {tuple(act.shape)} "
-            "(reshape the MLP input to [batch rows, verify tokens, hidden])"
+            f"masked_down needs h [B, q, I] and w_down_t [I, H] (pass down_proj.weight.T, not down_proj.weight); "
+            f"got {tuple(h.shape)} and {tuple(w_down_t.shape)}"
         )
-    batch, _, hidden = x.shape
-    inter = act.shape[2]
-    if w_up.shape != (inter, hidden) or w_down_t.shape != (inter, hidden):
+    if keep.shape != (h.shape[0], h.shape[2]) or keep.dtype != torch.bool:
         raise ValueError(
-            f"w_up and w_down_t must be [I, H] = [{inter}, {hidden}] (pass down_proj.weight.T, not down_proj.weight); "
-            f"got {tuple(w_up.shape)} and {tuple(w_down_t.shape)}"
+            f"keep must be bool [B, I] = [{h.shape[0]}, {h.shape[2]}] (from sparse_gate_up); got "
+            f"{tuple(keep.shape)} {keep.dtype}"
         )
-    if (
-        index.shape != (batch, inter)
-        or count.shape != (batch,)
-        or index.dtype not in (torch.int32, torch.int64)
-    ):
-        raise ValueError(
-            f"index must be [B, I] = [{batch}, {inter}] and count [B] = [{batch}], int32 (from kept_channels); got "
-            f"{tuple(index.shape)} {index.dtype} and {tuple(count.shape)} {count.dtype}"
-        )
-    if count.dtype != index.dtype:
-        raise ValueError(f"index and count must share one int dtype; got {index.dtype} and {count.dtype}")
-    if x.dtype not in _FLOAT_DTYPES or any(t.dtype != x.dtype for t in (act, w_up, w_down_t)):
-        raise ValueError(
-            f"x, act, w_up and w_down_t must share one float dtype; got {x.dtype}, {act.dtype}, {w_up.dtype}, "
-            f"{w_down_t.dtype}"
-        )
-    _same_device(x, act, w_up, w_down_t, index, count)
-    return torch.ops.hsv.sparse_up_down(
-        _unit_last(x), _unit_last(act), _unit_last(w_up), w_down_t, index.contiguous(), count.contiguous()
-    )
+    if h.dtype not in _FLOAT_DTYPES or w_down_t.dtype != h.dtype:
+        raise ValueError(f"h and w_down_t must share one float dtype; got {h.dtype}, {w_down_t.dtype}")
+    _same_device(h, w_down_t, keep)
+    return torch.ops.hsv.masked_down(_unit_last(h), w_down_t, _unit_last(keep))
 
 
 def sparse_ffn(
@@ -200,8 +185,9 @@ def sparse_ffn(
 ) -> torch.Tensor:
     """The sparse gated MLP of a verify step (papers/000 §3.4): dense gate activations, one channel mask per batch
     row (channel kept when its ``|silu(gate)|`` reaches ``tau`` for one of the row's tokens), up and down over the
-    kept channels only. ``x`` ``[B, q, H]``, ``w_gate`` / ``w_up`` / ``w_down_t`` ``[I, H]``, ``tau`` ``[]`` float32
-    -> ``[B, q, H]``. ``tau = 0`` gives the dense MLP.
+    kept channels only (two launches on the GPU, three when the down projection is split). ``x`` ``[B, q, H]``,
+    ``w_gate`` / ``w_up`` / ``w_down_t`` ``[I, H]``, ``tau`` ``[]`` float32 -> ``[B, q, H]``. ``tau = 0`` gives the
+    dense MLP.
 
     Example:
         >>> x, wg, wu, wd = torch.randn(2, 3, 16), torch.randn(24, 16), torch.randn(24, 16), torch.randn(16, 24)
@@ -209,6 +195,5 @@ def sparse_ffn(
         >>> torch.allclose(y, (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T, atol=1e-4)
         True
     """
-    act = gate_activations(x, w_gate)  # [B, q, I]
-    index, count = kept_channels(act, tau)
-    return sparse_up_down(x, act, w_up, w_down_t, index, count)
+    h, keep = sparse_gate_up(x, w_gate, w_up, tau)
+    return masked_down(h, w_down_t, keep)
