@@ -28,16 +28,12 @@ import triton.language as tl
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels (first
-#: settings, to be swept on the device: `hf_sparse_verify.kernels.sparse_ffn.bench`)
+#: settings, swept on the device by `benchmarks/sweep_sparse_ffn.py`)
 TILES = {
-    "act_n": 32,
-    "act_k": 128,
-    "num_warps": 4,
-    "sparse_n": 32,
-    "sparse_k": 128,
-    "down_n": 64,
-    "down_s": 64,
-}
+    "act_n": 32, "act_k": 128, "num_warps": 4,
+    "sparse_n": 32, "sparse_k": 128, "sparse_warps": 4, "sparse_stages": 3,
+    "down_n": 64, "down_s": 64, "down_warps": 4, "down_stages": 3,
+}  # fmt: skip
 #: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
 #: rows of 16 verify tokens share one read of the weights
 SPARSE_ROWS = 128
@@ -262,7 +258,7 @@ def sparse_gate_up_launch(
         batch, q_len, inter, hidden, x.stride(0), x.stride(1), w_gate.stride(0), w_up.stride(0), h.stride(0),
         h.stride(1), keep.stride(0),
         BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_K=bk, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        num_warps=TILES["num_warps"] if block_b * block_q <= 64 else 2 * TILES["num_warps"],
+        num_warps=TILES["sparse_warps"] * (1 if block_b * block_q <= 64 else 2), num_stages=TILES["sparse_stages"],
         **pdl_launch(x.device),
     )  # fmt: skip
     return h, keep
@@ -290,7 +286,7 @@ def masked_down_launch(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tens
         batch, q_len, inter, hidden, triton.cdiv(hidden, bn), h.stride(0), h.stride(1), w_down_t.stride(0),
         w_down_t.stride(1), keep.stride(0), part.stride(0) if split > 1 else 0, hidden,
         BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_S=_block(inter, TILES["down_s"]), SPLIT=split,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["num_warps"],
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["down_warps"], num_stages=TILES["down_stages"],
         **pdl_launch(h.device),
     )  # fmt: skip
     if split > 1:
