@@ -288,3 +288,27 @@ def test_transposed_copies_follow_their_weight():
     key = id(b)
     del b
     assert key not in _TRANSPOSED
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the sparse FFN kernels and the batched fallback run on CUDA"
+)
+@pytest.mark.parametrize("batch, q_len", [(1, 16), (1, 5), (2, 4), (8, 16)])
+def test_gpu_sparse_path_equals_zeroed_channel_reference(batch, q_len):
+    """On CUDA one batch row runs the Triton kernels and larger batches the dense masked fallback
+    (`SPARSE_KERNEL_MAX_BATCH`); both equal the zeroed-channel reference in float32."""
+    from hf_sparse_verify.modules.mlp import SPARSE_KERNEL_MAX_BATCH
+
+    assert SPARSE_KERNEL_MAX_BATCH < 2 <= 8  # the cases above cover both paths
+    model = llama(seed=batch).cuda()
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(batch, q_len, 64, generator=torch.Generator().manual_seed(q_len)).cuda()
+    with torch.no_grad():
+        row_max = mlp.act_fn(mlp.gate_proj(x)).abs().amax(dim=1).flatten().sort().values
+        mid = row_max.numel() // 2
+        tau = float((row_max[mid - 1] + row_max[mid]) / 2)  # no value at tau: both sides agree on the mask
+        with step_scope(verify_step(batch, q_len, FixedTau(tau))):
+            out = GatedMLP(mlp, layer_idx=0)(x)
+        expected = sparse_mlp_naive(x.double(), *(w.double() for w in weights(mlp)), torch.tensor(tau))
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(out, mlp(x), atol=1e-3)  # the threshold changed the output

@@ -5,8 +5,9 @@ Per forward, from the running step (`hf_sparse_verify.step.current_step`):
 
 - verify steps whose `VerifySparsity` gives a threshold ``tau`` for this layer: the sparse path. ``x`` is ``[B, q,
   H]``; row ``b`` keeps channel ``i`` when ``|silu(gate(x))_i|`` reaches ``tau`` for one of its ``q`` tokens, and
-  only the rows of ``up`` and ``down`` that some row keeps are read (Triton where it runs: two or three launches;
-  elsewhere the reference computes the same result densely with the skipped channels zeroed). The gate projection
+  only the rows of ``up`` and ``down`` that some row keeps are read (Triton where it runs: two or three launches, for
+  steps of at most `SPARSE_KERNEL_MAX_BATCH` batch rows; larger batches, whose rows together keep almost every
+  channel, and CPUs compute the same result densely with the skipped channels zeroed). The gate projection
   runs inside the kernel, so forward hooks on ``gate_proj`` do not see sparse steps.
 - everything else: dense. On CUDA, for steps of at most `FUSED_MAX_ROWS` token rows, the fused ``silu(gate) * up``
   kernel plus a torch matmul for ``down``; elsewhere the original module's arithmetic, so CPU results are bitwise
@@ -27,7 +28,7 @@ import weakref
 import torch
 
 from ..kernels._triton import compiled_on
-from ..kernels.sparse_ffn import gated_act, masked_down, sparse_gate_up
+from ..kernels.sparse_ffn import channel_mask_naive, gated_act, masked_down, sparse_gate_up
 from ..step import current_step
 
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
@@ -40,6 +41,13 @@ REPLACEABLE = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen
 #: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/h200_step_16k_b16_vegas_scores.json`; 16.9 /
 #: 18.4 / 20.1 ms fused, `results/h200_step_16k_b16_vegas_scores_rowdot.json`).
 FUSED_MAX_ROWS = 16
+#: the sparse FFN kernels run for verify steps of at most this many batch rows; larger batches compute the same
+#: masked MLP with dense reads (torch matmuls, the skipped channels zeroed). The kernels read the union of the rows'
+#: kept channels, and with a few rows that union is almost every channel: on an H200 (8B MLP, 16 verify tokens per
+#: row, 50% of each row's channels skipped; `benchmarks/sweep_sparse_ffn.py`, `results/sweeps/h200_sparse_ffn_tiles.json`)
+#: 8 rows keep 14290 of 14336 channels between them and the kernels took 202-298 us against 113 us for the dense MLP,
+#: while one row took 80-95 us against 89.
+SPARSE_KERNEL_MAX_BATCH = 1
 #: activation classes that compute ``F.silu`` (transformers' ``ACT2FN["silu"]`` / ``["swish"]``)
 SILU_ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})
 
@@ -97,6 +105,10 @@ class GatedMLP(torch.nn.Module):
                 f"the sparse FFN of layer {self.layer_idx} needs its input as [batch rows, verify tokens, hidden]; "
                 f"got {tuple(x.shape)}"
             )
+        if compiled_on(x.device) and x.shape[0] > SPARSE_KERNEL_MAX_BATCH:  # same result, dense reads
+            act = self.act_fn(self.gate_proj(x))  # [B, q, I]
+            keep = channel_mask_naive(act, tau)  # [B, I]
+            return self.down_proj(torch.where(keep[:, None, :], act * self.up_proj(x), 0))
         h, keep = sparse_gate_up(x, self.gate_proj.weight, self.up_proj.weight, tau)  # [B, q, I], [B, I]
         weight = self.down_proj.weight  # [H, I]
         down_t = transposed_copy(weight) if self.down_copy and x.device.type == "cuda" else weight.T

@@ -27,12 +27,15 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
-#: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels (first
-#: settings, swept on the device by `benchmarks/sweep_sparse_ffn.py`)
+#: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels. The
+#: sparse ones from an H200 sweep (`benchmarks/sweep_sparse_ffn.py`, 8B MLP, one row of 16 verify tokens, 50% of the
+#: channels skipped, us per call; `results/sweeps/h200_sparse_ffn_tiles.json`): gate/up 48.6 with 2 warps (53.1
+#: with 4), down 31.6 with 128-channel steps (42.8 with 64); floors 42.9 and 14.5, dense MLP 89.0. With nothing kept
+#: the down kernel still takes 23.8: its steps wait on the mask load before the weight load.
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
-    "sparse_n": 32, "sparse_k": 128, "sparse_warps": 4, "sparse_stages": 3,
-    "down_n": 64, "down_s": 64, "down_warps": 4, "down_stages": 3,
+    "sparse_n": 32, "sparse_k": 128, "sparse_warps": 2, "sparse_stages": 3,
+    "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3,
 }  # fmt: skip
 #: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
 #: rows of 16 verify tokens share one read of the weights
