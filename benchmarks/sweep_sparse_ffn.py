@@ -75,6 +75,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=["1x16", "8x16"], help="BATCHxTOKENS verify rows")
     parser.add_argument("--skipped", nargs="+", type=float, default=[0.0, 0.5, 0.75, 1.0])
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        help="settings to try instead of VARIANTS, e.g. down_s=256 down_n=128,down_s=128",
+    )
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true", help="small sizes, any device (smoke run)")
     parser.add_argument("--device", default="cuda")
@@ -86,9 +91,14 @@ def main() -> None:
     w_down_t = w_down.T.contiguous()
     bandwidth = copy_bandwidth(device, megabytes=1024 if device.type == "cuda" else 16)
     size = w_gate.element_size()
+    variants = VARIANTS
+    if args.variants:
+        variants = [
+            {k: int(v) for k, v in (kv.split("=") for kv in item.split(","))} for item in args.variants
+        ]
     cases = [(tuple(int(v) for v in r.split("x")), s) for r in args.rows for s in args.skipped]
     records = []
-    total = len(cases) * (4 + len(VARIANTS))
+    total = len(cases) * (4 + len(variants))
     with tqdm(total=total, desc="sparse ffn tiles", file=sys.stderr) as bar:
         for (batch, q_len), skipped in cases:
             x = torch.randn(batch, q_len, hidden, device=device, dtype=dtype)
@@ -112,7 +122,7 @@ def main() -> None:
             common = dict(base, **floors, dense_us=dense_us, cublas_down_us=cublas_down_us)
             records.append(dict(common, setting="default", **_pair(gate_up, down, device), whole_us=whole_us))
             bar.update(1)
-            for change in VARIANTS:
+            for change in variants:
                 with _settings(change):
                     name = ",".join(f"{k}={v}" for k, v in change.items())
                     records.append(dict(common, setting=name, **_pair(gate_up, down, device)))
