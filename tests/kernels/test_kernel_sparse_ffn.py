@@ -244,17 +244,3 @@ def test_bench_cases_run():
         assert len(cases) >= 6
         for case in cases[:3]:
             assert case.bytes_moved > 0 and case.run() is not None
-
-
-@needs_triton
-@pytest.mark.parametrize("batch, q_len, hidden, inter, skipped", [SHAPES[3], SHAPES[5], SHAPES[6]])
-def test_masked_down_unrolled_equals_loop(poisoned, monkeypatch, batch, q_len, hidden, inter, skipped):
-    """The unrolled steps (``TILES["down_unroll"]``) compute what the loop computes, to the bit."""
-    x, w_gate, w_up, w_down, tau = inputs(batch, q_len, hidden, inter, torch.float32, skipped, seed=5)
-    h, keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
-    w_down_t = w_down.T.contiguous()
-    loop = kernel_module.masked_down_launch(h, w_down_t, keep)
-    monkeypatch.setitem(kernel_module.TILES, "down_unroll", 1)
-    unrolled = kernel_module.masked_down_launch(h, w_down_t, keep)
-    assert torch.equal(unrolled, loop)
-    check(unrolled, masked_down_naive(h.double(), w_down_t.double(), keep), torch.float32)

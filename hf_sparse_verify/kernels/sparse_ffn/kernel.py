@@ -35,7 +35,7 @@ from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_laun
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
     "sparse_n": 32, "sparse_k": 128, "sparse_warps": 2, "sparse_stages": 3,
-    "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3, "down_unroll": 0,
+    "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3,
 }  # fmt: skip
 #: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
 #: rows of 16 verify tokens share one read of the weights
@@ -136,31 +136,11 @@ def _sparse_gate_up_kernel(
 
 
 @triton.jit
-def _masked_down_step(
-    HS, WD, KEEP, b_y, s0, hi, offs_bb, bb_ok, row_b, row_t, m_ok, offs_n, n_ok,
-    s_hb, s_ht, s_wd_c, s_wd_h, s_kb,
-    BLOCK_S: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One step of ``BLOCK_S`` channels from ``s0``: ``b_y += h[:, s] @ w_down_t[s]`` over the kept ones."""
-    s = s0 + tl.arange(0, BLOCK_S)
-    s_ok = s < hi
-    b_keep = tl.load(
-        KEEP + offs_bb.to(tl.int64)[:, None] * s_kb + s[None, :], mask=bb_ok[:, None] & s_ok[None, :], other=0
-    )
-    u_ok = s_ok & (tl.max(b_keep.to(tl.int32), axis=0) > 0)  # some batch row of the tile keeps the channel
-    p_h = HS + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + s[None, :]
-    b_h = tl.load(p_h, mask=m_ok[:, None] & u_ok[None, :], other=0.0).to(DOT_DTYPE)
-    p_w = WD + s.to(tl.int64)[:, None] * s_wd_c + offs_n[None, :].to(tl.int64) * s_wd_h
-    b_w = tl.load(p_w, mask=u_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
-    return tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _masked_down_kernel(
     HS, WD, KEEP, OUT,
     n_batch, q_len, n_inter, n_hidden, n_tiles, s_hb, s_ht, s_wd_c, s_wd_h, s_kb, s_op, s_or,
     BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLIT: tl.constexpr, UNROLL: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
@@ -178,59 +158,21 @@ def _masked_down_kernel(
     per_split = tl.cdiv(tl.cdiv(n_inter, SPLIT), BLOCK_S) * BLOCK_S  # channels per split, whole tiles
     lo = split * per_split
     hi = tl.minimum(lo + per_split, n_inter)
+    offs_s = tl.arange(0, BLOCK_S)
     b_y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if (
-        UNROLL > 0
-    ):  # UNROLL = the split's steps: unrolled, so no weight load waits behind a later step's mask load
-        for i in tl.static_range(UNROLL):
-            b_y = _masked_down_step(
-                HS,
-                WD,
-                KEEP,
-                b_y,
-                lo + i * BLOCK_S,
-                hi,
-                offs_bb,
-                bb_ok,
-                row_b,
-                row_t,
-                m_ok,
-                offs_n,
-                n_ok,
-                s_hb,
-                s_ht,
-                s_wd_c,
-                s_wd_h,
-                s_kb,
-                BLOCK_S,
-                DOT_DTYPE,
-                DOT_PRECISION,
-            )
-    else:
-        for s0 in range(lo, hi, BLOCK_S):
-            b_y = _masked_down_step(
-                HS,
-                WD,
-                KEEP,
-                b_y,
-                s0,
-                hi,
-                offs_bb,
-                bb_ok,
-                row_b,
-                row_t,
-                m_ok,
-                offs_n,
-                n_ok,
-                s_hb,
-                s_ht,
-                s_wd_c,
-                s_wd_h,
-                s_kb,
-                BLOCK_S,
-                DOT_DTYPE,
-                DOT_PRECISION,
-            )
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < hi
+        p_keep = KEEP + offs_bb.to(tl.int64)[:, None] * s_kb + s[None, :]
+        b_keep = tl.load(p_keep, mask=bb_ok[:, None] & s_ok[None, :], other=0)
+        u_ok = s_ok & (
+            tl.max(b_keep.to(tl.int32), axis=0) > 0
+        )  # some batch row of the tile keeps the channel
+        p_h = HS + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + s[None, :]
+        b_h = tl.load(p_h, mask=m_ok[:, None] & u_ok[None, :], other=0.0).to(DOT_DTYPE)
+        p_w = WD + s.to(tl.int64)[:, None] * s_wd_c + offs_n[None, :].to(tl.int64) * s_wd_h
+        b_w = tl.load(p_w, mask=u_ok[:, None] & n_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_y = tl.dot(b_h, b_w, b_y, input_precision=DOT_PRECISION)
     rows = (row_b * q_len + row_t).to(tl.int64)  # row of the [B * q, H] output
     p_o = OUT + split.to(tl.int64) * s_op + rows[:, None] * s_or + offs_n[None, :]
     tl.store(p_o, b_y.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -340,15 +282,13 @@ def masked_down_launch(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tens
     bn = _block(hidden, TILES["down_n"])
     tiles = triton.cdiv(batch, block_b) * triton.cdiv(hidden, bn)
     split = down_splits(tiles, inter)
-    bs = _block(inter, TILES["down_s"])
     part = out if split == 1 else _empty((split, batch * q_len, hidden), h.device, torch.float32)
     dot_dtype, precision = _dot(h.dtype)
     _masked_down_kernel[(tiles, split)](
         h, w_down_t, keep, part,
         batch, q_len, inter, hidden, triton.cdiv(hidden, bn), h.stride(0), h.stride(1), w_down_t.stride(0),
         w_down_t.stride(1), keep.stride(0), part.stride(0) if split > 1 else 0, hidden,
-        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_S=bs, SPLIT=split,
-        UNROLL=triton.cdiv(triton.cdiv(inter, split), bs) if TILES["down_unroll"] else 0,
+        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_S=_block(inter, TILES["down_s"]), SPLIT=split,
         DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["down_warps"], num_stages=TILES["down_stages"],
         **pdl_launch(h.device),
     )  # fmt: skip
