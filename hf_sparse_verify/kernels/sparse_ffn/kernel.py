@@ -31,7 +31,8 @@ from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_laun
 #: sparse ones from an H200 sweep (`benchmarks/sweep_sparse_ffn.py`, 8B MLP, one row of 16 verify tokens, 50% of the
 #: channels skipped, us per call; `results/sweeps/h200_sparse_ffn_tiles.json`): gate/up 48.6 with 2 warps (53.1
 #: with 4), down 31.6 with 128-channel steps (42.8 with 64); floors 42.9 and 14.5, dense MLP 89.0. With nothing kept
-#: the down kernel still takes 23.8: its steps wait on the mask load before the weight load.
+#: the down kernel still takes 23.8: its steps wait on the mask load before the weight load. Unrolling the steps
+#: (so no weight load waits behind a later step's mask) was slower: 37.1 against 31.7 (same results file).
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
     "sparse_n": 32, "sparse_k": 128, "sparse_warps": 2, "sparse_stages": 3,
