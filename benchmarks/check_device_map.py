@@ -89,6 +89,12 @@ def main() -> None:
     )
     parser.add_argument("--warm", action="store_true", help="time each call's second run")
     parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=("prompt_lookup", "draft_model", "vegas", "streaming", "quest", "utility"),
+        help="run only these cases (utility: prompt lookup with the utility K policy); default: all",
+    )
+    parser.add_argument(
         "--dtype",
         default="float32",
         choices=("float32", "bfloat16"),
@@ -131,6 +137,9 @@ def main() -> None:
             torch.cuda.synchronize()
             plain_s = time.time() - t
         for strategy, settings in CASES:
+            name = "utility" if settings else strategy
+            if args.strategies and name not in args.strategies:
+                continue
             extra = {"draft_model": model} if strategy == "draft_model" else {}
             for _ in range(2 if args.warm else 1):
                 t = time.time()
