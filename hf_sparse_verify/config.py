@@ -51,7 +51,10 @@ class SpeculationConfig:
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
-        attention_backend: ``"auto"`` (``triton`` on CUDA, ``reference`` elsewhere), ``"reference"`` (plain
+        attention_backend: ``"auto"`` (``triton`` on CUDA; where the steps run eagerly on a GPU, that is with
+            ``cuda_graphs=False`` or a model over several GPUs, offloaded or tensor-parallel, ``reference`` except
+            for the self-speculative strategies, whose drafts read a selection of the cache; ``reference`` off
+            CUDA), ``"reference"`` (plain
             PyTorch, exact, masks the whole cache), ``"token_sparse"`` (as reference, but draft steps gather only
             the selected slots) or ``"triton"`` (decode/verify steps of up to 16 tokens per row run the split-KV
             decode-attention kernel, with Vegas score collection fused; other steps as ``token_sparse``).

@@ -166,3 +166,38 @@ def test_device_map_gpu_and_cpu_equals_plain(strategy):
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": "cpu",
                   "model.norm": "cpu", "lm_head": "cpu"}  # fmt: skip
     _split_equals_plain(device_map, strategy, "beside the GPU")
+
+
+def test_auto_backend_is_reference_where_steps_run_eagerly(monkeypatch):
+    """``attention_backend="auto"`` on a CUDA model: ``triton`` where the steps run on graphs; ``reference`` where they
+    run eagerly (cuda_graphs=False, or a graph obstacle such as a device map), except for the self-speculative
+    strategies, whose drafts read a selection of the cache."""
+    import importlib
+    import types
+
+    from hf_sparse_verify.config import SpeculationConfig
+
+    generate_module = importlib.import_module(
+        "hf_sparse_verify.generation.generate"
+    )  # the package exports a function
+
+    if not generate_module.HAVE_TRITON:
+        pytest.skip("no Triton")
+    weight = types.SimpleNamespace(device=torch.device("cuda"))
+    model = types.SimpleNamespace(get_input_embeddings=lambda: types.SimpleNamespace(weight=weight))
+    obstacle = [None]
+    monkeypatch.setattr(generate_module, "graph_obstacle", lambda m: obstacle[0])
+
+    def backend(**settings):
+        return generate_module._backend(SpeculationConfig(**settings), model)
+
+    assert backend(strategy="prompt_lookup") == "triton"
+    assert backend(strategy="prompt_lookup", cuda_graphs=False) == "reference"
+    assert backend(strategy="draft_model", cuda_graphs=False) == "reference"
+    assert backend(strategy="vegas", cuda_graphs=False) == "triton"
+    obstacle[0] = "spans 2 GPUs"
+    assert backend(strategy="prompt_lookup") == "reference"
+    assert backend(strategy="streaming") == "triton"
+    assert (
+        backend(strategy="prompt_lookup", attention_backend="triton") == "triton"
+    )  # an explicit choice stands

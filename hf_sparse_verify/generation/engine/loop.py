@@ -90,7 +90,7 @@ def _target_runner(
     needed = settings.cache_len or settings.max_length + settings.max_draft_tokens
     fresh = ModelRunner(model, batch, needed, device, settings.backend)
     graphs = settings.cuda_graphs is not False and fresh.can_capture()
-    if settings.cuda_graphs is not False and fresh.graph_obstacle is not None and fresh.backend == "triton":
+    if settings.cuda_graphs is not False and fresh.graph_obstacle is not None:
         name = type(model).__name__
         warn_once(
             f"placement:{name}",
