@@ -92,7 +92,11 @@ def test_moderate_tau_equals_zeroed_channel_reference(batch, q_len):
     x = torch.randn(batch, q_len, 64, generator=torch.Generator().manual_seed(q_len))
     with torch.no_grad():
         act = mlp.act_fn(mlp.gate_proj(x))
-        tau = float(act.abs().amax(dim=1).median())  # about half of each row's channels skipped
+        row_max = act.abs().amax(dim=1).flatten().sort().values
+        mid = row_max.numel() // 2
+        # about half of each row's channels skipped; midway between two row maxima, so no value sits at tau and a
+        # different summation order (the interpreted kernels against the reference) cannot flip a channel
+        tau = float((row_max[mid - 1] + row_max[mid]) / 2)
         share = float(skipped_share(act, tau))
         assert 0.3 < share < 0.7
         with step_scope(verify_step(batch, q_len, FixedTau(tau))):

@@ -327,7 +327,10 @@ def test_expert_grid_equals_aligned_layout(monkeypatch, dtype, tokens, skip):
     monkeypatch.setattr(kernel_module, "EXPERT_GRID_MAX_TOKENS", 1)
     assert kernel_module._layout(index, n_active, 16).code == kernel_module.ALIGNED
     aligned = kernel_module.launch(x, w_gate_up, w_down, index, weights, n_active, False)
-    assert torch.equal(grid, aligned)
+    if grid.is_cuda or dtype != torch.float32:
+        assert torch.equal(grid, aligned)
+    else:  # the interpreter's float32 dots are numpy matmuls, whose sum order can depend on the tile's row count
+        torch.testing.assert_close(grid, aligned, rtol=1e-6, atol=1e-6)
     check(grid, reference(x, w_gate_up, w_down, index, weights, n_active), dtype)
 
 
