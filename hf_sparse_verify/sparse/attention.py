@@ -128,15 +128,16 @@ class BlockSparseVerifyAttention:
         batch, h_kv, nb = mean_key.shape[0], mean_key.shape[1], mean_key.shape[2]
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
+        # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
         if cfg.schedule == "exact_merged" and q_len > 1:
-            rows = list(range(q_len))
+            rows = query
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
-            rows = list(range(0, q_len, cfg.group_size))
+            rows = query[:, :, :: cfg.group_size]  # each group's first token
         else:
-            rows = [0]  # one selection for the row: its first verify token's
-        r = len(rows)
+            rows = query[:, :, :1]  # one selection for the row: its first verify token's
+        r = rows.shape[2]
         # [R, B, H, D] query rows against [R, B, H_kv, NB, D] (a stride-0 view of the summaries)
-        q_rows = query[:, :, rows[0]].unsqueeze(0) if r == 1 else query[:, :, rows].permute(2, 0, 1, 3)
+        q_rows = rows.permute(2, 0, 1, 3)
         scores = score_blocks(q_rows, mean_key.expand(r, *mean_key.shape), view.pad, hi * cfg.block_size,
                               cfg.block_size)  # fmt: skip
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
