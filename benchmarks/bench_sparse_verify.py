@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from hf_sparse_verify.bench.machine import machine_info, median, time_calls
 from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.kernels.sparse_ffn.bench import tau_for
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 
 ATTENTION = SparseAttention(block_size=64, rho=0.1, dense_below=4096)
@@ -66,8 +67,7 @@ def _ffn_tau(model, share: float, tokens: int) -> float:
     channel is skipped only when all 16 are under tau."""
     gate = model.model.layers[0].mlp.gate_proj.weight
     x = torch.randn(64, tokens, model.config.hidden_size, device=gate.device, dtype=gate.dtype)
-    row_max = torch.nn.functional.silu(x @ gate.T).abs().amax(dim=1).float().flatten()  # [64 * I]
-    return float(row_max[: 2**24 - 1].quantile(share))
+    return float(tau_for(x, gate, share))
 
 
 def _anchors(layers: int):

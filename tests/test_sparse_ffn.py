@@ -53,6 +53,14 @@ def llama(seed: int = 0, **overrides) -> torch.nn.Module:
     return make_model("llama", seed=seed, **overrides)
 
 
+def midway_tau(act: torch.Tensor) -> float:
+    """A tau that skips about half of each row's channels, midway between two row maxima of ``|act|`` ``[B, q, I]``:
+    no value sits at tau, so a different summation order (kernels against the reference) cannot flip a channel."""
+    row_max = act.abs().amax(dim=1).flatten().sort().values
+    mid = row_max.numel() // 2
+    return float((row_max[mid - 1] + row_max[mid]) / 2)
+
+
 def weights(mlp):
     return mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
 
@@ -92,11 +100,7 @@ def test_moderate_tau_equals_zeroed_channel_reference(batch, q_len):
     x = torch.randn(batch, q_len, 64, generator=torch.Generator().manual_seed(q_len))
     with torch.no_grad():
         act = mlp.act_fn(mlp.gate_proj(x))
-        row_max = act.abs().amax(dim=1).flatten().sort().values
-        mid = row_max.numel() // 2
-        # about half of each row's channels skipped; midway between two row maxima, so no value sits at tau and a
-        # different summation order (the interpreted kernels against the reference) cannot flip a channel
-        tau = float((row_max[mid - 1] + row_max[mid]) / 2)
+        tau = midway_tau(act)
         share = float(skipped_share(act, tau))
         assert 0.3 < share < 0.7
         with step_scope(verify_step(batch, q_len, FixedTau(tau))):
@@ -308,9 +312,7 @@ def test_gpu_sparse_path_equals_zeroed_channel_reference(batch, q_len):
     mlp = model.model.layers[0].mlp
     x = torch.randn(batch, q_len, 64, generator=torch.Generator().manual_seed(q_len)).cuda()
     with torch.no_grad():
-        row_max = mlp.act_fn(mlp.gate_proj(x)).abs().amax(dim=1).flatten().sort().values
-        mid = row_max.numel() // 2
-        tau = float((row_max[mid - 1] + row_max[mid]) / 2)  # no value at tau: both sides agree on the mask
+        tau = midway_tau(mlp.act_fn(mlp.gate_proj(x)))
         with step_scope(verify_step(batch, q_len, FixedTau(tau))):
             out = GatedMLP(mlp, layer_idx=0)(x)
         expected = sparse_mlp_naive(x.double(), *(w.double() for w in weights(mlp)), torch.tensor(tau))

@@ -114,7 +114,7 @@ class BlockSparseVerifyAttention:
             forced = 1 + ((view.start.long() + q_len - 1) // bs - first_new + 1)
             length = view.start.long() + q_len - view.pad.long()  # tokens of each row after this step
             count = (row_budget(self.cfg, length) - forced).clamp_min(0)
-            count = torch.minimum(torch.minimum(count, candidates), torch.full_like(count, k_max))
+            count = torch.minimum(count, candidates).clamp_max(k_max)
             local = torch.minimum(candidates.clamp_max(self.cfg.local_blocks), count)
             frame = (lo, torch.maximum(first_new, lo), count, local)
             view.extra[key] = frame
@@ -138,8 +138,10 @@ class BlockSparseVerifyAttention:
         r = rows.shape[2]
         # [R, B, H, D] query rows against [R, B, H_kv, NB, D] (a stride-0 view of the summaries)
         q_rows = rows.permute(2, 0, 1, 3)
-        scores = score_blocks(q_rows, mean_key.expand(r, *mean_key.shape), view.pad, hi * cfg.block_size,
-                              cfg.block_size)  # fmt: skip
+        # length = start: every candidate block lies before the new tokens (blocks past it are never picked)
+        scores = score_blocks(
+            q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
+        )
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
         ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)
         picked = topk_slots(ranked, lo, hi, count, k_max, recent=local)  # [R * H_kv, B, k_max]

@@ -49,8 +49,11 @@ def tau_for(x: torch.Tensor, w_gate: torch.Tensor, skipped: float) -> torch.Tens
 
 
 def _dense_step_mlp(x, w_gate, w_up, w_down):
+    # what `GatedMLP` runs on CUDA; imported late, since modules import kernels
+    from ...modules.mlp import FUSED_MAX_ROWS
+
     rows = x.numel() // x.shape[-1]
-    if x.is_cuda and rows <= 16:  # `GatedMLP` on CUDA (FUSED_MAX_ROWS)
+    if x.is_cuda and rows <= FUSED_MAX_ROWS:
         return F.linear(gated_act(x, w_gate, w_up), w_down)
     return _torch_mlp(x, w_gate, w_up, w_down)
 

@@ -82,6 +82,25 @@ def _gated_act_kernel(
 
 
 @triton.jit
+def _rows_by_weight(
+    p_x, m_ok, p_w, w_ok, n_hidden,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``[BLOCK_M, BLOCK_N]`` float32: the tile's token rows (``p_x`` ``[BLOCK_M, 1]`` row pointers) times the weight
+    rows ``p_w`` (``[BLOCK_N, 1]``) over ``H``; weight rows with ``w_ok`` False are never loaded (they count as 0)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, n_hidden, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < n_hidden
+        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_w = tl.load(p_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(b_x, tl.trans(b_w.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _sparse_gate_up_kernel(
     X, WG, WU, TAU, H, KEEP,
     n_batch, q_len, n_inter, n_hidden, s_xb, s_xt, s_wg, s_wu, s_hb, s_ht, s_kb,
@@ -98,16 +117,10 @@ def _sparse_gate_up_kernel(
     p_x = X + row_b.to(tl.int64)[:, None] * s_xb + row_t[:, None] * s_xt
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     n_ok = offs_n < n_inter
-    offs_k = tl.arange(0, BLOCK_K)
 
     # pass 1: gate activations of every channel of the tile
-    b_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, n_hidden, BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < n_hidden
-        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        b_w = tl.load(WG + offs_n[:, None] * s_wg + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        b_gate = tl.dot(b_x, tl.trans(b_w.to(DOT_DTYPE)), b_gate, input_precision=DOT_PRECISION)
+    b_gate = _rows_by_weight(p_x, m_ok, WG + offs_n[:, None] * s_wg, n_ok, n_hidden,
+                             BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     dtype = H.dtype.element_ty
     b_gate = b_gate.to(dtype).to(tl.float32)
     b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
@@ -123,13 +136,8 @@ def _sparse_gate_up_kernel(
     u_ok = n_ok & (tl.max(b_keep.to(tl.int32), axis=0) > 0)  # some batch row of the tile keeps the channel
 
     # pass 2: up, reading only the kept rows of w_up
-    b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, n_hidden, BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < n_hidden
-        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        b_w = tl.load(WU + offs_n[:, None] * s_wu + k[None, :], mask=u_ok[:, None] & k_ok[None, :], other=0.0)
-        b_up = tl.dot(b_x, tl.trans(b_w.to(DOT_DTYPE)), b_up, input_precision=DOT_PRECISION)
+    b_up = _rows_by_weight(p_x, m_ok, WU + offs_n[:, None] * s_wu, u_ok, n_hidden,
+                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     b_rows = tl.reshape(tl.broadcast_to(b_keep[:, None, :], [BLOCK_B, BLOCK_Q, BLOCK_N]), [BLOCK_M, BLOCK_N])
     b_h = tl.where(b_rows, (b_act * b_up.to(dtype).to(tl.float32)).to(dtype).to(tl.float32), 0.0)
     p_h = H + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + offs_n[None, :]
