@@ -160,3 +160,41 @@ def test_not_swapped_off_cuda():
     model = make_model("qwen3_moe")
     with use_fused_modules(model):
         assert not any(isinstance(m, FusedDecoderLayer) for m in model.modules())
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe"])
+@pytest.mark.parametrize("hooked", [False, True])
+def test_add_norm_in_the_router_launch(monkeypatch, arch, hooked):
+    """With the gate on our `FusedRouter` (its kernel interpreted on CPU), the add + norm runs inside the router's
+    launch (`add_norm_route` returns the rows): the same output as the original layer within float32 summation
+    order. A hook on the gate keeps the separate add + norm and the gate's own call, so the hook still runs."""
+    import hf_sparse_verify.modules.router as router_module
+
+    monkeypatch.setattr(router_module, "fused_router_runs", lambda device: True)
+    model = _model(arch)
+    _use_fused_experts(model)
+    ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(5))
+    routed, seen = [], []
+    original_route = router_module.FusedRouter.add_norm_route
+
+    def spy(self, *args):
+        out = original_route(self, *args)
+        routed.append(out is not None)
+        return out
+
+    monkeypatch.setattr(router_module.FusedRouter, "add_norm_route", spy)
+    with torch.no_grad():
+        for layer, (args, kwargs) in zip(decoder_layers(model), _layer_calls(model, ids)):
+            expected = layer(*args, **kwargs)
+            ours = FusedDecoderLayer(layer)
+            gate = layer.mlp.gate
+            ours.mlp.gate = router_module.FusedRouter(gate)
+            if hooked:
+                ours.mlp.gate.register_forward_hook(lambda m, a, o: seen.append(o[2].shape))
+            try:
+                out = ours(*args, **kwargs)
+            finally:
+                layer.mlp.gate = gate  # ours shares the block: put the transformers router back
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert routed == [not hooked] * len(decoder_layers(model))
+    assert len(seen) == (len(decoder_layers(model)) if hooked else 0)
