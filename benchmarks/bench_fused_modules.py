@@ -28,7 +28,6 @@ from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
 from hf_sparse_verify.kernels._triton import set_pdl
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
 from hf_sparse_verify.modules import attention as attention_module
-from hf_sparse_verify.modules import decoder_layer as decoder_layer_module
 
 #: variant name -> StepBenchArgs fields, ``pdl``: whether our kernels launch with programmatic dependent launch, and
 #: optionally ``qkv_tiles``: `qkv_rope.kernel.TILES` entries set for that variant only. ``fused_attention_router`` is
@@ -45,33 +44,28 @@ VARIANTS = {
     ),
     "cublas_o_proj": dict(fused_attention=True, fused_router=True, pdl=True, triton_o_proj=False),
     "separate_cache_write": dict(fused_attention=True, fused_router=True, pdl=True, direct_cache_write=False),
-    "separate_norm_router": dict(fused_attention=True, fused_router=True, pdl=True, norm_in_router=False),
 }
 
 
-#: variant keys -> the module switch they set
-MODULE_FLAGS = {
-    "triton_o_proj": (attention_module, "TRITON_O_PROJ"),
-    "direct_cache_write": (attention_module, "DIRECT_CACHE_WRITE"),
-    "norm_in_router": (decoder_layer_module, "FUSED_NORM_ROUTER"),
-}
+#: variant keys -> the `hf_sparse_verify.modules.attention` switch they set
+ATTENTION_FLAGS = {"triton_o_proj": "TRITON_O_PROJ", "direct_cache_write": "DIRECT_CACHE_WRITE"}
 
 
 @contextlib.contextmanager
 def _settings(tiles: dict, flags: dict):
-    """Within the block, `qkv_rope.kernel.TILES` updated with ``tiles`` and the module switches set as ``flags``
-    (``(module, name) -> value``) says; both restored on exit."""
+    """Within the block, `qkv_rope.kernel.TILES` updated with ``tiles`` and the attention module's switches set as
+    ``flags`` says; both restored on exit."""
     saved_tiles = dict(qkv_kernel.TILES)
-    saved_flags = {key: getattr(*key) for key in flags}
+    saved_flags = {name: getattr(attention_module, name) for name in flags}
     qkv_kernel.TILES.update(tiles)
-    for (module, name), value in flags.items():
-        setattr(module, name, value)
+    for name, value in flags.items():
+        setattr(attention_module, name, value)
     try:
         yield
     finally:
         qkv_kernel.TILES.update(saved_tiles)
-        for (module, name), value in saved_flags.items():
-            setattr(module, name, value)
+        for name, value in saved_flags.items():
+            setattr(attention_module, name, value)
 
 
 @torch.no_grad()
@@ -109,7 +103,7 @@ def main() -> None:
                     fields = dict(VARIANTS[variant])
                     set_pdl(fields.pop("pdl"))
                     tiles = {**fields.pop("qkv_tiles", {}), **args.out_tiles}
-                    flags = {switch: fields.pop(key) for key, switch in MODULE_FLAGS.items() if key in fields}
+                    flags = {name: fields.pop(key) for key, name in ATTENTION_FLAGS.items() if key in fields}
                     step_args = dataclasses.replace(base, **fields)
                     with _settings(tiles, flags):
                         times, _, mode = _ours(model, args.context, 1, widths, step_args, device, bar)

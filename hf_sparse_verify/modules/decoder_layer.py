@@ -16,11 +16,7 @@ sharing the original's submodules (nothing copied):
 - for a MoE block that is ``gate`` then ``experts`` (`FUSABLE_MOE`) whose experts run our ``"hsv_fused"``
   implementation, the second add happens in the experts' last launch (``fused_experts_forward(...,
   residual=h)``) unless hooks are registered on the experts; any other ``mlp`` (dense MLPs, Qwen2-MoE's shared
-  expert) keeps a torch add;
-- in those blocks, when the gate is our `hf_sparse_verify.modules.router.FusedRouter` and the step has at most 16
-  token rows, the first add and the post-attention norm run inside the router's launch instead
-  (`FusedRouter.add_norm_route`, `FUSED_NORM_ROUTER`): a MoE layer's add, norm and router are one launch. Its
-  variance is summed in another order than the norm kernel's (float32 statistics either way).
+  expert) keeps a torch add.
 
 Both fused adds are bitwise the eager ones (the sum is rounded to the activation dtype first, as eager rounds it).
 The keyword arguments the model passes go to ``self_attn`` unchanged, as the originals pass them.
@@ -35,7 +31,6 @@ from ..kernels.rms_norm import add_rms_norm
 from ..moe import fused as fused_moe
 from ..placement import swappable
 from .rms_norm import REPLACEABLE as NORM_REPLACEABLE
-from .router import FusedRouter
 
 #: decoder layer classes whose forward is the one in the module docstring
 REPLACEABLE = frozenset(
@@ -50,9 +45,6 @@ REPLACEABLE = frozenset(
         "Qwen3MoeDecoderLayer",
     }
 )
-#: for those blocks, whether the add + norm runs in the router's launch when the gate is our `FusedRouter`
-#: (`FusedRouter.add_norm_route`; one launch less per layer; benchmarks flip it to time both)
-FUSED_NORM_ROUTER = True
 #: MoE blocks whose forward is ``_, weights, index = gate(rows); experts(rows, index, weights)`` on the flattened
 #: rows (Mixtral's also adds jitter noise, in training only), so the residual can be handed to the experts
 FUSABLE_MOE = frozenset({"MixtralSparseMoeBlock", "OlmoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock"})
@@ -117,21 +109,13 @@ class FusedDecoderLayer(torch.nn.Module):
         x = self.input_layernorm(hidden_states)
         x, _ = self.self_attn(hidden_states=x, **kwargs)
         norm = self.post_attention_layernorm
+        x, residual = add_rms_norm(x, hidden_states, norm.weight, norm.variance_epsilon)
         if not self._experts_take_residual():
-            x, residual = add_rms_norm(x, hidden_states, norm.weight, norm.variance_epsilon)
             return residual + self.mlp(x)
         batch, length, dim = x.shape
-        gate = self.mlp.gate
-        routed = None
-        if FUSED_NORM_ROUTER and isinstance(gate, FusedRouter):
-            routed = gate.add_norm_route(
-                x.reshape(-1, dim), hidden_states.reshape(-1, dim), norm.weight, norm.variance_epsilon
-            )
-        if routed is not None:
-            rows, residual, (_, weights, index) = routed
-        else:
-            x, residual = add_rms_norm(x, hidden_states, norm.weight, norm.variance_epsilon)
-            rows, residual = x.reshape(-1, dim), residual.reshape(-1, dim)
-            _, weights, index = gate(rows)
-        out = fused_moe.fused_experts_forward(self.mlp.experts, rows, index, weights, residual=residual)
+        rows = x.reshape(-1, dim)
+        _, weights, index = self.mlp.gate(rows)
+        out = fused_moe.fused_experts_forward(
+            self.mlp.experts, rows, index, weights, residual=residual.reshape(-1, dim)
+        )
         return out.reshape(batch, length, dim)

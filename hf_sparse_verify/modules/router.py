@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._compat import has_forward_hooks
 from ..kernels._triton import compiled_on
-from ..kernels.moe_router import add_rms_norm_moe_router, moe_router
+from ..kernels.moe_router import moe_router
 from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
 from ..placement import swappable
 
@@ -103,26 +102,6 @@ class FusedRouter(torch.nn.Module):
         if self._kernel_takes(hidden):
             return moe_router(hidden, self.weight, self.top_k, self.normalize, self.scores_float32)
         return self.eager(hidden)
-
-    def add_norm_route(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
-        """A decoder layer's ``total = residual + x`` and post-attention RMSNorm (weight ``norm_weight``) with this
-        router in one launch (`add_rms_norm_moe_router`) on rows ``x``, ``residual`` ``[T, H]``: returns ``(normed,
-        total, (logits, scores, indices))``, or None where the kernel does not take them (the caller then runs
-        the norm and this module); never when hooks on this module would be skipped."""
-        takes = (
-            self._kernel_takes(x)
-            and norm_weight.dtype == x.dtype
-            and norm_weight.device == x.device
-            and not has_forward_hooks(self)
-        )
-        if not takes:
-            return None
-        normed, total, *routed = add_rms_norm_moe_router(
-            x, residual, norm_weight, eps, self.weight, self.top_k, self.normalize, self.scores_float32
-        )
-        return normed, total, tuple(routed)
 
     def _kernel_takes(self, hidden: torch.Tensor) -> bool:
         grad = torch.is_grad_enabled() and (hidden.requires_grad or self.weight.requires_grad)

@@ -1,6 +1,6 @@
 """MoE top-k router (logits, softmax, top-k, renormalization) in one graph-capturable launch."""
 
 from .naive import moe_router_naive, route_from_logits
-from .op import add_rms_norm_moe_router, moe_router
+from .op import moe_router
 
-__all__ = ["add_rms_norm_moe_router", "moe_router", "moe_router_naive", "route_from_logits"]
+__all__ = ["moe_router", "moe_router_naive", "route_from_logits"]

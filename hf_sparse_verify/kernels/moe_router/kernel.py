@@ -14,13 +14,6 @@ Two paths (`launch`'s ``logits_in_kernel``, default `LOGITS_IN_KERNEL`, for at m
   7.11 / 7.36 / 7.62 us for the path below; decode step 3.71 vs 3.82 ms (benchmarks/results/h200_moe_router_fused.json).
 - ``_moe_router_kernel`` (logits from ``F.linear``, i.e. cuBLAS): one routing program per row after the GEMM.
 
-With ``NORM`` (`launch_add_norm`) the fused path also does the decoder layer's ``total = residual + x`` and the
-post-attention RMSNorm that feed the router, so a MoE layer's add + norm and its router are one launch instead of
-two: every program first takes the float32 statistics of its rows over the whole hidden dim (``2 x H`` elements
-per row, from L2), then normalizes its own hidden slice on the fly (same roundings as `hf_sparse_verify.kernels.
-rms_norm`); the programs of the first expert tile also store that slice of ``total`` and of the normed rows, which
-the experts read next. Only the variance's summation order differs from the two-launch path.
-
 Counter assumption: one int32 counter per device (`_counter`), so two launches of the fused path must never run
 concurrently on one device (different streams without ordering between them). Our engine runs every step on one
 stream per device, and CUDA graphs replay in stream order, so this holds; the first call on a device must happen
@@ -106,51 +99,14 @@ def _moe_router_kernel(
 
 
 @triton.jit
-def _row_rstd(X, R, offs_t, t_ok, hidden_dim, s_xt, s_rt, eps, T_BLOCK: tl.constexpr, H_CHUNK: tl.constexpr):
-    """``rsqrt(mean(total**2) + eps)`` per row ``[T_BLOCK]`` of ``total = R + X`` (rounded to the activation dtype
-    first, as eager adds), float32 statistics over the whole hidden dim."""
-    b_ss = tl.zeros([T_BLOCK], dtype=tl.float32)
-    for h0 in range(0, hidden_dim, H_CHUNK):
-        offs_h = h0 + tl.arange(0, H_CHUNK)
-        mask = t_ok[:, None] & (offs_h < hidden_dim)[None, :]
-        b_x = tl.load(X + offs_t[:, None].to(tl.int64) * s_xt + offs_h[None, :], mask=mask, other=0.0)
-        b_r = tl.load(R + offs_t[:, None].to(tl.int64) * s_rt + offs_h[None, :], mask=mask, other=0.0)
-        b_s = (b_r.to(tl.float32) + b_x.to(tl.float32)).to(X.dtype.element_ty).to(tl.float32)
-        b_ss += tl.sum(b_s * b_s, axis=1)
-    return tl.math.rsqrt(b_ss / hidden_dim + eps)
-
-
-@triton.jit
-def _add_norm_tile(
-    X, R, NW, SUM, OUT, offs_t, t_ok, offs_h, h_ok, b_rstd, store, s_xt, s_rt, s_sumt, s_ot,
-):  # fmt: skip
-    """``OUT``'s values ``[T_BLOCK, H_CHUNK]`` at rows ``offs_t``, columns ``offs_h``: ``total = R + X`` rounded to
-    the activation dtype, ``(total * rstd)`` rounded to it, times the norm weight, rounded to ``OUT``'s dtype (as
-    transformers' RMSNorm). With ``store`` (a scalar) ``total`` and the result are also stored."""
-    mask = t_ok[:, None] & h_ok[None, :]
-    b_x = tl.load(X + offs_t[:, None].to(tl.int64) * s_xt + offs_h[None, :], mask=mask, other=0.0)
-    b_r = tl.load(R + offs_t[:, None].to(tl.int64) * s_rt + offs_h[None, :], mask=mask, other=0.0)
-    b_s = (b_r.to(tl.float32) + b_x.to(tl.float32)).to(X.dtype.element_ty)
-    b_y = (b_s.to(tl.float32) * b_rstd[:, None]).to(X.dtype.element_ty)
-    b_w = tl.load(NW + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-    b_out = (b_w[None, :] * b_y.to(tl.float32)).to(OUT.dtype.element_ty)
-    if store:
-        tl.store(SUM + offs_t[:, None].to(tl.int64) * s_sumt + offs_h[None, :], b_s, mask=mask)
-        tl.store(OUT + offs_t[:, None].to(tl.int64) * s_ot + offs_h[None, :], b_out, mask=mask)
-    return b_out
-
-
-@triton.jit
 def _router_fused_kernel(
-    HIDDEN, WEIGHT, PARTIAL, COUNTER, LOGITS, SCORES, INDICES, X, R, NW, SUM,
-    tokens, n_experts, hidden_dim, top_k, s_ht, s_we, s_lt, s_st, s_it, s_xt, s_rt, s_sumt, eps,
+    HIDDEN, WEIGHT, PARTIAL, COUNTER, LOGITS, SCORES, INDICES,
+    tokens, n_experts, hidden_dim, top_k, s_ht, s_we, s_lt, s_st, s_it,
     NORMALIZE: tl.constexpr, T_BLOCK: tl.constexpr, E_TILE: tl.constexpr, H_SLICE: tl.constexpr,
     H_CHUNK: tl.constexpr, SPLITS: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
-    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM: tl.constexpr,
+    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """Router logits, softmax and top-k of the rows ``HIDDEN [T, H]``; with ``NORM`` the rows are
-    ``rms_norm(R + X)`` (norm weight ``NW``), computed here and stored to ``HIDDEN`` (and ``R + X`` to ``SUM``)."""
     pdl_wait(PDL)
     pid_e, pid_h = tl.program_id(0), tl.program_id(1)
     n_programs = tl.num_programs(0) * tl.num_programs(1)
@@ -160,8 +116,6 @@ def _router_fused_kernel(
     t_ok = offs_t < tokens
     e_ok = offs_e < n_experts
     h_first = pid_h * H_SLICE
-    if NORM:
-        b_rstd = _row_rstd(X, R, offs_t, t_ok, hidden_dim, s_xt, s_rt, eps, T_BLOCK, H_CHUNK)  # [T_BLOCK]
 
     # this program's partial logits: rows [T_BLOCK] x its experts [E_TILE] over its hidden slice
     if T_BLOCK == 1:
@@ -169,12 +123,7 @@ def _router_fused_kernel(
         for h0 in tl.static_range(0, H_SLICE, H_CHUNK):
             offs_h = h_first + h0 + offs_c
             h_ok = offs_h < hidden_dim
-            if NORM:
-                b_n = _add_norm_tile(X, R, NW, SUM, HIDDEN, offs_t, t_ok, offs_h, h_ok, b_rstd, pid_e == 0,
-                                     s_xt, s_rt, s_sumt, s_ht)  # fmt: skip
-                b_x = tl.reshape(b_n, [H_CHUNK]).to(tl.float32)
-            else:
-                b_x = tl.load(HIDDEN + offs_h, mask=h_ok, other=0.0).to(tl.float32)  # [H_CHUNK]
+            b_x = tl.load(HIDDEN + offs_h, mask=h_ok, other=0.0).to(tl.float32)  # [H_CHUNK]
             p_w = WEIGHT + offs_e[:, None].to(tl.int64) * s_we + offs_h[None, :]
             b_w = tl.load(p_w, mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(
                 tl.float32
@@ -186,12 +135,8 @@ def _router_fused_kernel(
         for h0 in tl.static_range(0, H_SLICE, H_CHUNK):
             offs_h = h_first + h0 + offs_c
             h_ok = offs_h < hidden_dim
-            if NORM:
-                b_x = _add_norm_tile(X, R, NW, SUM, HIDDEN, offs_t, t_ok, offs_h, h_ok, b_rstd, pid_e == 0,
-                                     s_xt, s_rt, s_sumt, s_ht)  # fmt: skip
-            else:
-                p_x = HIDDEN + offs_t[:, None].to(tl.int64) * s_ht + offs_h[None, :]
-                b_x = tl.load(p_x, mask=t_ok[:, None] & h_ok[None, :], other=0.0)  # [T_BLOCK, H_CHUNK]
+            p_x = HIDDEN + offs_t[:, None].to(tl.int64) * s_ht + offs_h[None, :]
+            b_x = tl.load(p_x, mask=t_ok[:, None] & h_ok[None, :], other=0.0)  # [T_BLOCK, H_CHUNK]
             p_w = WEIGHT + offs_e[None, :].to(tl.int64) * s_we + offs_h[:, None]
             b_w = tl.load(p_w, mask=e_ok[None, :] & h_ok[:, None], other=0.0)  # [H_CHUNK, E_TILE]
             if DOT_F32:
@@ -251,9 +196,7 @@ def fused_split(n_experts: int, hidden_dim: int) -> tuple[int, int]:
     return h_slice, triton.cdiv(hidden_dim, h_slice)
 
 
-def _launch_fused(hidden, weight, logits, scores, indices, top_k, normalize, h_slice=None, norm=None):
-    """``norm``: None (route the rows ``hidden``), or ``(x, residual, norm_weight, eps, total)``: route
-    ``rms_norm(residual + x)``, storing it to ``hidden`` and ``residual + x`` to ``total``."""
+def _launch_fused(hidden, weight, logits, scores, indices, top_k, normalize, h_slice=None):
     tokens, hidden_dim = hidden.shape
     n_experts = weight.shape[0]
     if h_slice is None:
@@ -266,14 +209,13 @@ def _launch_fused(hidden, weight, logits, scores, indices, top_k, normalize, h_s
     upcast = dot_in_float32(hidden.dtype)
     float32_dot = upcast or hidden.dtype == torch.float32  # "ieee": no TF32 rounding of float32 operands
     partial = _empty((splits, t_block, e_block), hidden.device, torch.float32)  # written before read
-    x, residual, norm_weight, eps, total = norm if norm is not None else (hidden, hidden, hidden, 0.0, hidden)
     _router_fused_kernel[(triton.cdiv(n_experts, E_TILE), splits)](
-        hidden, weight, partial, _counter(hidden.device), logits, scores, indices, x, residual, norm_weight, total,
+        hidden, weight, partial, _counter(hidden.device), logits, scores, indices,
         tokens, n_experts, hidden_dim, top_k, hidden.stride(0), weight.stride(0), logits.stride(0),
-        scores.stride(0), indices.stride(0), x.stride(0), residual.stride(0), total.stride(0), eps,
+        scores.stride(0), indices.stride(0),
         NORMALIZE=normalize, T_BLOCK=t_block, E_TILE=E_TILE, H_SLICE=h_slice, H_CHUNK=h_chunk, SPLITS=splits,
         E_BLOCK=e_block, K_BLOCK=max(2, next_power_of_2(top_k)), DOT_F32=upcast,
-        DOT_PRECISION="ieee" if float32_dot else "tf32", NORM=norm is not None,
+        DOT_PRECISION="ieee" if float32_dot else "tf32",
         num_warps=FUSED_NUM_WARPS,
         **pdl_launch(hidden.device),
     )  # fmt: skip
@@ -319,37 +261,3 @@ def launch(
         **pdl_launch(logits.device),
     )  # fmt: skip
     return logits, scores, indices
-
-
-@on_input_device
-def launch_add_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    top_k: int,
-    normalize: bool,
-    scores_float32: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A MoE layer's ``total = residual + x``, its RMSNorm and the router of the normed rows (inputs as
-    `add_rms_norm_moe_router` checks them, unit last strides). Returns ``(normed [T, H], total [T, H], logits,
-    scores, indices)``: one launch on the fused path (``T <= FUSED_MAX_ROWS`` and `LOGITS_IN_KERNEL`), else the
-    add + norm kernel and `launch`."""
-    tokens = x.shape[0]
-    if not (LOGITS_IN_KERNEL and 0 < tokens <= FUSED_MAX_ROWS):
-        from ..rms_norm.kernel import launch_add
-
-        normed, total = launch_add(x, residual, norm_weight, eps)
-        return (normed, total, *launch(normed, weight, top_k, normalize, scores_float32))
-    n_experts = weight.shape[0]
-    device = x.device
-    normed = _empty(tuple(x.shape), device, x.dtype)
-    total = _empty(tuple(x.shape), device, x.dtype)
-    logits = _empty((tokens, n_experts), device, x.dtype)
-    scores = _empty((tokens, top_k), device, torch.float32 if scores_float32 else x.dtype)
-    indices = _empty((tokens, top_k), device, torch.int64)
-    _launch_fused(
-        normed, weight, logits, scores, indices, top_k, normalize, norm=(x, residual, norm_weight, eps, total)
-    )
-    return normed, total, logits, scores, indices

@@ -4,10 +4,8 @@ elsewhere (CPU without ``TRITON_INTERPRET=1``, float64)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F  # noqa: F401 - the doctest of add_rms_norm_moe_router
 
 from .._triton import triton_runs_on
-from ..rms_norm.naive import add_rms_norm_naive
 from .naive import moe_router_naive
 
 #: the kernel keeps a row's logits in registers and picks the top-k in ``k`` rounds: these bound both
@@ -90,83 +88,3 @@ def moe_router(
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     return torch.ops.hsv.moe_router(hidden, weight, int(top_k), bool(normalize), bool(scores_float32))
-
-
-@torch.library.custom_op("hsv::add_rms_norm_moe_router", mutates_args=())
-def _add_rms_norm_moe_router_op(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    top_k: int,
-    normalize: bool,
-    scores_float32: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if triton_runs_on(x.device) and x.dtype != torch.float64:
-        from .kernel import launch_add_norm
-
-        return launch_add_norm(x, residual, norm_weight, eps, weight, top_k, normalize, scores_float32)
-    normed, total = add_rms_norm_naive(x, residual, norm_weight, eps)
-    logits, scores, indices = moe_router_naive(normed, weight, top_k, normalize, scores_float32)
-    return normed, total, logits, scores.contiguous(), indices.contiguous()
-
-
-@_add_rms_norm_moe_router_op.register_fake
-def _(x, residual, norm_weight, eps, weight, top_k, normalize, scores_float32):
-    tokens = x.shape[0]
-    return (
-        x.new_empty(x.shape),
-        x.new_empty(x.shape),
-        x.new_empty((tokens, weight.shape[0])),
-        x.new_empty((tokens, top_k), dtype=torch.float32 if scores_float32 else x.dtype),
-        x.new_empty((tokens, top_k), dtype=torch.int64),
-    )
-
-
-def add_rms_norm_moe_router(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    top_k: int,
-    normalize: bool,
-    scores_float32: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A MoE decoder layer's ``total = residual + x``, its post-attention RMSNorm and the router of the normed rows,
-    in one launch where the fused router path runs (at most 16 rows on CUDA): what
-    `hf_sparse_verify.kernels.rms_norm.add_rms_norm` followed by `moe_router` compute, except the variance's float32
-    summation order.
-
-    Args:
-        x, residual: ``[T, H]`` (attention output and the layer's input), one shape and dtype.
-        norm_weight: ``[H]`` RMSNorm weight in ``x.dtype``; eps: its variance epsilon.
-        weight, top_k, normalize, scores_float32: the router's, as in `moe_router`.
-
-    Returns:
-        ``(normed [T, H], total [T, H], logits [T, E], scores [T, k], indices [T, k])``.
-
-    Example:
-        >>> x, r, nw, w = torch.randn(3, 32), torch.randn(3, 32), torch.rand(32), torch.randn(8, 32)
-        >>> normed, total, logits, scores, indices = add_rms_norm_moe_router(x, r, nw, 1e-6, w, 2, True)
-        >>> torch.equal(total, r + x), torch.allclose(logits, F.linear(normed, w), atol=1e-5), indices.shape
-        (True, True, torch.Size([3, 2]))
-    """
-    if x.dim() != 2 or x.shape != residual.shape or x.dtype != residual.dtype or x.device != residual.device:
-        raise ValueError(
-            f"add_rms_norm_moe_router needs x and residual [T, H] of one shape, dtype and device; got "
-            f"{tuple(x.shape)} {x.dtype} {x.device} and {tuple(residual.shape)} {residual.dtype} {residual.device}"
-        )
-    if norm_weight.shape != (x.shape[1],) or norm_weight.dtype != x.dtype or norm_weight.device != x.device:
-        raise ValueError(
-            f"norm_weight must be [{x.shape[1]}] in {x.dtype} on {x.device}; got {tuple(norm_weight.shape)} "
-            f"{norm_weight.dtype} {norm_weight.device} (use add_rms_norm and moe_router separately otherwise)"
-        )
-    _check(x, weight, top_k)
-    x, residual, norm_weight, weight = (
-        t if t.stride(-1) == 1 else t.contiguous() for t in (x, residual, norm_weight, weight)
-    )
-    return torch.ops.hsv.add_rms_norm_moe_router(
-        x, residual, norm_weight, float(eps), weight, int(top_k), bool(normalize), bool(scores_float32)
-    )
