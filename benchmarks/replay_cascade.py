@@ -23,7 +23,9 @@ cost of a plain step, an untimed overhead per step and a fixed cost per request 
 fit of every K = 0 and static-K request's wall time (static requests whose replayed step count equals the H200
 one). Noise, resampled: per step, the traced steps' spread around the fit (within each traced request); per request
 (all its steps and its fixed cost), the spread of those requests' wall times around the fit. Every configuration
-draws the same noise for the same request and step (common random numbers). ``--steep 3 5`` also replays cost
+draws the same noise for the same request and step (common random numbers). ``--noise-scale 2`` doubles the
+per-step spread in log (not the rare hiccups), for timing noise the trace under-states; the run prints the traced
+spread beside the replayed one (`noise_check`). ``--steep 3 5`` also replays cost
 curves where a K = 8 step costs 3x, 5x a plain step (a large MoE). Tokens/s = total new tokens / total seconds (per
 prompt the median over repeats), as in ``bench_cascade.summarize_e2e``. Deterministic: the same seeds give the
 same numbers.
@@ -169,6 +171,12 @@ class CostModel:
         base = self.spec_s[k] if asked else self.plain_s
         return base * rng.choice(self.noise) * request_factor
 
+    def noisier(self, scale: float) -> CostModel:
+        """The same model with each per-step factor ``f`` within ``[1/2, 2]`` raised to ``scale`` (its spread in
+        log scaled by ``scale``); the rarer hiccups beyond (a request's first step takes ~3.5x) stay as traced."""
+        noise = tuple(f**scale if 0.5 <= f <= 2.0 else f for f in self.noise)
+        return replace(self, noise=noise)
+
     def steep(self, ratio: float = 3.0) -> CostModel:
         """The same model with speculative steps growing linearly to ``ratio`` x a plain step at the largest k."""
         top = len(self.spec_s) - 1
@@ -241,6 +249,39 @@ def fit_cost_model(fit: dict, name: str, requests: list[Request], max_k: int) ->
         "wall_fit_rms_s": float(np.sqrt(np.mean(residual**2))),
     }
     return model, report
+
+
+def noise_check(fit: dict, cost: CostModel, scale: float = 1.0) -> dict:
+    """The traced steps' spread (after each request's first step, a ~3.5x hiccup) against the replay's per-step
+    noise: std of log step time within each traced request at one K (groups of >= 3 steps, pooled), std of log
+    residual around the fit (each request over its median), its lag-1 autocorrelation (the replay draws
+    independent factors), and the std of log of the replay's factors within [1/2, 2] once `CostModel.noisier`
+    scales them by ``scale`` (``cost`` unscaled)."""
+    same_k, residuals, lag = [], [], []
+    for trace in fit["traces"]:
+        if trace["model"] != cost.name.split("-steep")[0]:
+            continue
+        ks, times = trace["k"][1:], np.array(trace["step_times_s"][1:])
+        for k in set(ks):
+            logs = np.log(times[[i for i, kk in enumerate(ks) if kk == k]])
+            if len(logs) >= 3:
+                same_k += list(logs - logs.mean())
+        res = np.log(times / np.array([cost.spec_s[k] for k in ks]))
+        res -= np.median(res)
+        residuals += list(res)
+        centred = res - res.mean()
+        lag += list(centred[1:] * centred[:-1])
+    residuals = np.array(residuals)
+    factors = np.log([f for f in cost.noise if 0.5 <= f <= 2.0])
+    return {
+        "traced_same_k_log_std": float(np.std(same_k)),
+        "traced_residual_log_std": float(residuals.std()),
+        "traced_residual_lag1_autocorrelation": float(
+            np.sum(lag) / np.sum((residuals - residuals.mean()) ** 2)
+        ),
+        "replay_log_std": float(scale * factors.std()),
+        "replay_hiccups": sum(not 0.5 <= f <= 2.0 for f in cost.noise) / len(cost.noise),
+    }
 
 
 def replay_fixed(request: Request, k: int) -> list[int]:
@@ -569,6 +610,12 @@ def main() -> None:
         help="also replay cost curves where a K = max step costs this many times a plain step (e.g. 3 5)",
     )
     parser.add_argument(
+        "--noise-scale",
+        type=float,
+        default=1.0,
+        help="scale the spread (in log) of the per-step noise factors within [1/2, 2] (see CostModel.noisier)",
+    )
+    parser.add_argument(
         "--compare-rev", default=None, help="also replay utility_policy.py of this git revision"
     )
     parser.add_argument(
@@ -592,6 +639,8 @@ def main() -> None:
     costs, fits = {}, {}
     for name in MODELS:
         cost, fits[name] = fit_cost_model(fit, name, requests[name], max_k)
+        fits[name]["noise_check"] = noise_check(fit, cost, args.noise_scale)
+        cost = cost.noisier(args.noise_scale)
         costs[name] = (name, cost)
         for ratio in args.steep:
             steep = cost.steep(ratio)
@@ -625,6 +674,14 @@ def main() -> None:
     }
     out["runtime_s"] = time.perf_counter() - t0
     lines = table_lines(result)
+    for name, entry in fits.items():
+        check = entry["noise_check"]
+        lines.append(
+            f"{name} step noise (std of log): traced at one K {check['traced_same_k_log_std']:.3f}, around the fit "
+            f"{check['traced_residual_log_std']:.3f} (lag-1 autocorrelation "
+            f"{check['traced_residual_lag1_autocorrelation']:.2f}); replayed {check['replay_log_std']:.3f} "
+            f"(noise scale {args.noise_scale:g}) plus {check['replay_hiccups']:.1%} hiccups"
+        )
     for name, entry in out["faithfulness"].items():
         for config, v in entry["static_acceptance"].items():
             lines.append(

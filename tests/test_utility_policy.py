@@ -267,8 +267,8 @@ def test_exit_when_successive_utilities_within_tolerance(tolerance, trials, set_
     assert run.first_test() == [k for k in trials for _ in range(4)]
     end = 4 + 4 * len(trials)
     assert run.states[end]["exit"] == exit_reason
-    # (at 4 every draft is accepted and K = 5 is untried: the set phase is cut after t steps to test above it)
-    assert run.ks[end : end + 4] == [set_k] * 4
+    # (at 4 every draft is accepted and K = 5 is untried: the set phase is cut after 2 steps to test above it)
+    assert run.ks[end : end + 2] == [set_k] * 2
 
 
 def test_plan_next_trial_exit_order():
@@ -668,14 +668,39 @@ def test_confident_set_phases_skip_the_test():
 
 
 def test_set_phase_cut_by_k_becomes_the_first_trial():
-    """A request warm-started at K = 3 whose drafts are all right: after t steps the set phase ends (K, not the
-    drafter, limited every step), counts as the first trial and the saturation jump follows: 3 -> 6 -> 8."""
+    """A request warm-started at K = 3 whose drafts are all right: after 2 steps the set phase ends (K, not the
+    drafter, limited every step), counts as the first trial and the saturation jump follows: 3 -> 6 -> 8; every
+    draft accepted at K_max ends the test there (no trial below it)."""
     policy = UtilityKPolicy(max_k=8)
     policy.warm_start(3, None, 3, (1.0, 0))
     run = simulate_drafter(policy, lambda k, i: 1.0 + 0.05 * k, lambda k, i: (k, k), steps=30)
-    assert run.ks[:12] == [3] * 4 + [6] * 4 + [8] * 4
-    assert run.phases[:4] == ["set"] * 4 and run.phases[4:12] == ["test"] * 8
-    assert set(run.ks[12:]) == {8}
+    assert run.ks[:10] == [3] * 2 + [6] * 4 + [8] * 4
+    assert run.phases[:2] == ["set"] * 2 and run.phases[2:10] == ["test"] * 8
+    assert run.states[10]["exit"] == "k_max" and set(run.ks[10:]) == {8}
+
+
+def test_set_phase_cut_by_k_waits_for_two_saturated_steps():
+    """A set phase at K = 4 is cut only when its last 2 drafting steps accepted every draft: one burst step among
+    rejections does not end it, two in a row do (at the next even step of the phase)."""
+    policy = UtilityKPolicy(max_k=8)
+    policy.warm_start(4, None, 4, (1.0, 0))
+    draft = lambda k, i: (k, k if i in (1, 4, 5) else 1)  # noqa: E731
+    run = simulate_drafter(policy, lambda k, i: 1.0 + 0.05 * k, draft, steps=10)
+    assert run.ks[:6] == [4] * 6 and run.phases[:6] == ["set"] * 6
+    assert run.phases[6] == "test" and run.ks[6] == 8
+
+
+def test_saturated_first_trial_at_max_k_ends_the_test():
+    """The first trial runs at K_max and accepts every draft: K_max - 1 can only emit less, so the set phase follows
+    at K_max (the paper's climb would try K_max - 1 next)."""
+    assert plan_next_trial([(8, 3.0)], max_k=8, max_trials=4, tolerance=0.1, saturated=True) == (
+        None,
+        "k_max",
+    )
+    assert plan_next_trial([(8, 3.0)], max_k=8, max_trials=4, tolerance=0.1) == (7, "climb")
+    policy = UtilityKPolicy(max_k=8, k_start=8)
+    run = simulate_drafter(policy, lambda k, i: 1.0 + 0.02 * k, lambda k, i: (k, k), steps=30)
+    assert run.first_test() == [8] * 4 and 7 not in run.ks
 
 
 def test_a_request_ending_in_a_test_that_pays_is_not_handed_on_switched_off():
