@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import pstats
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_sparse_verify as hsv
-from benchmarks.bench_cascade import FULL, workloads
+from benchmarks.diag_policy_overhead import fixture_prompt
 
 
 @torch.no_grad()
@@ -29,11 +27,7 @@ def main() -> None:
     parser.add_argument("--policy", default="utility", choices=["utility", "plain", "constant"])
     parser.add_argument("--out")
     args = parser.parse_args()
-    shared = Path(args.shared) / "models"
-    sizes = dataclasses.replace(FULL, prompt_len_class=2048)
-    tok = AutoTokenizer.from_pretrained(shared / "code-target")
-    model = AutoModelForCausalLM.from_pretrained(shared / args.model, dtype=torch.bfloat16).to("cuda").eval()
-    ids = workloads(shared, tok, sizes, model.config.vocab_size)["good"][0].to("cuda")
+    model, ids, sizes = fixture_prompt(Path(args.shared) / "models", args.model)
     spec = dict(strategy="prompt_lookup", k_policy=args.policy, max_draft_tokens=8, num_draft_tokens=8)
     if args.policy == "plain":
         spec = dict(k_policy="plain")

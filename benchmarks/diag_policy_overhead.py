@@ -55,6 +55,16 @@ def one_call(model, ids, spec, new_tokens):
     )
 
 
+def fixture_prompt(shared: Path, name: str):
+    """The fixture ``name`` (bf16, CUDA) and the first ``good`` prompt of `bench_cascade`'s e2e runs (length class
+    2048, cut to 1024 tokens), with those runs' sizes."""
+    sizes = dataclasses.replace(FULL, prompt_len_class=2048)
+    tok = AutoTokenizer.from_pretrained(shared / "code-target")
+    model = AutoModelForCausalLM.from_pretrained(shared / name, dtype=torch.bfloat16).to("cuda").eval()
+    ids = workloads(shared, tok, sizes, model.config.vocab_size)["good"][0].to("cuda")
+    return model, ids, sizes
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,12 +74,9 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     shared = Path(args.shared) / "models"
-    sizes = dataclasses.replace(FULL, prompt_len_class=2048)  # as the e2e runs (context stays 1024)
-    tok = AutoTokenizer.from_pretrained(shared / "code-target")
     results = []
     for name in args.models:
-        model = AutoModelForCausalLM.from_pretrained(shared / name, dtype=torch.bfloat16).to("cuda").eval()
-        ids = workloads(shared, tok, sizes, model.config.vocab_size)["good"][0].to("cuda")
+        model, ids, sizes = fixture_prompt(shared, name)
         for spec in CONFIGS.values():
             for _ in range(2):
                 one_call(model, ids, spec, sizes.new_tokens)

@@ -144,6 +144,12 @@ def build_requests(shared: Path, sizes: Sizes, max_k: int, check_every: int) -> 
 
 
 # ------------------------------------------------------------------------------------------------ cost model
+def _ordinary(factor: float) -> bool:
+    """A per-step noise factor within [1/2, 2]; the rarer ones beyond are hiccups (a request's first step takes
+    ~3.5x), which `CostModel.noisier` leaves as traced."""
+    return 0.5 <= factor <= 2.0
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds of one step and of one request's fixed part.
@@ -174,7 +180,7 @@ class CostModel:
     def noisier(self, scale: float) -> CostModel:
         """The same model with each per-step factor ``f`` within ``[1/2, 2]`` raised to ``scale`` (its spread in
         log scaled by ``scale``); the rarer hiccups beyond (a request's first step takes ~3.5x) stay as traced."""
-        noise = tuple(f**scale if 0.5 <= f <= 2.0 else f for f in self.noise)
+        noise = tuple(f**scale if _ordinary(f) else f for f in self.noise)
         return replace(self, noise=noise)
 
     def steep(self, ratio: float = 3.0) -> CostModel:
@@ -272,7 +278,7 @@ def noise_check(fit: dict, cost: CostModel, scale: float = 1.0) -> dict:
         centred = res - res.mean()
         lag += list(centred[1:] * centred[:-1])
     residuals = np.array(residuals)
-    factors = np.log([f for f in cost.noise if 0.5 <= f <= 2.0])
+    factors = np.log([f for f in cost.noise if _ordinary(f)])
     return {
         "traced_same_k_log_std": float(np.std(same_k)),
         "traced_residual_log_std": float(residuals.std()),
@@ -280,7 +286,7 @@ def noise_check(fit: dict, cost: CostModel, scale: float = 1.0) -> dict:
             np.sum(lag) / np.sum((residuals - residuals.mean()) ** 2)
         ),
         "replay_log_std": float(scale * factors.std()),
-        "replay_hiccups": sum(not 0.5 <= f <= 2.0 for f in cost.noise) / len(cost.noise),
+        "replay_hiccups": sum(not _ordinary(f) for f in cost.noise) / len(cost.noise),
     }
 
 
