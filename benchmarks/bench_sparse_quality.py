@@ -11,7 +11,9 @@ dense verification and the setting, greedy, ``--new-tokens`` tokens. Per setting
 - ``verify_ms``: mean verify time per step as the loop measured it (``out.speculation``), dense and sparse;
 - ``verify_flops`` / ``verify_bytes``: the verify pass's FLOPs and bytes per step (papers/000 Table 1), computed from
   the shapes and the setting's NOMINAL budgets (attention: the budget rule at this context; FFN: the calibrated
-  channel sparsity; MoE: from the calibration's skip statistics), each with the dense figure.
+  channel sparsity; MoE: per-token rules skip half their ``max_skip`` on average, ``row_union`` reads at most
+  ``row_experts`` experts per layer, expert bytes counted per distinct expert a step reads under uniform routing),
+  each with the dense figure.
 
 Writes ``--out`` (benchmarks/results/sparse_verify_quality.json: records with model, context, setting,
 token_agreement, acceptance_ratio, ...) and a PNG of quality against verify time next to it.
@@ -62,6 +64,12 @@ MOE_SETTINGS = {
     "moe_keep1": LossySparseVerify(
         attention=None, moe=SparseMoE(rule="budget", max_skip=3, budget=0.1, max_damage=1.0)
     ),
+    # row_union (ours): a verify row's tokens share its `row_experts` heaviest of code-moe's 16 experts
+    "moe_row4": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=4)),
+    "moe_row8": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=8)),
+    "moe_row8_keep2": LossySparseVerify(
+        attention=None, moe=SparseMoE(rule="row_union", max_skip=2, row_experts=8)
+    ),
 }
 
 
@@ -110,8 +118,9 @@ def verify_cost(model, setting: LossySparseVerify, calibration, context: int, q:
     head_dim = getattr(c, "head_dim", None) or hidden // heads
     attn_proj = hidden * head_dim * (2 * heads + 2 * kv_heads)
     experts_k = getattr(c, "num_experts_per_tok", None)
+    experts = getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None)
     inter = getattr(c, "moe_intermediate_size", None) if experts_k else c.intermediate_size
-    ffn_params = 3 * hidden * inter * (experts_k or 1)
+    ffn_params = 3 * hidden * inter  # one MLP or one expert
     kept_ctx = (
         setting.attention.budget_blocks(context) * setting.attention.block_size
         if setting.attention
@@ -119,21 +128,32 @@ def verify_cost(model, setting: LossySparseVerify, calibration, context: int, q:
     )
     kept_ctx = min(kept_ctx, context)
     ffn_keep = 1.0 - setting.ffn.sparsity if setting.ffn is not None else 1.0
-    expert_keep = 1.0
-    if setting.moe is not None and experts_k:
-        expert_keep = (
-            experts_k - 0.5 * setting.moe.max_skip
-        ) / experts_k  # median rule: about half the tokens skip
 
-    def cost(ctx, fkeep, ekeep):
+    def distinct(per_token: float) -> float:  # experts a step reads when q tokens route uniformly at random
+        return experts * (1.0 - (1.0 - per_token / experts) ** q)
+
+    # (experts computed per token, experts read per step); a dense model: (1, 1) MLP
+    moe_dense = (experts_k, distinct(experts_k)) if experts_k else (1.0, 1.0)
+    moe_kept = moe_dense
+    if setting.moe is not None and experts_k:
+        m = min(setting.moe.max_skip, experts_k - 1)
+        if setting.moe.rule == "row_union":  # the row's set bounds what is read; each token keeps >= k - m
+            read = min(float(setting.moe.row_experts), moe_dense[1])
+            moe_kept = (max(experts_k * read / moe_dense[1], experts_k - m), read)
+        else:  # per-token rules: about half the tokens skip the most they may (the median rule)
+            per_token = experts_k - 0.5 * m
+            moe_kept = (per_token, distinct(per_token))
+
+    def cost(ctx, fkeep, moe):
+        per_token, read = moe
         attn_flops = 4 * q * ctx * heads * head_dim
-        flops = layers * (2 * q * attn_proj + attn_flops + 2 * q * ffn_params * fkeep * ekeep)
-        weights = layers * (attn_proj + ffn_params * fkeep * ekeep) * 2
+        flops = layers * (2 * q * attn_proj + attn_flops + 2 * q * ffn_params * fkeep * per_token)
+        weights = layers * (attn_proj + ffn_params * fkeep * read) * 2
         kv = layers * 2 * ctx * kv_heads * head_dim * 2
         return flops, weights + kv
 
-    dense_flops, dense_bytes = cost(context, 1.0, 1.0)
-    flops, nbytes = cost(kept_ctx, ffn_keep, expert_keep)
+    dense_flops, dense_bytes = cost(context, 1.0, moe_dense)
+    flops, nbytes = cost(kept_ctx, ffn_keep, moe_kept)
     return dict(
         verify_flops=flops,
         verify_bytes=nbytes,

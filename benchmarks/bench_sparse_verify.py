@@ -52,6 +52,14 @@ SETTINGS = {
     "moe_skip2": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=2, budget=0.5)),
     "moe_skip4": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=4, budget=0.3)),
     "moe_skip6": LossySparseVerify(attention=None, moe=SparseMoE(rule="budget", max_skip=6, budget=0.1)),
+    # row_union: the row's verify tokens share its `row_experts` heaviest experts (summed weight); min_keep = k - max_skip
+    "moe_row8": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=8)),
+    "moe_row16": LossySparseVerify(
+        attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=16)
+    ),
+    "moe_row8_keep2": LossySparseVerify(
+        attention=None, moe=SparseMoE(rule="row_union", max_skip=6, row_experts=8)
+    ),
 }
 
 

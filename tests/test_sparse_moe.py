@@ -15,13 +15,14 @@ from hf_sparse_verify._compat import experts_layers
 from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
 from hf_sparse_verify.moe import experts_for_decoding, fused, fused_experts_forward
 from hf_sparse_verify.moe.fused import record_layers
-from hf_sparse_verify.sparse import SparseMoE
+from hf_sparse_verify.sparse import LossySparseVerify, SparseMoE
 from hf_sparse_verify.sparse.moe import (
     ExpertSkips,
     RouterStats,
     calibrate_moe,
     measure_damage,
     order_by_weight,
+    row_union,
     skip_counts,
 )
 from hf_sparse_verify.step.context import StepContext, step_scope
@@ -253,6 +254,86 @@ def test_skipping_equals_a_reference_that_drops_the_experts(arch, fallback):
     assert (sparse - dense).abs().amax() > 0.1
 
 
+def kept_by_hand(index, weights, group: int, row_experts: int, min_keep: int) -> list[set[int]]:
+    """The row_union rule written out per row with Python dicts and sorts: each token's kept experts."""
+    kept = []
+    for r in range(0, index.shape[0], group):
+        summed: dict[int, float] = {}
+        for t in range(r, r + group):
+            for e, w in zip(index[t].tolist(), weights[t].tolist()):
+                summed[e] = summed.get(e, 0.0) + w
+        chosen = set(sorted(summed, key=lambda e: (-summed[e], e))[:row_experts])
+        for t in range(r, r + group):
+            pairs = sorted(zip(weights[t].tolist(), index[t].tolist()), key=lambda p: -p[0])
+            mine = {e for _, e in pairs if e in chosen}
+            for _, e in pairs:  # never fewer than min_keep: the heaviest others join
+                if len(mine) >= min_keep:
+                    break
+                mine.add(e)
+            kept.append(mine)
+    return kept
+
+
+@pytest.mark.parametrize(
+    "tokens, group, k, experts, max_skip, row_experts",
+    [(8, 8, 4, 16, 3, 4), (14, 7, 4, 8, 2, 3), (6, 3, 8, 32, 7, 1), (5, 1, 4, 8, 3, 2), (8, 4, 2, 64, 1, 1)],
+)
+def test_row_union_keeps_the_rows_heaviest_experts(tokens, group, k, experts, max_skip, row_experts):
+    gen = torch.Generator().manual_seed(tokens + 10 * k + experts)
+    index = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k, generator=gen)
+    skip = MoESkip("row_union", max_skip, torch.tensor(float(row_experts)))
+    out_index, out_weights, n_active = row_union(index, weights, skip, group)
+    expected = kept_by_hand(index, weights, group, row_experts, k - max_skip)
+    for t in range(tokens):
+        n = int(n_active[t])
+        assert set(out_index[t, :n].tolist()) == expected[t]
+        assert sorted(zip(out_index[t].tolist(), out_weights[t].tolist())) == sorted(
+            zip(index[t].tolist(), weights[t].tolist())
+        )  # a permutation of the token's pairs
+    if max_skip == k - 1:  # only a token's own top expert may join the set: few distinct experts per row
+        for r in range(0, tokens, group):
+            distinct = {e for t in range(r, r + group) for e in out_index[t, : int(n_active[t])].tolist()}
+            assert len(distinct) <= row_experts + group
+
+
+def test_row_union_of_one_set_per_row_equals_a_reference_that_drops_the_experts():
+    model = make_k4("qwen3_moe")
+    record_layers(model)
+    module = model.model.layers[1].mlp.experts
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 64, generator=gen)  # 2 rows of 6 verify tokens
+    index = torch.stack([torch.randperm(8, generator=gen)[:4] for _ in range(12)])
+    weights = torch.rand(12, 4, generator=gen)
+    skip = MoESkip("row_union", 3, torch.tensor(3.0))
+    with torch.no_grad():
+        with step_scope(verify_step(x[:, :1].reshape(2, 6), {1: skip})):
+            sparse = fused_experts_forward(module, x, index, weights)
+    expected = kept_by_hand(index, weights, 6, 3, 1)
+    reference = torch.zeros(x.shape, dtype=torch.float64)
+    inter = module.down_proj.shape[-1]
+    for t in range(12):
+        for e, w in zip(index[t].tolist(), weights[t].tolist()):
+            if e in expected[t]:
+                gate_up = module.gate_up_proj[e].double() @ x[t].double()
+                h = torch.nn.functional.silu(gate_up[:inter]) * gate_up[inter:]
+                reference[t] += w * (module.down_proj[e].double() @ h)
+    assert sum(len(s) for s in expected) < 48  # experts were dropped
+    torch.testing.assert_close(sparse.double(), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_row_union_settings():
+    cfg = LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=8))
+    assert not cfg.needs_calibration()
+    assert LossySparseVerify.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="needs row_experts"):
+        SparseMoE(rule="row_union", max_skip=7)
+    with pytest.raises(ValueError, match="row_union' only"):
+        SparseMoE(rule="budget", max_skip=2, budget=0.5, row_experts=4)
+    with pytest.raises(ValueError, match="row_experts must be an int >= 1"):
+        SparseMoE(rule="row_union", max_skip=2, row_experts=0)
+
+
 @needs_triton
 def test_fused_kernel_is_handed_n_active(monkeypatch):
     """The work is saved in the kernel: it receives each token's count and the pairs in weight order."""
@@ -358,3 +439,41 @@ def test_docstring_examples():
 
     result = doctest.testmod(module)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_row_union_through_generate(monkeypatch):
+    """In ``generate``, rows are the verify step's q_len tokens: a set holding all 8 experts is dense verification
+    (token-identical to plain generate in float32), and a 1-expert set makes verify steps drop experts."""
+    import hf_sparse_verify as hsv
+
+    seen, real = [], fused.expert_skip
+
+    def spy(index, weights, skip, group):
+        out = real(index, weights, skip, group)
+        seen.append((index.shape[0], group, out[2]))
+        return out
+
+    monkeypatch.setattr(fused, "expert_skip", spy)
+    model = make_k4("qwen3_moe")
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, 24))
+
+    def run(row_experts: int):
+        cfg = LossySparseVerify(
+            attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=row_experts)
+        )
+        seen.clear()
+        return model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+            custom_generate=hsv.generate,
+            speculation=dict(strategy="prompt_lookup", num_draft_tokens=4, lossy_sparse_verify=cfg),
+        )  # fmt: skip
+
+    plain = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False
+    )
+    assert torch.equal(run(8), plain)
+    assert seen and all(bool((n == 4).all()) for _, _, n in seen)
+    run(1)
+    assert {(tokens, group) for tokens, group, _ in seen} <= {(2 * q, q) for q in range(1, 6)}
+    assert any(group > 1 and bool((n < 4).any()) for _, group, n in seen)

@@ -14,7 +14,8 @@ norm, expert parallelism) fall back to transformers' ``batched_mm``. The attribu
 
 Expert skipping (lossy sparse verification, papers/000 §3.5): in a verify step whose `VerifySparsity` slot gives
 the module's layer a `MoESkip`, each token keeps only its ``n_active`` highest-weight experts
-(`hf_sparse_verify.sparse.moe.skip_counts`); the kept weights are not renormalised. Experts modules carry no layer
+(`hf_sparse_verify.sparse.moe.skip_counts`), or under ``"row_union"`` its experts in its row's shared set
+(`hf_sparse_verify.sparse.moe.row_union`); the kept weights are not renormalised. Experts modules carry no layer
 index, so `record_layers` notes each one's decoder layer when a model is switched to this implementation
 (`experts_for_decoding`).
 """
@@ -121,9 +122,10 @@ def fused_experts_forward(
     the same result, but no work saved."""
     skip = layer_skip(self)
     n_active = None
-    if skip is not None:  # order_by_weight + skip_counts in one launch where Triton runs
+    if skip is not None:  # order_by_weight + skip_counts (or row_union) in one launch where Triton runs
+        group = current_step().q_len  # row_union: a row's verify tokens are consecutive in [T, H]
         top_k_index, top_k_weights, n_active = expert_skip(
-            top_k_index, top_k_weights, skip
+            top_k_index, top_k_weights, skip, group
         )  # n_active [T] int32
     reason = unsupported_reason(self)
     if reason is not None:

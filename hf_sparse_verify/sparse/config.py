@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEDULES = ("shared", "approx_shared", "exact_merged")
-MOE_RULES = ("threshold", "budget")
+MOE_RULES = ("threshold", "budget", "row_union")
 
 
 def _number(name: str, value: Any, low: float, high: float, *, low_open=False, high_open=False) -> None:
@@ -130,12 +130,19 @@ class SparseMoE:
       renormalised.
     - ``"budget"``: a token keeps its highest-weight experts until their share of the token's routing weight reaches
       the layer's budget, and never fewer than ``k - max_skip``.
+    - ``"row_union"`` (ours, not the paper's): the verify tokens of a row share one expert set per layer, the
+      ``row_experts`` experts with the highest routing weight summed over the row's tokens; each token keeps its
+      routed experts in that set, and never fewer than ``k - max_skip`` (its highest-weight ones first). A verify
+      step's cost follows the distinct experts it reads, so this bounds them near ``row_experts`` where the
+      per-token rules let ``q`` tokens spread over up to ``q * (k - max_skip)`` experts. No calibration.
 
     Args:
-        rule: ``"threshold"`` or ``"budget"``. Default ``"threshold"``.
+        rule: ``"threshold"``, ``"budget"`` or ``"row_union"``. Default ``"threshold"``.
         max_skip: ``m``, at most this many of the ``k`` routed experts skipped per token (1 <= m < k). Default 1.
         budget: for ``"budget"``: the share of routing weight kept (0 < budget <= 1), one for every layer; None: per
             layer from calibration (the median share held by the top ``k - max_skip`` experts).
+        row_experts: for ``"row_union"`` (required there, unused elsewhere): experts per row and layer kept by
+            summed routing weight (>= 1).
         max_damage: calibration refuses a setting whose verify-pass NLL on the calibration prompts grows by more
             than this share over dense verification (0.05 = +5%). Default 0.05.
     """
@@ -143,6 +150,7 @@ class SparseMoE:
     rule: str = "threshold"
     max_skip: int = 1
     budget: float | None = None
+    row_experts: int | None = None
     max_damage: float = 0.05
 
     def __post_init__(self) -> None:
@@ -151,6 +159,12 @@ class SparseMoE:
         _int("max_skip", self.max_skip, 1)
         if self.budget is not None:
             _number("budget", self.budget, 0.0, 1.0, low_open=True)
+        if self.rule == "row_union":
+            if self.row_experts is None:
+                raise ValueError("rule 'row_union' needs row_experts (experts per row and layer), e.g. 8")
+            _int("row_experts", self.row_experts, 1)
+        elif self.row_experts is not None:
+            raise ValueError(f"row_experts is read by rule 'row_union' only; rule is {self.rule!r}")
         _number("max_damage", self.max_damage, 0.0, float("inf"))
 
 
@@ -197,7 +211,11 @@ class LossySparseVerify:
         return bool(
             (self.attention is not None and self.attention.reuse)
             or (self.ffn is not None and self.ffn.tau is None)
-            or (self.moe is not None and (self.moe.rule == "threshold" or self.moe.budget is None))
+            or (
+                self.moe is not None
+                and self.moe.rule != "row_union"
+                and (self.moe.rule == "threshold" or self.moe.budget is None)
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -108,7 +108,59 @@ def skip_counts(top_k_weights: torch.Tensor, skip: MoESkip) -> torch.Tensor:
         budget = skip.values.to(top.device, torch.float32)
         short = (top < budget).sum(dim=-1)  # [T] how many top counts miss the budget
         return (short + 1).clamp(k - m, k).to(torch.int32)
-    raise ValueError(f"unknown MoESkip rule {skip.rule!r}: use 'threshold' or 'budget'")
+    raise ValueError(
+        f"skip_counts handles the per-token rules 'threshold' and 'budget', got {skip.rule!r} (row_union: use "
+        f"`row_union`)"
+    )
+
+
+def row_union(
+    top_k_index: torch.Tensor, top_k_weights: torch.Tensor, skip: MoESkip, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``"row_union"`` rule (ours): rows of ``group`` consecutive tokens share one expert set per layer.
+
+    A row's set is its ``N = skip.values`` experts of highest routing weight summed over the row's tokens (ties: the
+    lower expert id first). Each token keeps its routed experts in the set, and never fewer than
+    ``k - m`` (``m = min(max_skip, k - 1)``): the kept experts come first in its order (set members, then the rest,
+    each by weight, highest first; stable), so "the first ``n_active``" are the kept ones, as for the other rules.
+
+    Args:
+        top_k_index: ``[T, k]`` expert ids, ``T`` a multiple of ``group``.
+        top_k_weights: ``[T, k]`` routing weights.
+        skip: a ``"row_union"`` `MoESkip`.
+        group: tokens per row (the verify step's ``q_len``).
+
+    Returns:
+        ``(index [T, k], weights [T, k], n_active [T] int32)``; no host sync, capturable.
+
+    Example:
+        >>> idx = torch.tensor([[0, 1], [2, 0]])
+        >>> w = torch.tensor([[0.6, 0.4], [0.7, 0.3]])
+        >>> row_union(idx, w, MoESkip("row_union", 1, torch.tensor(1.0)), group=2)  # expert 0 sums 0.9
+        (tensor([[0, 1],
+                [0, 2]]), tensor([[0.6000, 0.4000],
+                [0.3000, 0.7000]]), tensor([1, 1], dtype=torch.int32))
+    """
+    tokens, k = top_k_index.shape
+    if group < 1 or tokens % group:
+        raise ValueError(f"row_union needs T = {tokens} tokens in rows of group = {group} (a divisor of T)")
+    m = min(int(skip.max_skip), k - 1)
+    ids = top_k_index.reshape(tokens // group, group * k)  # [R, P]
+    w = top_k_weights.float().reshape(ids.shape)
+    pairs = torch.arange(group * k, device=ids.device)
+    same = ids[:, :, None] == ids[:, None, :]  # [R, P, P]: pair a (dim 1) and pair b (dim 2) name one expert
+    summed = torch.where(same, w[:, None, :], 0.0).sum(-1)  # [R, P]: the row's weight of pair a's expert
+    first = ~(same & (pairs[None, :] < pairs[:, None])[None]).any(-1)  # [R, P]: pair a is its expert's first
+    heavier = (summed[:, None, :] > summed[:, :, None]) | (
+        (summed[:, None, :] == summed[:, :, None]) & (ids[:, None, :] < ids[:, :, None])
+    )
+    rank = (first[:, None, :] & heavier).sum(-1)  # [R, P]: experts of the row ranked above pair a's
+    in_set = (rank < skip.values.to(rank.device, torch.float32)).reshape(tokens, k)
+    order = torch.sort(top_k_weights.float(), dim=-1, descending=True, stable=True).indices  # by weight
+    out_first = (~torch.gather(in_set, -1, order)).to(torch.uint8)  # then set members first, stable
+    order = torch.gather(order, -1, torch.sort(out_first, dim=-1, stable=True).indices)
+    n_active = in_set.sum(-1).clamp_min(k - m).to(torch.int32)
+    return torch.gather(top_k_index, -1, order), torch.gather(top_k_weights, -1, order), n_active
 
 
 def active_mask(n_active: torch.Tensor, k: int) -> torch.Tensor:

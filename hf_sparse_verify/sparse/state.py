@@ -80,12 +80,14 @@ class SparseVerifyState(VerifySparsity):
 def calibration_or_budget(
     cfg: LossySparseVerify, calibration: SparseCalibration | None, num_layers: int
 ) -> dict[int, tuple[str, list[float] | float]]:
-    """MoE layer -> (rule, values) for `MoESkip`: a fixed budget from the settings, else the calibration's maps."""
+    """MoE layer -> (rule, values) for `MoESkip`: a fixed budget or row expert count from the settings, else the
+    calibration's maps."""
     moe = cfg.moe
-    if moe.rule == "budget" and moe.budget is not None:
+    fixed = {"row_union": moe.row_experts, "budget": moe.budget}.get(moe.rule)
+    if fixed is not None:  # one value for every MoE layer, no calibration needed
         if calibration is not None and calibration.moe_layers:
             layers = calibration.moe_layers
         else:
             layers = list(range(num_layers))
-        return {layer: ("budget", float(moe.budget)) for layer in layers}
+        return {layer: (moe.rule, float(fixed)) for layer in layers}
     return calibration.moe_rules(moe)

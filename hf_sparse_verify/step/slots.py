@@ -165,7 +165,9 @@ class MoESkip:
 
     Attributes:
         rule: ``"threshold"`` (``values`` ``[k - 1]`` float32: the layer's threshold map ``beta_1 .. beta_{k-1}``)
-            or ``"budget"`` (``values`` ``[]`` float32: the share of routing weight kept).
+            or ``"budget"`` (``values`` ``[]`` float32: the share of routing weight kept) or ``"row_union"``
+            (``values`` ``[]`` float32: experts per row kept by summed routing weight; rows are the step's
+            ``q_len`` consecutive tokens).
         max_skip: at most this many of a token's ``k`` routed experts are skipped.
         values: on the layer's device, fixed for the life of the slot (CUDA graphs read it).
     """

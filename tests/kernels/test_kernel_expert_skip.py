@@ -79,3 +79,45 @@ def test_bench_entry_runs():
     for a, b in zip(cases[::2], cases[1::2]):
         for x, y in zip(a.run(), b.run()):
             assert torch.equal(x, y)
+
+
+def _routing(tokens: int, k: int, experts: int, seed: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.softmax(torch.randn(tokens, k, generator=g) * 2, dim=-1).to(DEVICE, dtype)
+    index = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(DEVICE)
+    return index, weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "tokens, group, k, experts, max_skip, row_experts",
+    [
+        (8, 8, 8, 128, 7, 8),
+        (14, 7, 4, 16, 3, 4),
+        (16, 16, 8, 32, 6, 10),
+        (3, 1, 8, 64, 7, 2),
+        (6, 2, 2, 4, 1, 1),
+    ],
+)
+def test_row_union_matches_reference(dtype, tokens, group, k, experts, max_skip, row_experts):
+    # few experts (4-16) make rows share experts, so the summed weights and the set really decide
+    index, weights = _routing(tokens, k, experts, tokens * 7 + k, dtype)
+    skip = MoESkip("row_union", max_skip, torch.tensor(float(row_experts), device=DEVICE))
+    out = expert_skip(index, weights, skip, group)
+    ref = expert_skip_naive(index, weights, skip, group)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    assert out[2].dtype == torch.int32 and torch.equal(out[2], ref[2])
+
+
+def test_row_union_reference_beyond_the_kernel_rows():
+    # 40 tokens x 8 = 320 pairs per row: over MAX_ROW_PAIRS, so the op runs the reference; same answer as calling it
+    index, weights = _routing(40, 8, 64, 5)
+    skip = MoESkip("row_union", 7, torch.tensor(12.0, device=DEVICE))
+    out, ref = expert_skip(index, weights, skip, 40), expert_skip_naive(index, weights, skip, 40)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+
+
+def test_row_union_bad_group():
+    index, weights = torch.zeros(6, 4, dtype=torch.long), torch.rand(6, 4)
+    with pytest.raises(ValueError, match="rows of group=4"):
+        expert_skip(index, weights, MoESkip("row_union", 3, torch.tensor(2.0)), 4)

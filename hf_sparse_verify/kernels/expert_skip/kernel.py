@@ -1,4 +1,6 @@
-"""Triton kernel of expert skipping's bookkeeping: one program per token row, all ``k <= 32`` experts in registers.
+"""Triton kernels of expert skipping's bookkeeping: one program per token, all ``k <= 32`` experts in registers
+(per-token rules), or one program per row of ``group`` tokens, all ``group * k <= 256`` pairs in registers
+(``"row_union"``).
 
 Each expert's stable descending rank is counted from a ``[k, k]`` comparison (no sort); the row is written in rank
 order; the shares the rules read are masked sums over the same comparison matrix: for the ``"budget"`` rule the
@@ -56,6 +58,69 @@ def _expert_skip_kernel(
         skipped = tl.max(tl.where(in_m & (low < beta), p, 0), axis=0)
         n = top_k - skipped
     tl.store(N_ACTIVE + t, n.to(tl.int32))
+
+
+@triton.jit
+def _row_union_kernel(
+    IDS, W, VALUES, OUT_IDS, OUT_W, N_ACTIVE,
+    top_k, group, min_keep, s_it, s_wt, s_oit, s_owt,
+    P_BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`hf_sparse_verify.sparse.moe.row_union` for one row: pair ``p`` is expert ``p % k`` of token ``p // k``; every
+    quantity is a masked sum over the ``[P, P]`` comparison of the row's pairs (row a, column b)."""
+    pdl_wait(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, P_BLOCK)
+    ok = p < group * top_k
+    tok = p // top_k
+    t = r * group + tok
+    j = p % top_k
+    w_raw = tl.load(W + t * s_wt + j, mask=ok, other=0.0)
+    w = w_raw.to(tl.float32)
+    ids = tl.load(IDS + t * s_it + j, mask=ok, other=-1)
+    ok_b = ok[None, :]
+    same = (ids[None, :] == ids[:, None]) & ok_b
+    summed = tl.sum(tl.where(same, w[None, :], 0.0), axis=1)  # the row's weight of pair a's expert
+    first = tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1) == 0
+    heavier = (summed[None, :] > summed[:, None]) | (
+        (summed[None, :] == summed[:, None]) & (ids[None, :] < ids[:, None])
+    )
+    rank = tl.sum((heavier & first[None, :] & ok_b).to(tl.int32), axis=1)
+    keep = (rank.to(tl.float32) < tl.load(VALUES)).to(tl.int32)
+    # position in the token's order: set members first, then by weight (highest first), then by position
+    same_tok = (tok[None, :] == tok[:, None]) & ok_b
+    keep_a, keep_b = keep[:, None], keep[None, :]
+    w_a, w_b = w[:, None], w[None, :]
+    ahead = (keep_b > keep_a) | (
+        (keep_b == keep_a) & ((w_b > w_a) | ((w_b == w_a) & (p[None, :] < p[:, None])))
+    )
+    pos = tl.sum((same_tok & ahead).to(tl.int32), axis=1)
+    tl.store(OUT_IDS + t * s_oit + pos, ids, mask=ok)
+    tl.store(OUT_W + t * s_owt + pos, w_raw, mask=ok)
+    kept = tl.sum(tl.where(same_tok, keep_b, 0), axis=1)
+    tl.store(N_ACTIVE + t, tl.maximum(kept, min_keep).to(tl.int32), mask=ok & (j == 0))
+
+
+@on_input_device
+def launch_row_union(
+    top_k_index: torch.Tensor, top_k_weights: torch.Tensor, max_skip: int, values: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs as `expert_skip` checks them (``max_skip`` capped at ``k - 1``, ``group * k <= MAX_ROW_PAIRS``)."""
+    tokens, top_k = top_k_index.shape
+    out_ids = torch.empty_like(top_k_index)
+    out_w = torch.empty_like(top_k_weights)
+    n_active = torch.empty(tokens, dtype=torch.int32, device=top_k_index.device)
+    if tokens == 0:
+        return out_ids, out_w, n_active
+    block = max(2, next_power_of_2(group * top_k))
+    _row_union_kernel[(tokens // group,)](
+        top_k_index, top_k_weights, values, out_ids, out_w, n_active,
+        top_k, group, top_k - max_skip,
+        top_k_index.stride(0), top_k_weights.stride(0), out_ids.stride(0), out_w.stride(0),
+        P_BLOCK=block, num_warps=4 if block >= 64 else 1,
+        **pdl_launch(top_k_index.device),
+    )  # fmt: skip
+    return out_ids, out_w, n_active
 
 
 @on_input_device
