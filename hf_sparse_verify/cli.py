@@ -333,7 +333,15 @@ def _add_calibrate_parser(sub, debug) -> None:
     cal.add_argument("--dense-below", type=int, default=4096, help="attention L0 (default: 4096)")
     cal.add_argument("--no-ffn", action="store_true", help="skip the FFN thresholds")
     cal.add_argument(
-        "--moe-rule", default="threshold", choices=("threshold", "budget"), help="(default: threshold)"
+        "--moe-rule",
+        default="threshold",
+        choices=("threshold", "budget", "row_union"),
+        help="(default: threshold)",
+    )
+    cal.add_argument(
+        "--moe-row-experts",
+        type=_positive_int,
+        help="experts per verify row for --moe-rule row_union (e.g. 8)",
     )
     cal.add_argument(
         "--moe-max-skip", type=_positive_int, default=1, help="experts skipped at most (default: 1)"
@@ -782,7 +790,12 @@ def cmd_calibrate(args) -> int:
         cfg = LossySparseVerify(
             attention=SparseAttention(block_size=args.block_size, rho=args.rho, dense_below=args.dense_below),
             ffn=SparseFFN() if has_ffn and not args.no_ffn else None,
-            moe=SparseMoE(rule=args.moe_rule, max_skip=args.moe_max_skip, max_damage=args.moe_max_damage)
+            moe=SparseMoE(
+                rule=args.moe_rule,
+                max_skip=args.moe_max_skip,
+                row_experts=args.moe_row_experts,
+                max_damage=args.moe_max_damage,
+            )
             if is_moe
             else None,
         )

@@ -299,3 +299,37 @@ def test_calibrate_mistakes_are_one_line(tmp_path, capsys):
     assert main(["calibrate", "--prompt-file", str(tmp_path / "missing.jsonl")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-sparse-verify calibrate: error:") and "\n" not in err
+
+
+def test_calibrate_row_union_on_the_moe_fixture(tmp_path, capsys, shared_models):
+    """``--moe-rule row_union`` measures that setting's damage (rows of --verify-tokens tokens) and records it."""
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "cal"
+    argv = [
+        "calibrate",
+        "--model",
+        str(shared_models / "code-moe"),
+        "--prompt-file",
+        str(prompts),
+        "--out",
+        str(out),
+    ]
+    argv += [
+        "--max-tokens",
+        "200",
+        "--device",
+        "cpu",
+        "--no-ffn",
+        "--moe-rule",
+        "row_union",
+        "--moe-row-experts",
+    ]
+    assert main([*argv, "8", "--moe-max-skip", "3", "--moe-max-damage", "10"]) == 0
+    damage = SparseCalibration.load(out).moe["damage"]
+    assert list(damage) == ["row_union:3:8"] and damage["row_union:3:8"] > 0
+    capsys.readouterr()
+    assert main([*argv[:-1], "--moe-max-skip", "3"]) == 2  # row_union without --moe-row-experts
+    assert "needs row_experts" in capsys.readouterr().err

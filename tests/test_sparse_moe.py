@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -423,13 +424,39 @@ def test_calibrate_moe(k4_text):
     cal = calibrate_moe(model, [ids], SparseMoE(rule="budget", max_skip=3, max_damage=10.0), progress=False)
     assert cal.values.shape == (2,) and bool(((cal.values > 0) & (cal.values <= 1)).all())
     with pytest.raises(
-        ValueError, match=r"max_skip=3 \(budget rule\) raises the calibration NLL by .* lower max_skip"
+        ValueError, match=r"max_skip=3 \(budget:3\) raises the calibration NLL by .* lower max_skip"
     ):
         calibrate_moe(
             model, [ids], SparseMoE(rule="budget", max_skip=3, budget=0.01, max_damage=0.0), progress=False
         )
     with pytest.raises(ValueError, match="must be below the 4 experts"):
         calibrate_moe(model, [ids], SparseMoE(max_skip=4), progress=False)
+
+
+def test_calibrate_row_union_measures_rows_of_window_tokens(k4_text, monkeypatch):
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+    from hf_sparse_verify.sparse.state import SparseVerifyState
+
+    model, ids = k4_text  # [2, 24]
+    groups, real = [], fused.expert_skip
+    monkeypatch.setattr(
+        fused,
+        "expert_skip",
+        lambda i, w, skip, group: groups.append((i.shape[0], group)) or real(i, w, skip, group),
+    )
+    cfg = SparseMoE(rule="row_union", max_skip=3, row_experts=2, max_damage=10.0)
+    cal = calibrate_moe(model, [ids], cfg, progress=False, window=5)
+    assert set(groups) == {(2 * 20, 5)}  # rows cut to 20 tokens, windows of 5 that never straddle two rows
+    assert cal.damage > 0.01 and cal.summary["damage"] == {"row_union:3:2": cal.damage}
+    assert cal.values.tolist() == [2.0, 2.0]
+    with pytest.raises(ValueError, match=r"\(row_union:3:2\) raises the calibration NLL"):
+        calibrate_moe(model, [ids], dataclasses.replace(cfg, max_damage=0.0), progress=False, window=5)
+    # a calibration that measured this setting refuses it past the bound when verification starts
+    calibration = SparseCalibration("qwen3_moe", 2, moe=cal.summary)
+    bounded = LossySparseVerify(attention=None, moe=dataclasses.replace(cfg, max_damage=0.0))
+    with pytest.raises(ValueError, match="raised the calibration NLL"):
+        SparseVerifyState(bounded, 2, calibration, [torch.device("cpu")] * 2)
+    SparseVerifyState(bounded, 2, None, [torch.device("cpu")] * 2)  # nothing measured
 
 
 def test_docstring_examples():

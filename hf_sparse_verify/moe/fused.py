@@ -123,7 +123,9 @@ def fused_experts_forward(
     skip = layer_skip(self)
     n_active = None
     if skip is not None:  # order_by_weight + skip_counts (or row_union) in one launch where Triton runs
-        group = current_step().q_len  # row_union: a row's verify tokens are consecutive in [T, H]
+        group = (
+            skip.group or current_step().q_len
+        )  # row_union: a row's verify tokens are consecutive in [T, H]
         top_k_index, top_k_weights, n_active = expert_skip(
             top_k_index, top_k_weights, skip, group
         )  # n_active [T] int32

@@ -75,6 +75,17 @@ class SparseCalibration:
     def moe_layers(self) -> list[int]:
         return list(self.moe["layers"]) if self.moe else []
 
+    def check_moe_damage(self, cfg: SparseMoE) -> None:
+        """Refuse ``cfg`` when this calibration measured its damage above ``cfg.max_damage``."""
+        from .moe import damage_key
+
+        damage = (self.moe or {}).get("damage", {}).get(damage_key(cfg))
+        if damage is not None and damage > cfg.max_damage:
+            raise ValueError(
+                f"expert skipping ({damage_key(cfg)}) raised the calibration NLL by {100 * damage:.1f}% (bound "
+                f"{100 * cfg.max_damage:.1f}%): lower max_skip (or raise row_experts) or raise max_damage"
+            )
+
     def moe_rules(self, cfg: SparseMoE) -> dict[int, tuple[str, list[float] | float]]:
         """MoE layer -> (rule, values) for `MoESkip`, refusing settings the calibration measured past
         ``cfg.max_damage``."""
@@ -87,12 +98,7 @@ class SparseCalibration:
             raise ValueError(
                 f"moe.max_skip={cfg.max_skip} must be below the model's {k} routed experts per token"
             )
-        damage = self.moe.get("damage", {}).get(f"{cfg.rule}:{cfg.max_skip}")
-        if damage is not None and damage > cfg.max_damage:
-            raise ValueError(
-                f"expert skipping ({cfg.rule}, max_skip={cfg.max_skip}) raised the calibration NLL by "
-                f"{100 * damage:.1f}% (bound {100 * cfg.max_damage:.1f}%): lower max_skip or raise max_damage"
-            )
+        self.check_moe_damage(cfg)
         if cfg.rule == "threshold":
             return {
                 layer: ("threshold", list(row))
@@ -232,5 +238,7 @@ def calibrate(
         from .moe import calibrate_moe
 
         batches = [ids.to(device)[None] for ids in prompts]
-        calibration.moe = calibrate_moe(model, batches, cfg.moe, progress=progress).summary
+        calibration.moe = calibrate_moe(
+            model, batches, cfg.moe, progress=progress, window=verify_tokens
+        ).summary
     return calibration

@@ -24,6 +24,7 @@ where the model has one).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Iterable
@@ -378,14 +379,39 @@ def _batch(item) -> tuple[torch.Tensor, torch.Tensor | None]:
     return item["input_ids"], item.get("attention_mask")
 
 
+def damage_key(cfg: SparseMoE) -> str:
+    """The key of ``cfg``'s measured damage in a calibration's ``moe["damage"]``.
+
+    Example:
+        >>> damage_key(SparseMoE(max_skip=2)), damage_key(SparseMoE(rule="row_union", max_skip=7, row_experts=8))
+        ('threshold:2', 'row_union:7:8')
+    """
+    if cfg.rule == "row_union":
+        return f"row_union:{cfg.max_skip}:{cfg.row_experts}"
+    return f"{cfg.rule}:{cfg.max_skip}"
+
+
+def _windows(input_ids: torch.Tensor, mask: torch.Tensor | None, window: int):
+    """Cut each row to a multiple of ``window`` tokens, so that windows of the flattened ``[B * T]`` tokens never
+    straddle two rows."""
+    length = input_ids.shape[1] - input_ids.shape[1] % window
+    if length == 0:
+        raise ValueError(f"row_union calibration needs prompts of at least window={window} tokens")
+    return input_ids[:, :length], None if mask is None else mask[:, :length]
+
+
 def calibrate_moe(
-    model: torch.nn.Module, batches: Iterable, cfg: SparseMoE, progress: bool = True
+    model: torch.nn.Module, batches: Iterable, cfg: SparseMoE, progress: bool = True, window: int = 8
 ) -> MoECalibration:
     """Calibrate ``cfg`` on ``batches`` and check its cost.
 
     One dense pass records the routing weights (`RouterStats`) and gives per-layer threshold maps (``"threshold"``)
     or budgets (``"budget"``: ``cfg.budget`` for every layer when set, else the calibrated median share of the top
-    ``k - max_skip``); a second pass measures the NLL with and without skipping (`measure_damage`).
+    ``k - max_skip``); a second pass measures the NLL with and without skipping (`measure_damage`). ``"row_union"``
+    has nothing to calibrate (its ``values`` are ``row_experts`` for every layer); its damage is measured with the
+    prompts cut into rows of ``window`` consecutive tokens, each row sharing one expert set as a verify row of
+    ``window`` tokens does (a verify row's KV comes from the same sparse pass, so one teacher-forced forward is
+    faithful to it).
 
     Args:
         model: a MoE causal LM.
@@ -420,6 +446,8 @@ def calibrate_moe(
         raise ValueError(f"max_skip={cfg.max_skip} must be below the {k} experts each token is routed to")
     if cfg.rule == "threshold":
         values = stats.threshold_maps()
+    elif cfg.rule == "row_union":
+        values = torch.full((len(stats.layers),), float(cfg.row_experts))
     elif cfg.budget is not None:
         values = torch.full((len(stats.layers),), float(cfg.budget))
     else:
@@ -431,9 +459,13 @@ def calibrate_moe(
         cfg.rule, cfg.max_skip, stats.layers, values, math.nan, math.nan, math.nan, stats.summary()
     )
     skips = cal.skips(devices)
+    if cfg.rule == "row_union":
+        skips = {layer: dataclasses.replace(skip, group=window) for layer, skip in skips.items()}
     dense = sparse = 0.0
     tokens = 0
     for n, (input_ids, mask) in enumerate(batches):
+        if cfg.rule == "row_union":
+            input_ids, mask = _windows(input_ids, mask, window)
         result = measure_damage(model, input_ids, skips, mask)
         dense += result["dense_nll"] * result["tokens"]
         sparse += result["sparse_nll"] * result["tokens"]
@@ -441,10 +473,10 @@ def calibrate_moe(
         say(f"batch {n + 1}/{len(batches)}: damage {result['damage']:+.2%}")
     cal.dense_nll, cal.sparse_nll = dense / max(tokens, 1), sparse / max(tokens, 1)
     cal.damage = cal.sparse_nll / cal.dense_nll - 1.0
-    cal.summary["damage"][f"{cfg.rule}:{cfg.max_skip}"] = cal.damage
+    cal.summary["damage"][damage_key(cfg)] = cal.damage
     if cal.damage > cfg.max_damage:
         raise ValueError(
-            f"expert skipping with max_skip={cfg.max_skip} ({cfg.rule} rule) raises the calibration NLL by "
+            f"expert skipping with max_skip={cfg.max_skip} ({damage_key(cfg)}) raises the calibration NLL by "
             f"{cal.damage:.2%} (bound {cfg.max_damage:.2%}): lower max_skip or raise max_damage"
         )
     say(f"NLL {cal.dense_nll:.4f} -> {cal.sparse_nll:.4f} ({cal.damage:+.2%}, bound {cfg.max_damage:.2%})")
@@ -457,7 +489,9 @@ __all__ = [
     "RouterStats",
     "active_mask",
     "calibrate_moe",
+    "damage_key",
     "measure_damage",
     "order_by_weight",
+    "row_union",
     "skip_counts",
 ]

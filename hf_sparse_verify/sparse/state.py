@@ -86,6 +86,8 @@ def calibration_or_budget(
     fixed = {"row_union": moe.row_experts, "budget": moe.budget}.get(moe.rule)
     if fixed is not None:  # one value for every MoE layer, no calibration needed
         if calibration is not None and calibration.moe_layers:
+            if moe.rule == "row_union":  # where the calibration measured this setting, its damage bound holds
+                calibration.check_moe_damage(moe)
             layers = calibration.moe_layers
         else:
             layers = list(range(num_layers))

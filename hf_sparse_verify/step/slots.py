@@ -170,11 +170,14 @@ class MoESkip:
             ``q_len`` consecutive tokens).
         max_skip: at most this many of a token's ``k`` routed experts are skipped.
         values: on the layer's device, fixed for the life of the slot (CUDA graphs read it).
+        group: ``"row_union"`` rows of this many consecutive tokens instead of the step's ``q_len`` (calibration
+            measures the damage of verify rows inside one teacher-forced forward so); None: ``q_len``.
     """
 
     rule: str
     max_skip: int
     values: torch.Tensor
+    group: int | None = None
 
 
 class VerifySparsity:
