@@ -123,9 +123,8 @@ def fused_experts_forward(
     skip = layer_skip(self)
     n_active = None
     if skip is not None:  # order_by_weight + skip_counts (or row_union) in one launch where Triton runs
-        group = (
-            skip.group or current_step().q_len
-        )  # row_union: a row's verify tokens are consecutive in [T, H]
+        # row_union's rows: a verify row's q_len tokens are consecutive in [T, H]
+        group = skip.group or current_step().q_len
         top_k_index, top_k_weights, n_active = expert_skip(
             top_k_index, top_k_weights, skip, group
         )  # n_active [T] int32

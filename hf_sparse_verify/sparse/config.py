@@ -213,8 +213,7 @@ class LossySparseVerify:
             or (self.ffn is not None and self.ffn.tau is None)
             or (
                 self.moe is not None
-                and self.moe.rule != "row_union"
-                and (self.moe.rule == "threshold" or self.moe.budget is None)
+                and (self.moe.rule == "threshold" or (self.moe.rule == "budget" and self.moe.budget is None))
             )
         )
 

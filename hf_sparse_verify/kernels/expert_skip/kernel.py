@@ -101,15 +101,19 @@ def _row_union_kernel(
     tl.store(N_ACTIVE + t, tl.maximum(kept, min_keep).to(tl.int32), mask=ok & (j == 0))
 
 
+def _outputs(top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """The op's outputs, uninitialised: ids and weights like the inputs, ``n_active [T]`` int32."""
+    n_active = torch.empty(top_k_index.shape[0], dtype=torch.int32, device=top_k_index.device)
+    return torch.empty_like(top_k_index), torch.empty_like(top_k_weights), n_active
+
+
 @on_input_device
 def launch_row_union(
     top_k_index: torch.Tensor, top_k_weights: torch.Tensor, max_skip: int, values: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs as `expert_skip` checks them (``max_skip`` capped at ``k - 1``, ``group * k <= MAX_ROW_PAIRS``)."""
     tokens, top_k = top_k_index.shape
-    out_ids = torch.empty_like(top_k_index)
-    out_w = torch.empty_like(top_k_weights)
-    n_active = torch.empty(tokens, dtype=torch.int32, device=top_k_index.device)
+    out_ids, out_w, n_active = _outputs(top_k_index, top_k_weights)
     if tokens == 0:
         return out_ids, out_w, n_active
     block = max(2, next_power_of_2(group * top_k))
@@ -129,9 +133,7 @@ def launch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs as `expert_skip` checks them (``max_skip`` already capped at ``k - 1``, >= 1)."""
     tokens, top_k = top_k_index.shape
-    out_ids = torch.empty_like(top_k_index)
-    out_w = torch.empty_like(top_k_weights)
-    n_active = torch.empty(tokens, dtype=torch.int32, device=top_k_index.device)
+    out_ids, out_w, n_active = _outputs(top_k_index, top_k_weights)
     if tokens == 0:
         return out_ids, out_w, n_active
     _expert_skip_kernel[(tokens,)](
