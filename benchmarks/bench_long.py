@@ -45,6 +45,8 @@ from hf_sparse_verify.bench.syncs import count_syncs
 SHAPE = "llama-3.1-8b"
 CASES = ["1x16384", "4x32768", "16x16384", "4x65536", "32x8192"]
 STRATEGIES = ["vegas", "streaming", "quest"]
+#: extra strategies of the speed part: vegas with a given `SpeculationConfig.vegas_lse`
+VEGAS_LSE = {"vegas_step": "step", "vegas_carried": "carried"}
 KS = [4, 6, 8]
 MAX_K = 8
 RATIO, MIN_TOKENS = 0.07, 256
@@ -62,6 +64,8 @@ def _speculation(strategy: str, k: int) -> dict:
         return dict(
             strategy="vegas", k_policy="utility", max_draft_tokens=MAX_K, ratio=RATIO, min_tokens=MIN_TOKENS
         )
+    if strategy in VEGAS_LSE:  # vegas with its weights normalised by each row's own lse or the carried one
+        return dict(_speculation("vegas", k), vegas_lse=VEGAS_LSE[strategy])
     return dict(
         strategy=strategy, num_draft_tokens=k, max_draft_tokens=MAX_K, k_policy="constant", ratio=RATIO,
         min_tokens=MIN_TOKENS,
@@ -111,7 +115,7 @@ def run_speed(args) -> dict:
     vocab = model.config.vocab_size
     hsv.set_graph_cache_size(1)
     records = []
-    strategies = [s for s in ["k0", *STRATEGIES, "vegas_utility"] if s in args.strategies]
+    strategies = [s for s in ["k0", *STRATEGIES, *VEGAS_LSE, "vegas_utility"] if s in args.strategies]
 
     def ks_of(strategy: str) -> list[int]:
         return [0] if strategy in ("k0", "vegas_utility") else args.ks
@@ -233,6 +237,9 @@ def run_acceptance(args) -> dict:
         "vegas_topk": dict(vegas_recent_share=0.0, vegas_pool=1),  # weights, plain top-k
         "vegas_logits": dict(vegas_scores="logits", vegas_recent_share=0.0, vegas_pool=1),  # an older default
         "vegas_all": dict(selection="all"),
+        "vegas_step": dict(vegas_lse="step"),  # softmax weights normalised by each scored row's own lse
+        "vegas_carried": dict(vegas_lse="carried"),  # ... by the previous verify step's last-row lse
+        "vegas_all_carried": dict(selection="all", vegas_lse="carried"),
         "vegas_r75": dict(vegas_recent_share=0.75),
         "vegas_r875": dict(vegas_recent_share=0.875),
         "vegas_logits_r875": dict(vegas_scores="logits", vegas_recent_share=0.875, vegas_pool=1),
@@ -289,7 +296,9 @@ def assemble(args) -> dict:
         (r["variant"], r["context"], r["k"]): r["acceptance_length"] for r in parts.get("acceptance", [])
     }
     # the library's default vegas setting is the variant the projection uses for strategy "vegas"
-    variant_of = dict(vegas=args.vegas_variant, streaming="streaming", quest="quest")
+    variant_of = dict(
+        vegas=args.vegas_variant, streaming="streaming", quest="quest", **{name: name for name in VEGAS_LSE}
+    )
     k0_latest = {(r["batch"], r["context"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"}
 
     def k0_of(r: dict) -> dict | None:

@@ -24,12 +24,14 @@ CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
 SELECTIONS = ("two_rows", "all", "last_token")
 VEGAS_SCORES = ("weights", "logits")
+VEGAS_LSE = ("step", "carried")
 _EXAMPLE_NAMES = {
     "strategy": "vegas",
     "k_policy": "constant",
     "selection": "two_rows",
     "attention_backend": "auto",
     "vegas_scores": "weights",
+    "vegas_lse": "carried",
 }
 
 
@@ -76,6 +78,12 @@ class SpeculationConfig:
             weights, as the released Vegas code; heads with wide logit spreads no longer dominate) or ``"logits"``
             (the head mean of raw logits, the paper's text). Measured on code-target (CPU, fp32, 3K context, K = 6,
             ratio 0.07): mean acceptance 5.37 with weights against 4.32 with logits (two rows).
+        vegas_lse: the normaliser of the ``vegas`` softmax weights. ``"step"``: each scored verify row's own
+            log-sum-exp (exact weights; the Triton kernel stores the scored rows' logits and normalises them after
+            the split merge, +26% of a 7-token verify step at 4 x 64K on an H200). ``"carried"``: per query head,
+            the log-sum-exp of the previous verify step's first row, so the weights are summed inside the attention
+            pass (approximate weights whose normaliser is one step old). Selection only steers the draft: either
+            is lossless.
         vegas_recent_share: share of the ``vegas`` budget always given to the most recent prefix tokens (the
             rest goes to the top-scoring ones); 0 is plain top-k. Default 0.875: measured on an H200 with
             code-target (fp32, 12 held-out prompts, K = 6, ratio 0.07, min_tokens 256), mean acceptance 5.61 /
@@ -114,6 +122,7 @@ class SpeculationConfig:
     min_tokens: int = 256
     selection: str = "two_rows"
     vegas_scores: str = "weights"
+    vegas_lse: str = "step"
     vegas_recent_share: float = 0.875
     vegas_pool: int = 7
     streaming_sinks: int = 4
@@ -139,7 +148,7 @@ class SpeculationConfig:
                 "lossy_sparse_verify must be None (dense, lossless), a LossySparseVerify or a dict, got "
                 f"{self.lossy_sparse_verify!r}"
             )
-        for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores"):
+        for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores", "vegas_lse"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise ValueError(
@@ -204,6 +213,14 @@ class SpeculationConfig:
             )
         if self.vegas_scores not in VEGAS_SCORES:
             raise ValueError(f"unknown vegas_scores {self.vegas_scores!r}: use one of {VEGAS_SCORES}")
+        if self.vegas_lse not in VEGAS_LSE:
+            raise ValueError(f"unknown vegas_lse {self.vegas_lse!r}: use one of {VEGAS_LSE}")
+        if self.vegas_lse == "carried" and (self.vegas_scores != "weights" or self.selection == "last_token"):
+            raise ValueError(
+                "vegas_lse='carried' normalises softmax weights of reduced verify rows: it needs "
+                f"vegas_scores='weights' and selection 'two_rows' or 'all' (got vegas_scores={self.vegas_scores!r}, "
+                f"selection={self.selection!r}); use vegas_lse='step'"
+            )
         _check_int("vegas_pool", self.vegas_pool)
         if self.vegas_pool < 1 or self.vegas_pool % 2 == 0:
             raise ValueError(f"vegas_pool must be an odd int >= 1 (1: no pooling), got {self.vegas_pool}")

@@ -87,8 +87,10 @@ def test_self_speculation_equals_plain_generate(kernel_calls, strategy):
         assert "two_rows" in kernel_calls  # the verify pass collected its scores in the kernel
 
 
-def test_fused_scores_equal_reference_scores(monkeypatch):
-    """Vegas selections made from the kernel's fused scores equal those from the reference backend's."""
+@pytest.mark.parametrize("lse", ["step", "carried"])
+def test_fused_scores_equal_reference_scores(monkeypatch, lse):
+    """Vegas selections made from the kernel's fused scores equal those from the reference backend's (weights
+    normalised by each row's own log-sum-exp, or by the carried one)."""
     from hf_sparse_verify.generation.drafters.self_spec import drafter as self_spec
 
     picks = {"triton": [], "reference": []}
@@ -111,7 +113,8 @@ def test_fused_scores_equal_reference_scores(monkeypatch):
             max_new_tokens=MAX_NEW,
             custom_generate=hsv.generate,
             speculation=dict(
-                strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3, attention_backend=backend
+                strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3, attention_backend=backend,
+                vegas_lse=lse,
             ),
         )
     assert len(picks["triton"]) == len(picks["reference"]) > 2
@@ -179,12 +182,16 @@ def test_cuda_graph_path_equals_plain_generate(arch, strategy, k_policy, batch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("strategy", ["vegas", "streaming"])
-def test_self_speculation_on_gpu_equals_plain_generate(strategy):
+@pytest.mark.parametrize(
+    "strategy, extra", [("vegas", {}), ("vegas", {"vegas_lse": "carried"}), ("streaming", {})]
+)
+def test_self_speculation_on_gpu_equals_plain_generate(strategy, extra):
     model = make_model("llama").cuda()
     ids, mask = (t.cuda() for t in ragged_batch(3))
     expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
-    out = _run(model, ids, mask, max_new=40, strategy=strategy, num_draft_tokens=3, min_tokens=4, ratio=0.3)
+    out = _run(
+        model, ids, mask, max_new=40, strategy=strategy, num_draft_tokens=3, min_tokens=4, ratio=0.3, **extra
+    )
     assert torch.equal(out.sequences, expected)
 
 

@@ -45,6 +45,8 @@ STRATEGIES = {
     "vegas": dict(strategy="vegas"),
     "vegas-all": dict(strategy="vegas", selection="all"),
     "vegas-last_token": dict(strategy="vegas", selection="last_token"),
+    "vegas-carried": dict(strategy="vegas", vegas_lse="carried"),
+    "vegas-all-step": dict(strategy="vegas", selection="all", vegas_lse="step"),
     "streaming": dict(strategy="streaming"),
     "quest": dict(strategy="quest", quest_page_size=4),
 }
@@ -397,6 +399,47 @@ def test_verify_collects_scores_without_changing_output(rows, weights):
             query, keys, pad, start, 0.35, [0, 4] if rows == "two_rows" else list(range(5)), weights
         )
     torch.testing.assert_close(collection.layer(0).double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", ["two_rows", "all_rows"])
+def test_verify_scores_with_a_carried_lse(rows):
+    """``lse="carried"``: a verify pass scores by ``exp(logit - carried[b, h])`` (head and row mean over the
+    collected rows), leaves its output unchanged and then carries its first row's log-sum-exp."""
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(3, 4, 5, 8, generator=gen)  # 5 verify rows
+    key = torch.randn(3, 2, 32, 8, generator=gen)
+    value = torch.randn(3, 2, 32, 8, generator=gen)
+    pad, start = [0, 3, 6], [20, 19, 17]
+    collection = ScoreCollection(rows, weights=True, lse="carried")
+    carried = torch.randn(3, 4, generator=gen)
+    collection.carry(0, carried.clone())
+    kept = collection.carried_lse(0)
+    out = _run_reference(query, key, value, pad, start, "verify", scores=collection)
+    torch.testing.assert_close(out, _run_reference(query, key, value, pad, start, "verify"), atol=1e-5, rtol=1e-5)
+    keys = key[:, :, : max(start) + 5]
+    logits = _brute_logits(query, keys, 0.35)  # [B, H, q, L]
+    own = torch.tensor(start)[:, None] + torch.arange(5)
+    slots = torch.arange(keys.shape[2])
+    mask = ((slots <= own[..., None]) & (slots >= torch.tensor(pad)[:, None, None])) | (slots == own[..., None])
+    masked = logits.masked_fill(~mask[:, None], float("-inf"))
+    chosen = [0, 4] if rows == "two_rows" else list(range(5))
+    want = torch.exp(masked[:, :, chosen] - carried.double()[:, :, None, None]).mean(dim=(1, 2))
+    torch.testing.assert_close(collection.layer(0).double(), want, atol=1e-5, rtol=1e-5)
+    assert collection.carried_lse(0) is kept  # updated in place (captured steps read the same tensor)
+    torch.testing.assert_close(kept.double(), torch.logsumexp(masked[:, :, 0], dim=-1), atol=1e-5, rtol=1e-5)
+
+
+def test_carried_lse_config_errors():
+    with pytest.raises(ValueError, match="needs vegas_scores='weights'"):
+        SpeculationConfig(strategy="vegas", vegas_lse="carried", vegas_scores="logits")
+    with pytest.raises(ValueError, match="selection 'two_rows' or 'all'"):
+        SpeculationConfig(strategy="vegas", vegas_lse="carried", selection="last_token")
+    with pytest.raises(ValueError, match="unknown vegas_lse 'last'"):
+        SpeculationConfig(strategy="vegas", vegas_lse="last")
+    with pytest.raises(ValueError, match="lse must be one of"):
+        ScoreCollection("two_rows", lse="exact")
+    with pytest.raises(RuntimeError, match="no carried log-sum-exp for layer 2"):
+        ScoreCollection("two_rows", lse="carried").carried_lse(2)
 
 
 def test_weight_scores_per_kv_head():

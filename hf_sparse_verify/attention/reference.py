@@ -80,10 +80,14 @@ def _collect_verify(
     collection: ScoreCollection, layer: int, logits: torch.Tensor, mask: torch.Tensor, kv_heads: int
 ) -> None:
     rows = collected_rows(logits.shape[2], "all_rows" if collection.rows == "per_row" else collection.rows)
+    carried = collection.carried_lse(layer)  # [B, H] or None
     scores = reduce_scores(
-        logits[:, :, rows], mask[:, :, rows], collection, kv_heads, per_row=collection.rows == "per_row"
-    )
+        logits[:, :, rows], mask[:, :, rows], collection, kv_heads, per_row=collection.rows == "per_row",
+        lse=carried,
+    )  # fmt: skip
     collection.write(layer, scores)
+    if carried is not None:  # the next verify step normalises by this step's first row (the last committed token)
+        carried.copy_(_row_lse(logits, mask, 0))
 
 
 def _collect_prefill(
@@ -101,6 +105,14 @@ def _collect_prefill(
     logits = _row_logits(query[:, :, -rows:], key, scaling, mods)  # [B, H, rows, L]
     kind = ScoreCollection(rows="all_rows", weights=collection.weights, per_kv_head=collection.per_kv_head)
     collection.write(layer, reduce_scores(logits, mask[:, :, -rows:], kind, kv_heads))
+    if collection.lse == "carried":
+        collection.carry(layer, _row_lse(logits, mask[:, :, -rows:], -1))  # the prompt's last token
+
+
+def _row_lse(logits: torch.Tensor, mask: torch.Tensor, row: int) -> torch.Tensor:
+    """``[B, H]`` log-sum-exp of query row ``row``'s logits ``[B, H, q, L]`` over the slots it attends (the cached
+    slots alone, as the weights)."""
+    return torch.logsumexp(logits[:, :, row].masked_fill(~mask[:, :, row], float("-inf")), dim=-1)
 
 
 @register_backend("reference")

@@ -33,6 +33,7 @@ def reduce_scores(
     collection: ScoreCollection,
     kv_heads: int,
     per_row: bool = False,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores from the logits of the collected rows.
 
@@ -42,12 +43,16 @@ def reduce_scores(
         collection: says weights or logits, and per KV head or over all heads.
         kv_heads: KV heads (query heads ``h`` belong to KV head ``h // (H / kv_heads)``).
         per_row: keep the row axis (``"per_row"`` collection).
+        lse: ``[B, H]`` float32, the carried log-sum-exp (``collection.lse == "carried"``): weights are
+            ``exp(logit - lse)`` with this normaliser instead of each row's own softmax.
 
     Returns:
         ``[B, L]`` (``[B, H_kv, L]`` per KV head; ``[B, R, L]`` with ``per_row``), float32.
     """
     batch, heads, rows, length = logits.shape
-    if collection.weights:
+    if lse is not None:
+        values = torch.exp(logits.masked_fill(~mask, float("-inf")) - lse[:, :, None, None])
+    elif collection.weights:
         values = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
     else:
         values = logits

@@ -84,6 +84,7 @@ def triton_attention(
         per_kv_head=collection is not None and collection.per_kv_head,
         softcap=mods.softcap or 0.0,
         sinks=mods.sinks,
+        carried_lse=collection.carried_lse(layer) if collection is not None else None,
     )
     if collection is not None:
         collection.write(layer, scores)

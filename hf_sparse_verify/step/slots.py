@@ -101,16 +101,33 @@ class ScoreCollection:
             `PREFILL_SEED_ROWS` rows.
         weights: score by softmax weights ``exp(logit - lse)`` (heads comparable) instead of raw logits.
         per_kv_head: keep one score per KV head (``[B, H_kv, L]``) instead of the mean over all heads.
+        lse: the ``lse`` of the weights. ``"step"``: each scored row's own log-sum-exp (exact softmax weights;
+            the fused kernel stores the scored rows' logits and normalises them after the merge). ``"carried"``:
+            per query head, the log-sum-exp of the previous verify step's first row (its last committed token; the
+            prompt's last token for the first verify), so the attention kernel sums the weights in the same pass
+            (approximate weights: the normaliser is one step old). `carried_lse` holds it per layer, ``[B, H]`` float32.
     """
 
     PREFILL_SEED_ROWS = 8
+    LSE_MODES = ("step", "carried")
 
-    def __init__(self, rows: str = "two_rows", weights: bool = True, per_kv_head: bool = False):
+    def __init__(
+        self, rows: str = "two_rows", weights: bool = True, per_kv_head: bool = False, lse: str = "step"
+    ):
         if rows not in ("two_rows", "all_rows", "per_row"):
             raise ValueError(f"rows must be 'two_rows', 'all_rows' or 'per_row', got {rows!r}")
+        if lse not in self.LSE_MODES:
+            raise ValueError(f"lse must be one of {self.LSE_MODES}, got {lse!r}")
+        if lse == "carried" and (not weights or rows == "per_row"):
+            raise ValueError(
+                "lse='carried' normalises softmax weights of reduced rows: use weights=True and rows 'two_rows' or "
+                f"'all_rows' (got weights={weights}, rows={rows!r})"
+            )
         self.rows = rows
         self.weights = weights
         self.per_kv_head = per_kv_head
+        self.lse = lse
+        self.carried: dict[int, torch.Tensor] = {}
         self.scores: dict[int, torch.Tensor] = {}
         self.buffers: dict[int, torch.Tensor] = {}
         self.blocks: dict[tuple[int, ...], torch.Tensor] = {}
@@ -157,6 +174,27 @@ class ScoreCollection:
         if layer not in self.scores:
             raise RuntimeError(f"the verify pass collected no attention scores for layer {layer}")
         return self.scores[layer]
+
+    def carry(self, layer: int, lse: torch.Tensor) -> None:
+        """Set layer ``layer``'s carried log-sum-exp ``[B, H]`` (the prefill's last row). The first write keeps
+        the tensor; later writes copy into it (captured verify steps read and update it in place)."""
+        kept = self.carried.get(layer)
+        if kept is not None and kept.shape == lse.shape and kept.device == lse.device:
+            kept.copy_(lse)
+        else:
+            self.carried[layer] = lse.float().contiguous()
+
+    def carried_lse(self, layer: int) -> torch.Tensor | None:
+        """``[B, H]`` float32 carried log-sum-exp of layer ``layer`` (None unless ``lse == "carried"``); the verify
+        step reads it and overwrites it with its own last row's."""
+        if self.lse != "carried":
+            return None
+        if layer not in self.carried:
+            raise RuntimeError(
+                f"no carried log-sum-exp for layer {layer}: the prefill writes the first one (run the prefill "
+                "with this collection in the step)"
+            )
+        return self.carried[layer]
 
 
 @dataclass

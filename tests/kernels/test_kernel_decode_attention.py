@@ -94,6 +94,47 @@ def test_weight_scores(collect, q_len, per_kv_head):
            per_kv_head=per_kv_head)  # fmt: skip
 
 
+@pytest.mark.parametrize("collect", ["two_rows", "all_rows"])
+@pytest.mark.parametrize("q_len, window, softcap", [(1, 0, 0.0), (6, 0, 0.0), (7, 11, 4.0)])
+@pytest.mark.parametrize("per_kv_head", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("carried_dot", [True, False])
+def test_carried_lse_weights(monkeypatch, collect, q_len, window, softcap, per_kv_head, dtype, carried_dot):
+    """Weights against a carried log-sum-exp, summed in the split kernel (a 16-row dot or a row reduction): the
+    scores match the reference's, and both overwrite the carried tensor with the first row's log-sum-exp (in
+    place)."""
+    from hf_sparse_verify.kernels.decode_attention import kernel
+
+    monkeypatch.setattr(kernel, "CARRIED_DOT", carried_dot)
+    query, key, value, start, pad = _inputs(3, 8, 2, q_len, 16, 83, dtype, seed=21 + q_len)
+    scale = 16**-0.5
+    carried = torch.linspace(-1.0, 3.0, 3 * 8).view(3, 8).contiguous()
+    kind = dict(window=window, collect=collect, weights=True, per_kv_head=per_kv_head, softcap=softcap)
+    mine, theirs = carried.clone(), carried.clone()
+    out, scores = decode_attention(query, key, value, start, pad, scale, num_splits=3, carried_lse=mine, **kind)
+    ref, ref_scores = decode_attention_naive(
+        query.double(), key.double(), value.double(), start, pad, scale, carried_lse=theirs, **kind
+    )
+    assert _rel(out, ref) < TOL[dtype]
+    assert scores.shape == ref_scores.shape and _rel(scores, ref_scores) < TOL[dtype]
+    assert not torch.equal(mine, carried) and torch.allclose(mine, theirs, atol=TOL[dtype] * 10)
+    first = decode_attention_naive(
+        query.double()[:, :, :1], key.double(), value.double(), start, pad, scale, window, "all_rows",
+        weights=True, softcap=softcap, carried_lse=theirs.clone(),
+    )[1]  # fmt: skip
+    # the first row alone normalised by its own log-sum-exp: per head its weights sum to 1, so the scores do too
+    assert torch.allclose(first.sum(-1), torch.ones(3, dtype=first.dtype), atol=1e-3)
+
+
+def test_carried_lse_rejects_bad_input():
+    query, key, value, start, pad = _inputs(2, 4, 2, 3, 16, 40, torch.float32)
+    with pytest.raises(ValueError, match="weights=True"):
+        decode_attention(query, key, value, start, pad, 0.25, carried_lse=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"\[B, H\] = \[2, 4\]"):
+        decode_attention(query, key, value, start, pad, 0.25, collect="two_rows", weights=True,
+                         carried_lse=torch.zeros(2, 2))  # fmt: skip
+
+
 @pytest.mark.parametrize("row_dot", [True, False])
 @pytest.mark.parametrize(
     "group, q_len, dtype", [(4, 6, torch.float32), (8, 3, torch.float32), (4, 9, torch.bfloat16)]
@@ -188,7 +229,7 @@ def test_padding_query_attends_own_slot():
 def test_custom_op_registered():
     query, key, value, start, pad = _inputs(1, 4, 2, 2, 16, 30, torch.float32, seed=9)
     out, scores = torch.ops.hsv.decode_attention(
-        query, key, value, start, pad, 0.25, 0, 1, 2, False, False, 0.0, None
+        query, key, value, start, pad, 0.25, 0, 1, 2, False, False, 0.0, None, None
     )
     assert out.shape == (1, 2, 4, 16) and scores.shape == (1, 30)
     with torch._subclasses.fake_tensor.FakeTensorMode():
@@ -207,6 +248,7 @@ def test_custom_op_registered():
             False,
             False,
             0.0,
+            None,
             None,
         )
         assert fo.shape == (1, 2, 4, 16) and fs.shape == (1, 0)

@@ -40,13 +40,14 @@ def _soft_cap(x, cap):
 @triton.jit
 def _split_kernel(
     Q, K, V, START, PAD,
-    O_PART, M_PART, L_PART, S_PART,
+    O_PART, M_PART, L_PART, S_PART, LSE_IN,
     scale, score_scale, softcap, window, q_len, group, num_splits, capacity, rows_per_group,
     s_qb, s_qh, s_qt, s_qd,
     s_kb, s_kh, s_kt, s_kd,
     s_vb, s_vh, s_vt, s_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     COLLECT: tl.constexpr, WEIGHTS: tl.constexpr, SCORE_DOT: tl.constexpr, ROW_DOT: tl.constexpr,
+    CARRIED: tl.constexpr, CARRIED_DOT: tl.constexpr,
     IEEE: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
@@ -107,6 +108,9 @@ def _split_kernel(
         r16 = tl.arange(0, 16)
         b_qs = tl.where(r16[:, None] == 0, b_qsum[None, :], 0.0).to(b_q.dtype)  # [16, BLOCK_D]
 
+    if CARRIED:  # each scored row's head's carried log-sum-exp (LSE_IN [B, H])
+        lse_in = tl.load(LSE_IN + b * (kv_heads * group) + kvh * group + g, mask=scored, other=0.0)
+
     b_m = tl.full([BLOCK_M], NEG_INF, tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -146,7 +150,7 @@ def _split_kernel(
                 b_col = tl.sum(tl.dot(b_qs, tl.trans(b_k)), axis=0) * scale  # [BLOCK_N]
             b_col = b_col * score_scale
             tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
-        elif COLLECT > 0:
+        elif COLLECT > 0 and not CARRIED:
             b_col = tl.sum(tl.where(scored[:, None], b_s, 0.0), axis=0) * score_scale  # [BLOCK_N]
             tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
         allowed = (offs_n[None, :] <= own[:, None]) & (offs_n[None, :] >= pad)
@@ -159,6 +163,23 @@ def _split_kernel(
         alpha = tl.exp(b_m - m_safe)
         b_p = tl.exp(b_s - m_safe[:, None])
         b_l = b_l * alpha + tl.sum(b_p, 1)
+        if CARRIED:
+            # softmax weights against the carried log-sum-exp, from the softmax's own exponentials:
+            # exp(s - lse_in) = p * exp(m - lse_in) (the exponent capped so a disallowed slot's p = 0 stays 0)
+            b_c = tl.where(scored, tl.exp(tl.minimum(m_safe - lse_in, 80.0)), 0.0)  # [BLOCK_M]
+            if CARRIED_DOT:  # the row sum as a 16-row dot whose first row is b_c (no cross-warp reduction)
+                r16 = tl.arange(0, 16)
+                b_c16 = tl.where(r16[:, None] == 0, b_c[None, :], 0.0)  # [16, BLOCK_M]
+                if IEEE:
+                    b_w16 = tl.dot(b_c16, b_p, input_precision="ieee")
+                elif DOT_F32:
+                    b_w16 = tl.dot(b_c16, b_p)
+                else:
+                    b_w16 = tl.dot(b_c16.to(V.dtype.element_ty), b_p.to(V.dtype.element_ty))
+                b_col = tl.sum(b_w16, axis=0) * score_scale  # [BLOCK_N]
+            else:
+                b_col = tl.sum(b_p * b_c[:, None], axis=0) * score_scale  # [BLOCK_N]
+            tl.store(S_PART + (b * kv_heads + kvh) * capacity + offs_n, b_col, mask=n_ok)
         b_v = tl.load(v_base + offs_n[:, None] * s_vt + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
         if DOT_F32:
             b_v = b_v.to(tl.float32)
@@ -180,7 +201,7 @@ def _merge_kernel(
     q_len, group, num_splits,
     s_ob, s_ot, s_oh, s_od,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    STORE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
+    STORE_LSE: tl.constexpr, CARRY_LSE: tl.constexpr, HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
@@ -212,6 +233,9 @@ def _merge_kernel(
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
     if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
         tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + m, m_max + tl.log(b_l))
+    if CARRY_LSE:  # the first row's log-sum-exp per query head: the next verify step's normaliser (LSE [B, H])
+        if i == 0:
+            tl.store(LSE + b * (kv_heads * group) + kvh * group + g, m_max + tl.log(b_l))
 
 
 @triton.jit
@@ -275,6 +299,31 @@ def _weights_kernel(
         tl.store(OUT + (b * kv_heads + kvh) * capacity + offs_n, b_w * score_scale, mask=n_ok)
 
 
+@triton.jit
+def _head_mean_kernel(
+    S_HEADS, START, PAD, OUT,
+    window, q_len, capacity,
+    KV_HEADS: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_wait(PDL)
+    # one program per (slot tile, batch row): the mean over the KV heads of the per-KV-head scores the split kernel
+    # summed (carried log-sum-exp), 0 outside the slots the splits read
+    nb = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    start = tl.load(START + b)
+    lo = tl.load(PAD + b)
+    if window > 0:
+        lo = tl.maximum(lo, start - window + 1)
+    lo = tl.minimum(lo, start)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    read = (offs_n >= lo) & (offs_n < start + q_len)
+    b_sum = tl.zeros([BLOCK_N], tl.float32)
+    for kvh in tl.static_range(KV_HEADS):
+        b_sum += tl.load(S_HEADS + (b * KV_HEADS + kvh) * capacity + offs_n, mask=read, other=0.0)
+    tl.store(OUT + b * capacity + offs_n, b_sum / KV_HEADS, mask=offs_n < capacity)
+
+
 #: tile settings; benchmarks sweep them (``bench.py``), the engine uses the defaults
 TILES = {"block_n": 64, "num_stages": 3}
 #: overrides of `TILES` (and of the warp count, 4 below 128 rows, 8 at 128) by the split kernel's query rows
@@ -304,6 +353,8 @@ WEIGHT_ROW_DOT = True
 #: score collection for 17..32 query rows through a 16-row dot (False: reduce the logits tile's rows). Measured on
 #: an H200 (8B heads, 64K): 87 vs 96 us at 8 new tokens (32 rows); at 16 (64 rows) the row reduction is faster.
 SCORE_DOT_ROWS = True
+#: carried-lse weights: the sum over scored rows as a 16-row dot (False: a reduction over the logits tile's rows)
+CARRIED_DOT = True
 
 
 @on_input_device
@@ -321,11 +372,16 @@ def launch(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
     mean_heads: bool = False,
+    carried_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernels. ``collect``: 0 none, 1 first and last row, 2 all rows; returns (``[B, q, H, D]``,
     per-KV-head scores ``[B, H_kv, C]`` float32: the mean over the KV head's query heads and the scored rows of
     the raw logits, or of the softmax weights with ``weights``; or None). With ``weights`` and ``mean_heads`` the
-    weights kernel also averages over the KV heads: scores ``[B, C]``."""
+    weights kernel also averages over the KV heads: scores ``[B, C]``.
+
+    ``carried_lse`` ``[B, H]`` float32 (with ``weights``): normalise the weights by it instead of each row's own
+    log-sum-exp, summed inside the split kernel (no stored logits, no weights pass); the merge then overwrites it
+    with the first query row's log-sum-exp."""
     batch, heads, q_len, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -333,6 +389,12 @@ def launch(
     block_d = max(16, next_power_of_2(dim))
     weights = bool(collect) and weights
     mean_heads = weights and mean_heads
+    carried = weights and carried_lse is not None
+    if carried:
+        return _launch_carried(
+            query, key, value, start, pad, scale, window, collect, num_splits, softcap, sinks, mean_heads,
+            carried_lse,
+        )  # fmt: skip
     tiles = split_tiles(block_m, weights)
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
@@ -357,11 +419,11 @@ def launch(
     row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
-        o_part, m_part, l_part, s_part,
+        o_part, m_part, l_part, s_part, m_part,
         scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot,
+        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot, CARRIED=False, CARRIED_DOT=False,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         **pdl_launch(query.device),
@@ -374,7 +436,7 @@ def launch(
         q_len, group, num_splits,
         *out.stride(),
         BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-        STORE_LSE=weights, HAS_SINKS=sinks is not None, num_warps=4,
+        STORE_LSE=weights, CARRY_LSE=False, HAS_SINKS=sinks is not None, num_warps=4,
         **pdl_launch(o_part.device),
     )  # fmt: skip
     if not collect:
@@ -391,5 +453,60 @@ def launch(
         COLLECT=collect, MEAN_HEADS=mean_heads, KV_HEADS=kv_heads if mean_heads else 1, BLOCK_R=block_r,
         BLOCK_N=block_n_w, num_warps=4,
         **pdl_launch(s_part.device),
+    )  # fmt: skip
+    return out, scores
+
+
+def _launch_carried(
+    query, key, value, start, pad, scale, window, collect, num_splits, softcap, sinks, mean_heads, carried_lse
+):  # fmt: skip
+    """`launch` with softmax weights against the carried log-sum-exp: the split kernel sums them per KV head
+    (``[B, H_kv, C]``), the merge overwrites ``carried_lse`` with the first row's, and the head-mean kernel averages
+    the KV heads (``mean_heads``)."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    block_m = max(16, next_power_of_2(group * q_len))
+    block_d = max(16, next_power_of_2(dim))
+    tiles = split_tiles(block_m)
+    block_n = tiles["block_n"] if block_d <= 128 else 32
+    device = query.device
+    o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
+    m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
+    l_part = torch.empty_like(m_part)
+    rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
+    score_scale = 1.0 / (group * rows_per_group)
+    # the splits write every slot they read; with mean_heads the head-mean kernel reads only those
+    alloc = torch.empty if mean_heads else torch.zeros
+    per_head = alloc(batch, kv_heads, capacity, device=device, dtype=torch.float32)
+    out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
+    _split_kernel[(num_splits, kv_heads, batch)](
+        query, key, value, start, pad,
+        o_part, m_part, l_part, per_head, carried_lse,
+        scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
+        *query.stride(), *key.stride(), *value.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
+        COLLECT=collect, WEIGHTS=False, SCORE_DOT=False, ROW_DOT=False, CARRIED=True, CARRIED_DOT=CARRIED_DOT,
+        IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+        **pdl_launch(query.device),
+    )  # fmt: skip
+    _merge_kernel[(group * q_len, kv_heads, batch)](
+        o_part, m_part, l_part, out, carried_lse, sinks if sinks is not None else m_part,
+        q_len, group, num_splits,
+        *out.stride(),
+        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
+        STORE_LSE=False, CARRY_LSE=True, HAS_SINKS=sinks is not None, num_warps=4,
+        **pdl_launch(o_part.device),
+    )  # fmt: skip
+    if not mean_heads:
+        return out, per_head
+    scores = torch.empty(batch, capacity, device=device, dtype=torch.float32)
+    block_n_h = 256
+    _head_mean_kernel[(triton.cdiv(capacity, block_n_h), batch)](
+        per_head, start, pad, scores,
+        window, q_len, capacity,
+        KV_HEADS=kv_heads, BLOCK_N=block_n_h, num_warps=4,
+        **pdl_launch(per_head.device),
     )  # fmt: skip
     return out, scores

@@ -53,6 +53,7 @@ def decode_attention_naive(
     per_kv_head: bool = False,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    carried_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference attention of ``q`` new tokens per row over the cache, in float32 (float64 inputs stay float64).
 
@@ -72,6 +73,8 @@ def decode_attention_naive(
             none. Collected scores are the capped logits (or their softmax weights).
         sinks: ``[H]`` per-head sink logit joining each softmax denominator and attending to nothing (GPT-OSS).
             Collected weights are those of the softmax over the cached slots alone (as the reference backend's).
+        carried_lse: ``[B, H]`` float32 (with ``weights``): the weights are ``exp(logit - carried_lse[b, h])``
+            instead of each row's softmax; afterwards ``carried_lse`` holds the first row's log-sum-exp (in place).
 
     Returns:
         ``([B, q, H, D]`` in ``query.dtype``, scores or None).
@@ -96,7 +99,13 @@ def decode_attention_naive(
     if collect is None:
         return out, None
     rows = score_rows(q_len, collect)
-    chosen = (probs if weights else logits)[:, :, rows].mean(dim=2)  # [B, H, C]
+    if weights and carried_lse is not None:
+        masked = logits.masked_fill(~mask, float("-inf"))
+        values = torch.exp(masked - carried_lse.to(work)[:, :, None, None])
+        carried_lse.copy_(torch.logsumexp(masked[:, :, 0], dim=-1))
+    else:
+        values = probs if weights else logits
+    chosen = values[:, :, rows].mean(dim=2)  # [B, H, C]
     scores = chosen.view(batch, kv_heads, group, capacity).mean(dim=2)  # [B, H_kv, C]
     if not per_kv_head:
         scores = scores.mean(dim=1)  # [B, C]

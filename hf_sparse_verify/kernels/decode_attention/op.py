@@ -42,7 +42,7 @@ def default_splits(batch: int, kv_heads: int, capacity: int, sm_count: int = SM_
     return max(range(low, high + 1), key=lambda splits: (round(balance(splits), 6), -splits))
 
 
-@torch.library.custom_op("hsv::decode_attention", mutates_args=())
+@torch.library.custom_op("hsv::decode_attention", mutates_args=("carried_lse",))
 def _decode_attention_op(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -57,6 +57,7 @@ def _decode_attention_op(
     per_kv_head: bool,
     softcap: float,
     sinks: torch.Tensor | None,
+    carried_lse: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch = query.shape[0]
     if triton_runs_on(query.device) and query.dtype != torch.float64:
@@ -64,7 +65,7 @@ def _decode_attention_op(
 
         out, per_head = launch(
             query, key, value, start, pad, scale, window, collect, num_splits, weights, softcap, sinks,
-            mean_heads=not per_kv_head,
+            mean_heads=not per_kv_head, carried_lse=carried_lse,
         )  # fmt: skip
         if per_head is None:
             return out, query.new_empty(batch, 0, dtype=torch.float32)
@@ -72,7 +73,7 @@ def _decode_attention_op(
     mode = {0: None, 1: "two_rows", 2: "all_rows"}[collect]
     out, scores = decode_attention_naive(
         query, key, value, start, pad, scale, window, mode, weights=weights, per_kv_head=per_kv_head,
-        softcap=softcap, sinks=sinks,
+        softcap=softcap, sinks=sinks, carried_lse=carried_lse,
     )  # fmt: skip
     if scores is None:
         scores = query.new_empty(batch, 0, dtype=torch.float32)
@@ -81,8 +82,9 @@ def _decode_attention_op(
 
 @_decode_attention_op.register_fake
 def _(
-    query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head, softcap, sinks
-):
+    query, key, value, start, pad, scale, window, collect, num_splits, weights, per_kv_head, softcap, sinks,
+    carried_lse,
+):  # fmt: skip
     batch, heads, q_len, dim = query.shape
     out = query.new_empty(batch, q_len, heads, dim)
     if not collect:
@@ -91,7 +93,23 @@ def _(
     return out, query.new_empty(*shape, dtype=torch.float32)
 
 
-def _validate(query, key, value, start, pad, window, collect, softcap=0.0, sinks=None) -> None:
+def _validate(
+    query, key, value, start, pad, window, collect, softcap=0.0, sinks=None, weights=False, carried_lse=None
+) -> None:  # fmt: skip
+    if carried_lse is not None:
+        batch, heads = query.shape[:2]
+        if not (collect and weights):
+            raise ValueError("carried_lse normalises collected softmax weights: pass collect=... and weights=True")
+        if (
+            carried_lse.shape != (batch, heads)
+            or carried_lse.dtype != torch.float32
+            or carried_lse.device != query.device
+            or not carried_lse.is_contiguous()
+        ):
+            raise ValueError(
+                f"carried_lse must be a contiguous float32 [B, H] = [{batch}, {heads}] tensor on {query.device}; "
+                f"got {carried_lse.dtype} {tuple(carried_lse.shape)} on {carried_lse.device}"
+            )
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0 = no soft-capping), got {softcap}")
     if sinks is not None and (
@@ -152,6 +170,7 @@ def decode_attention(
     num_splits: int | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    carried_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``q`` new tokens per row (``q * H / H_kv <= 128``) over a preallocated KV cache.
 
@@ -173,6 +192,10 @@ def decode_attention(
         softcap: logit soft-capping ``softcap * tanh(logit / softcap)`` (Gemma 2, Cohere 2); 0 for none.
         sinks: ``[H]`` per-head sink logits in the softmax denominator (GPT-OSS); scores stay the softmax over
             the cached slots alone.
+        carried_lse: ``[B, H]`` float32 (with ``weights``): normalise the weights of every scored row of head
+            ``h`` by ``carried_lse[:, h]`` instead of the row's own log-sum-exp (one pass: the split kernel sums
+            them); the op then overwrites it with the first query row's log-sum-exp (in place), the next step's
+            normaliser.
 
     Returns:
         ``(out [B, q, H, D], scores [B, C] or None)``.
@@ -183,7 +206,7 @@ def decode_attention(
         >>> tuple(out.shape)
         (1, 2, 4, 16)
     """
-    _validate(query, key, value, start, pad, window, collect, softcap, sinks)
+    _validate(query, key, value, start, pad, window, collect, softcap, sinks, weights, carried_lse)
     if num_splits is None:
         num_splits = default_splits(
             query.shape[0], key.shape[1], key.shape[2], multiprocessors(query.device) or SM_COUNT
@@ -202,5 +225,6 @@ def decode_attention(
         bool(per_kv_head),
         float(softcap),
         sinks,
+        carried_lse,
     )
     return out, (scores if collect else None)

@@ -66,6 +66,7 @@ class SelfSpecDrafter(Drafter):
         sinks: int = 4,
         page_size: int = 16,
         weights: bool = True,
+        lse: str = "step",
         recent_share: float = 0.875,
         max_k: int = 16,
         pool: int = 7,
@@ -78,6 +79,7 @@ class SelfSpecDrafter(Drafter):
         self.sinks = sinks
         self.page_size = page_size
         self.weights = weights
+        self.lse = lse
         self.recent_share = recent_share
         self.max_k = max_k
         self.pool = pool
@@ -86,6 +88,7 @@ class SelfSpecDrafter(Drafter):
         self.buffers: _Buffers | None = None
         self.capture_s = 0.0
         self._updated = False  # `after_verify` ran for the step being settled
+        self._carried_seed: dict[int, torch.Tensor] = {}
 
     @classmethod
     def from_config(cls, config, target=None, draft_model=None) -> SelfSpecDrafter:
@@ -98,6 +101,7 @@ class SelfSpecDrafter(Drafter):
             sinks=config.streaming_sinks,
             page_size=config.quest_page_size,
             weights=config.vegas_scores == "weights",
+            lse=config.vegas_lse,
             recent_share=config.vegas_recent_share,
             max_k=config.max_draft_tokens,
             pool=config.vegas_pool,
@@ -112,6 +116,7 @@ class SelfSpecDrafter(Drafter):
             self.sinks,
             self.page_size,
             self.weights,
+            self.lse,
             self.recent_share,
             self.max_k,
             self.pool,
@@ -124,7 +129,7 @@ class SelfSpecDrafter(Drafter):
         self.capture_s = 0.0
         self.buffers = session.drafter_state if session is not None else None
         if self.buffers is None and self.collects_scores:  # the prefill writes the first scores
-            self._collection = ScoreCollection(_ROWS[self.selection], weights=self.weights)
+            self._collection = ScoreCollection(_ROWS[self.selection], weights=self.weights, lse=self.lse)
         elif self.buffers is not None:
             self._collection = self.buffers.collection
 
@@ -142,6 +147,8 @@ class SelfSpecDrafter(Drafter):
         if collection is not None:
             for layer in range(len(self.target.cache.layers)):  # the prefill's scores into the fixed buffers
                 collection.write(layer, collection.layer(layer))
+            # verify captures' warm-up steps overwrite the carried log-sum-exp: `capture` puts the prefill's back
+            self._carried_seed = {layer: lse.clone() for layer, lse in collection.carried.items()}
         self.buffers.recent_src.copy_(state.pending_slots())  # the whole prompt is the prefix
         self.buffers.accepted_src.zero_()
         self._update()
@@ -152,6 +159,9 @@ class SelfSpecDrafter(Drafter):
         per row; Quest's page choice for the step's query is inside it)."""
         buffers = self.buffers
         device = self.target.device
+        if buffers.collection is not None:
+            for layer, seed in self._carried_seed.items():
+                buffers.collection.carried[layer].copy_(seed)
         if buffers.update is None and self.selection != "last_token":
             # capturing runs the update on whatever the score buffers hold (the verify captures' warm-up
             # scores): keep the prefill's selection and put it back afterwards
