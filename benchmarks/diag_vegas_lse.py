@@ -45,18 +45,20 @@ def main() -> None:
         carried = torch.full((batch, HEADS), 5.0, device=device)
         args_ = (query, key, value, start, pad, DIM**-0.5)
 
-        def carried_call(dot: bool):
-            da_kernel.CARRIED_DOT = dot
+        def carried_call(dot: bool, weight_tiles: bool):
+            da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = dot, weight_tiles
             try:
                 return decode_attention(*args_, collect="two_rows", weights=True, carried_lse=carried)
             finally:
-                da_kernel.CARRIED_DOT = True
+                da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = True, True
 
         variants = {
             "none": lambda: decode_attention(*args_),
             "step": lambda: decode_attention(*args_, collect="two_rows", weights=True),
-            "carried_dot": lambda: carried_call(True),
-            "carried_rowsum": lambda: carried_call(False),
+            "carried_dot": lambda: carried_call(True, False),
+            "carried_rowsum": lambda: carried_call(False, False),
+            "carried_dot_2stages": lambda: carried_call(True, True),
+            "carried_rowsum_2stages": lambda: carried_call(False, True),
         }
         record = dict(batch=batch, context=context, q_len=q_len)
         for name, fn in variants.items():

@@ -355,6 +355,8 @@ WEIGHT_ROW_DOT = True
 SCORE_DOT_ROWS = True
 #: carried-lse weights: the sum over scored rows as a 16-row dot (False: a reduction over the logits tile's rows)
 CARRIED_DOT = True
+#: carried-lse weights: the split kernel's tiles as with stored logits (`TILES_WITH_WEIGHTS`)
+CARRIED_WEIGHT_TILES = True
 
 
 @on_input_device
@@ -468,7 +470,7 @@ def _launch_carried(
     group = heads // kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     block_d = max(16, next_power_of_2(dim))
-    tiles = split_tiles(block_m)
+    tiles = split_tiles(block_m, CARRIED_WEIGHT_TILES)
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
