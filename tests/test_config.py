@@ -35,6 +35,7 @@ CUSTOM = dict(
     min_tokens=64,
     selection="all",
     vegas_scores="logits",
+    vegas_lse="step",  # the default: "carried" needs vegas_scores="weights" (DEPENDENT)
     vegas_recent_share=0.25,
     vegas_pool=3,
     streaming_sinks=8,
@@ -52,10 +53,17 @@ CUSTOM = dict(
 )
 
 
+#: fields CUSTOM cannot change together with the others (vegas_lse="carried" needs vegas_scores="weights")
+DEPENDENT = dict(vegas_lse="carried")
+
+
 def test_custom_covers_every_field():
     defaults = SpeculationConfig()
     assert set(CUSTOM) == {f.name for f in dataclasses.fields(SpeculationConfig)}
-    assert all(getattr(defaults, name) != value for name, value in CUSTOM.items())
+    changed = {**{k: v for k, v in CUSTOM.items() if k not in DEPENDENT}, **DEPENDENT}
+    assert all(getattr(defaults, name) != value for name, value in changed.items())
+    cfg = SpeculationConfig(**{**CUSTOM, "vegas_scores": "weights", **DEPENDENT})
+    assert SpeculationConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_module_docstring_example():

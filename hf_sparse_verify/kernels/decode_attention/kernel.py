@@ -354,8 +354,11 @@ WEIGHT_ROW_DOT = True
 #: an H200 (8B heads, 64K): 87 vs 96 us at 8 new tokens (32 rows); at 16 (64 rows) the row reduction is faster.
 SCORE_DOT_ROWS = True
 #: carried-lse weights: the sum over scored rows as a 16-row dot (False: a reduction over the logits tile's rows)
+#: and the split kernel's tiles as with stored logits (`TILES_WITH_WEIGHTS`: two stages at 32 rows). Measured on an
+#: H200 (16th session, 8B heads, bf16, 7-token verify at 4 x 64K, us per layer, `benchmarks/diag_vegas_lse.py`):
+#: dot + two stages 341, row reduction + two stages 520, dot / row reduction with three stages 466 / 417; stored
+#: logits (lse "step") 364, no scores 298.
 CARRIED_DOT = True
-#: carried-lse weights: the split kernel's tiles as with stored logits (`TILES_WITH_WEIGHTS`)
 CARRIED_WEIGHT_TILES = True
 
 
