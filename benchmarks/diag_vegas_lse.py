@@ -8,6 +8,7 @@ log-sum-exp summed in the split kernel (``carried``, as a 16-row dot or a row re
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -24,6 +25,14 @@ def _time(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=200) * 1000  # us
+
+
+def _carried(step, carried: torch.Tensor, dot: bool, weight_tiles: bool):
+    da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = dot, weight_tiles
+    try:
+        return step(carried_lse=carried)
+    finally:
+        da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = True, True
 
 
 @torch.no_grad()
@@ -45,20 +54,14 @@ def main() -> None:
         carried = torch.full((batch, HEADS), 5.0, device=device)
         args_ = (query, key, value, start, pad, DIM**-0.5)
 
-        def carried_call(dot: bool, weight_tiles: bool):
-            da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = dot, weight_tiles
-            try:
-                return decode_attention(*args_, collect="two_rows", weights=True, carried_lse=carried)
-            finally:
-                da_kernel.CARRIED_DOT, da_kernel.CARRIED_WEIGHT_TILES = True, True
-
+        step = functools.partial(decode_attention, *args_, collect="two_rows", weights=True)
         variants = {
-            "none": lambda: decode_attention(*args_),
-            "step": lambda: decode_attention(*args_, collect="two_rows", weights=True),
-            "carried_dot": lambda: carried_call(True, False),
-            "carried_rowsum": lambda: carried_call(False, False),
-            "carried_dot_2stages": lambda: carried_call(True, True),
-            "carried_rowsum_2stages": lambda: carried_call(False, True),
+            "none": functools.partial(decode_attention, *args_),
+            "step": step,
+            "carried_dot": functools.partial(_carried, step, carried, True, False),
+            "carried_rowsum": functools.partial(_carried, step, carried, False, False),
+            "carried_dot_2stages": functools.partial(_carried, step, carried, True, True),
+            "carried_rowsum_2stages": functools.partial(_carried, step, carried, False, True),
         }
         record = dict(batch=batch, context=context, q_len=q_len)
         for name, fn in variants.items():

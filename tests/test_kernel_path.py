@@ -113,7 +113,11 @@ def test_fused_scores_equal_reference_scores(monkeypatch, lse):
             max_new_tokens=MAX_NEW,
             custom_generate=hsv.generate,
             speculation=dict(
-                strategy="vegas", num_draft_tokens=3, min_tokens=4, ratio=0.3, attention_backend=backend,
+                strategy="vegas",
+                num_draft_tokens=3,
+                min_tokens=4,
+                ratio=0.3,
+                attention_backend=backend,
                 vegas_lse=lse,
             ),
         )

@@ -415,12 +415,16 @@ def test_verify_scores_with_a_carried_lse(rows):
     collection.carry(0, carried.clone())
     kept = collection.carried_lse(0)
     out = _run_reference(query, key, value, pad, start, "verify", scores=collection)
-    torch.testing.assert_close(out, _run_reference(query, key, value, pad, start, "verify"), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, _run_reference(query, key, value, pad, start, "verify"), atol=1e-5, rtol=1e-5
+    )
     keys = key[:, :, : max(start) + 5]
     logits = _brute_logits(query, keys, 0.35)  # [B, H, q, L]
     own = torch.tensor(start)[:, None] + torch.arange(5)
     slots = torch.arange(keys.shape[2])
-    mask = ((slots <= own[..., None]) & (slots >= torch.tensor(pad)[:, None, None])) | (slots == own[..., None])
+    mask = ((slots <= own[..., None]) & (slots >= torch.tensor(pad)[:, None, None])) | (
+        slots == own[..., None]
+    )
     masked = logits.masked_fill(~mask[:, None], float("-inf"))
     chosen = [0, 4] if rows == "two_rows" else list(range(5))
     want = torch.exp(masked[:, :, chosen] - carried.double()[:, :, None, None]).mean(dim=(1, 2))

@@ -111,7 +111,9 @@ def test_carried_lse_weights(monkeypatch, collect, q_len, window, softcap, per_k
     carried = torch.linspace(-1.0, 3.0, 3 * 8).view(3, 8).contiguous()
     kind = dict(window=window, collect=collect, weights=True, per_kv_head=per_kv_head, softcap=softcap)
     mine, theirs = carried.clone(), carried.clone()
-    out, scores = decode_attention(query, key, value, start, pad, scale, num_splits=3, carried_lse=mine, **kind)
+    out, scores = decode_attention(
+        query, key, value, start, pad, scale, num_splits=3, carried_lse=mine, **kind
+    )
     ref, ref_scores = decode_attention_naive(
         query.double(), key.double(), value.double(), start, pad, scale, carried_lse=theirs, **kind
     )

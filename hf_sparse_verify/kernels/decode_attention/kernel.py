@@ -233,7 +233,9 @@ def _merge_kernel(
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
     if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
         tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + m, m_max + tl.log(b_l))
-    if CARRY_LSE:  # the first row's log-sum-exp per query head: the next verify step's normaliser (LSE [B, H])
+    if (
+        CARRY_LSE
+    ):  # the first row's log-sum-exp per query head: the next verify step's normaliser (LSE [B, H])
         if i == 0:
             tl.store(LSE + b * (kv_heads * group) + kvh * group + g, m_max + tl.log(b_l))
 

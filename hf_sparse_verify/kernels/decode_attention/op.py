@@ -99,7 +99,9 @@ def _validate(
     if carried_lse is not None:
         batch, heads = query.shape[:2]
         if not (collect and weights):
-            raise ValueError("carried_lse normalises collected softmax weights: pass collect=... and weights=True")
+            raise ValueError(
+                "carried_lse normalises collected softmax weights: pass collect=... and weights=True"
+            )
         if (
             carried_lse.shape != (batch, heads)
             or carried_lse.dtype != torch.float32
