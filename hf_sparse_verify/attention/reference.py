@@ -86,9 +86,8 @@ def _collect_verify(
         lse=carried,
     )  # fmt: skip
     collection.write(layer, scores)
-    if (
-        carried is not None
-    ):  # the next verify step normalises by this step's first row (the last committed token)
+    # the next verify step normalises by this step's first row (the last committed token)
+    if carried is not None:
         carried.copy_(_row_lse(logits, mask, 0))
 
 

@@ -38,6 +38,16 @@ def _soft_cap(x, cap):
 
 
 @triton.jit
+def _first_read(start, pad, window):
+    """The first slot a row's split programs read: past the padding and the window; queries inside the padding
+    still read their own slot."""
+    lo = pad
+    if window > 0:
+        lo = tl.maximum(lo, start - window + 1)
+    return tl.minimum(lo, start)
+
+
+@triton.jit
 def _split_kernel(
     Q, K, V, START, PAD,
     O_PART, M_PART, L_PART, S_PART, LSE_IN,
@@ -59,10 +69,7 @@ def _split_kernel(
 
     start = tl.load(START + b)
     pad = tl.load(PAD + b)
-    lo = pad
-    if window > 0:
-        lo = tl.maximum(lo, start - window + 1)
-    lo = tl.minimum(lo, start)  # queries inside the padding still read their own slot
+    lo = _first_read(start, pad, window)
     hi = start + q_len
     share = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
     s_lo = lo + split * share
@@ -233,9 +240,8 @@ def _merge_kernel(
     tl.store(p_o, b_out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
     if STORE_LSE:  # the cached slots' log-sum-exp (score weights are their softmax alone, as the reference's)
         tl.store(LSE + (b * kv_heads + kvh) * (group * q_len) + m, m_max + tl.log(b_l))
-    if (
-        CARRY_LSE
-    ):  # the first row's log-sum-exp per query head: the next verify step's normaliser (LSE [B, H])
+    # the first row's log-sum-exp per query head: the next verify step's normaliser (LSE [B, H])
+    if CARRY_LSE:
         if i == 0:
             tl.store(LSE + b * (kv_heads * group) + kvh * group + g, m_max + tl.log(b_l))
 
@@ -314,10 +320,7 @@ def _head_mean_kernel(
     nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     start = tl.load(START + b)
-    lo = tl.load(PAD + b)
-    if window > 0:
-        lo = tl.maximum(lo, start - window + 1)
-    lo = tl.minimum(lo, start)
+    lo = _first_read(start, tl.load(PAD + b), window)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     read = (offs_n >= lo) & (offs_n < start + q_len)
     b_sum = tl.zeros([BLOCK_N], tl.float32)
@@ -362,6 +365,8 @@ SCORE_DOT_ROWS = True
 #: logits (lse "step") 364, no scores 298.
 CARRIED_DOT = True
 CARRIED_WEIGHT_TILES = True
+#: slots per program of `_head_mean_kernel`
+HEAD_MEAN_BLOCK = 256
 
 
 @on_input_device
@@ -387,8 +392,9 @@ def launch(
     weights kernel also averages over the KV heads: scores ``[B, C]``.
 
     ``carried_lse`` ``[B, H]`` float32 (with ``weights``): normalise the weights by it instead of each row's own
-    log-sum-exp, summed inside the split kernel (no stored logits, no weights pass); the merge then overwrites it
-    with the first query row's log-sum-exp."""
+    log-sum-exp, summed per KV head inside the split kernel (no stored logits, no weights pass; `_head_mean_kernel`
+    averages the KV heads with ``mean_heads``); the merge then overwrites it with the first query row's
+    log-sum-exp."""
     batch, heads, q_len, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -396,13 +402,8 @@ def launch(
     block_d = max(16, next_power_of_2(dim))
     weights = bool(collect) and weights
     mean_heads = weights and mean_heads
-    carried = weights and carried_lse is not None
-    if carried:
-        return _launch_carried(
-            query, key, value, start, pad, scale, window, collect, num_splits, softcap, sinks, mean_heads,
-            carried_lse,
-        )  # fmt: skip
-    tiles = split_tiles(block_m, weights)
+    carried = weights and carried_lse is not None  # weights summed in the split kernel (`CARRIED`)
+    tiles = split_tiles(block_m, weights and (CARRIED_WEIGHT_TILES or not carried))
     block_n = tiles["block_n"] if block_d <= 128 else 32
     device = query.device
     o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
@@ -410,7 +411,11 @@ def launch(
     l_part = torch.empty_like(m_part)
     rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
     score_scale = 1.0 / (group * rows_per_group)
-    if weights:  # raw logits of every scored row, normalised after the merge
+    if carried:  # per-KV-head weight sums; the head-mean kernel reads only the slots the splits wrote
+        alloc = torch.empty if mean_heads else torch.zeros
+        s_part = alloc(batch, kv_heads, capacity, device=device, dtype=torch.float32)
+        lse = carried_lse
+    elif weights:  # raw logits of every scored row, normalised after the merge
         s_part = torch.empty(
             batch, kv_heads, group * rows_per_group, capacity, device=device, dtype=torch.float32
         )
@@ -423,14 +428,16 @@ def launch(
     out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
     # the summed-query dot sums logits before any cap: only for plain logits
     score_dot = not weights and not softcap and bool(collect) and block_m == 32 and SCORE_DOT_ROWS
-    row_dot = weights and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
+    stored = weights and not carried  # the scored rows' logits go to s_part, normalised by `_weights_kernel`
+    row_dot = stored and collect == 1 and block_m > 16 and group * rows_per_group <= 16 and WEIGHT_ROW_DOT
     _split_kernel[(num_splits, kv_heads, batch)](
         query, key, value, start, pad,
-        o_part, m_part, l_part, s_part, m_part,
+        o_part, m_part, l_part, s_part, lse,
         scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
         *query.stride(), *key.stride(), *value.stride(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, WEIGHTS=weights, SCORE_DOT=score_dot, ROW_DOT=row_dot, CARRIED=False, CARRIED_DOT=False,
+        COLLECT=collect, WEIGHTS=stored, SCORE_DOT=score_dot, ROW_DOT=row_dot, CARRIED=carried,
+        CARRIED_DOT=CARRIED_DOT,
         IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
         num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         **pdl_launch(query.device),
@@ -443,13 +450,22 @@ def launch(
         q_len, group, num_splits,
         *out.stride(),
         BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-        STORE_LSE=weights, CARRY_LSE=False, HAS_SINKS=sinks is not None, num_warps=4,
+        STORE_LSE=stored, CARRY_LSE=carried, HAS_SINKS=sinks is not None, num_warps=4,
         **pdl_launch(o_part.device),
     )  # fmt: skip
     if not collect:
         return out, None
-    if not weights:
+    if not weights or (carried and not mean_heads):
         return out, s_part
+    if carried:
+        scores = torch.empty(batch, capacity, device=device, dtype=torch.float32)
+        _head_mean_kernel[(triton.cdiv(capacity, HEAD_MEAN_BLOCK), batch)](
+            s_part, start, pad, scores,
+            window, q_len, capacity,
+            KV_HEADS=kv_heads, BLOCK_N=HEAD_MEAN_BLOCK, num_warps=4,
+            **pdl_launch(s_part.device),
+        )  # fmt: skip
+        return out, scores
     shape = (batch, capacity) if mean_heads else (batch, kv_heads, capacity)
     scores = torch.empty(shape, device=device, dtype=torch.float32)
     block_r = max(2, next_power_of_2(group * rows_per_group))
@@ -460,60 +476,5 @@ def launch(
         COLLECT=collect, MEAN_HEADS=mean_heads, KV_HEADS=kv_heads if mean_heads else 1, BLOCK_R=block_r,
         BLOCK_N=block_n_w, num_warps=4,
         **pdl_launch(s_part.device),
-    )  # fmt: skip
-    return out, scores
-
-
-def _launch_carried(
-    query, key, value, start, pad, scale, window, collect, num_splits, softcap, sinks, mean_heads, carried_lse
-):  # fmt: skip
-    """`launch` with softmax weights against the carried log-sum-exp: the split kernel sums them per KV head
-    (``[B, H_kv, C]``), the merge overwrites ``carried_lse`` with the first row's, and the head-mean kernel averages
-    the KV heads (``mean_heads``)."""
-    batch, heads, q_len, dim = query.shape
-    kv_heads, capacity = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    block_m = max(16, next_power_of_2(group * q_len))
-    block_d = max(16, next_power_of_2(dim))
-    tiles = split_tiles(block_m, CARRIED_WEIGHT_TILES)
-    block_n = tiles["block_n"] if block_d <= 128 else 32
-    device = query.device
-    o_part = torch.empty(batch, kv_heads, num_splits, block_m, block_d, device=device, dtype=torch.float32)
-    m_part = torch.empty(batch, kv_heads, num_splits, block_m, device=device, dtype=torch.float32)
-    l_part = torch.empty_like(m_part)
-    rows_per_group = (2 if q_len > 1 else 1) if collect == 1 else q_len
-    score_scale = 1.0 / (group * rows_per_group)
-    # the splits write every slot they read; with mean_heads the head-mean kernel reads only those
-    alloc = torch.empty if mean_heads else torch.zeros
-    per_head = alloc(batch, kv_heads, capacity, device=device, dtype=torch.float32)
-    out = torch.empty(batch, q_len, heads, dim, device=device, dtype=query.dtype)
-    _split_kernel[(num_splits, kv_heads, batch)](
-        query, key, value, start, pad,
-        o_part, m_part, l_part, per_head, carried_lse,
-        scale, score_scale, float(softcap), window, q_len, group, num_splits, capacity, rows_per_group,
-        *query.stride(), *key.stride(), *value.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=dim,
-        COLLECT=collect, WEIGHTS=False, SCORE_DOT=False, ROW_DOT=False, CARRIED=True, CARRIED_DOT=CARRIED_DOT,
-        IEEE=query.dtype == torch.float32, DOT_F32=dot_in_float32(query.dtype), SOFTCAP=bool(softcap),
-        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
-        **pdl_launch(query.device),
-    )  # fmt: skip
-    _merge_kernel[(group * q_len, kv_heads, batch)](
-        o_part, m_part, l_part, out, carried_lse, sinks if sinks is not None else m_part,
-        q_len, group, num_splits,
-        *out.stride(),
-        BLOCK_M=block_m, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=dim,
-        STORE_LSE=False, CARRY_LSE=True, HAS_SINKS=sinks is not None, num_warps=4,
-        **pdl_launch(o_part.device),
-    )  # fmt: skip
-    if not mean_heads:
-        return out, per_head
-    scores = torch.empty(batch, capacity, device=device, dtype=torch.float32)
-    block_n_h = 256
-    _head_mean_kernel[(triton.cdiv(capacity, block_n_h), batch)](
-        per_head, start, pad, scores,
-        window, q_len, capacity,
-        KV_HEADS=kv_heads, BLOCK_N=block_n_h, num_warps=4,
-        **pdl_launch(per_head.device),
     )  # fmt: skip
     return out, scores
