@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from ..step import DeviceView, Phase, ScoreCollection
 from .dispatch import register_backend
@@ -35,6 +36,9 @@ class LogitMods:
 
 PLAIN = LogitMods()
 
+#: dtypes SDPA's flash attention takes: prefill chunks in these read grouped KV heads in place
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_FLASH_HEAD_DIM = 256
 #: query rows per explicit-logits block in prefill: bounds the float32 ``[B, H, rows, L]`` logits of long prompts
 ROW_CHUNK = 512
 
@@ -184,13 +188,25 @@ def reference_attention(
         if collection is not None and step.phase is Phase.PREFILL:
             _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, mods)
         return out.transpose(1, 2).contiguous()
-    if gqa and query.is_cuda and step.phase is Phase.PREFILL:
+    causal = view.is_plain_causal(sliding_window) or view.is_chunk_causal(sliding_window)
+    flash = (
+        causal
+        and query.is_cuda
+        and query.dtype in _FLASH_DTYPES
+        and key.shape[-1] == value.shape[-1] <= _FLASH_HEAD_DIM
+    )
+    if gqa and query.is_cuda and step.phase is Phase.PREFILL and not flash:
         # SDPA's memory-efficient kernel takes float32 and masks but not grouped heads; without it SDPA falls back
         # to the math kernel, whose [B, H, q, L] attention matrix does not fit for long prompts
         group = query.shape[1] // kv_heads
         key, value, gqa = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1), False
     if view.is_plain_causal(sliding_window):
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+    elif flash and view.is_chunk_causal(sliding_window):
+        # a later prefill chunk: causal aligned to the lower right, which SDPA runs as flash attention (half
+        # precision, grouped heads read in place) or memory-efficient attention, without a [B, 1, q, L] mask
+        bias = causal_lower_right(step.q_len, step.kv_len)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scaling, enable_gqa=gqa)
     elif view.is_full_row(sliding_window):
         out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=gqa)
     else:
@@ -198,9 +214,9 @@ def reference_attention(
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     if collection is not None and step.phase is Phase.PREFILL:
         rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
-        if view.is_plain_causal(sliding_window):  # the mask of the last rows, without building the whole one
+        if causal:  # the mask of the last rows, without building the whole one
             slots = torch.arange(step.kv_len, device=query.device)
-            own = torch.arange(step.q_len - rows, step.q_len, device=query.device)
+            own = torch.arange(step.kv_len - rows, step.kv_len, device=query.device)
             mask = (slots[None, :] <= own[:, None])[None, None]
             mask = mask.expand(query.shape[0], 1, rows, step.kv_len)
         else:

@@ -158,6 +158,18 @@ class DeviceView:
             and not sliding_window
         )
 
+    def is_chunk_causal(self, sliding_window: int | None) -> bool:
+        """True for a later chunk of an unpadded prefill: every row's ``q_len`` new tokens end at ``kv_len`` and
+        attend causally to all slots before them (a causal mask aligned to the lower right; host-side facts only)."""
+        step = self.step
+        return (
+            step.phase is Phase.PREFILL
+            and step.no_padding
+            and step.uniform_start
+            and step.kv_len >= step.q_len
+            and not sliding_window
+        )
+
     def is_full_row(self, sliding_window: int | None) -> bool:
         """True when one new token per row attends to every slot in ``[0, kv_len)`` (no padding, same start)."""
         step = self.step

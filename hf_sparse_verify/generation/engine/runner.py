@@ -94,6 +94,7 @@ class ModelRunner:
                 start,
                 Phase.PREFILL,
                 kv_len=end,
+                uniform_start=True,
                 logits_to_keep=1,
                 **(last_slots if last else {}),
             )
