@@ -385,7 +385,8 @@ def _plot(result: dict, path: Path) -> None:
 
 #: row order of the README table
 _CASE_ORDER = ["1x16384", "4x32768", "4x65536", "16x16384", "32x8192"]
-_STRATEGY_LABEL = {"k0": "K = 0", "vegas": "vegas", "streaming": "streaming", "quest": "quest",
+_STRATEGY_LABEL = {"k0": "K = 0", "vegas": "vegas", "vegas_step": "vegas (`vegas_lse=\"step\"`, the default)",
+                   "vegas_carried": "vegas (`vegas_lse=\"carried\"`)", "streaming": "streaming", "quest": "quest",
                    "vegas_utility": "vegas, utility (warm call)"}  # fmt: skip
 
 
