@@ -5,7 +5,10 @@ Our engine prefills ``PREFILL_TOKENS`` (rows x tokens) per forward. Every chunk 
 slots before it: a causal mask aligned to the lower right. Half-precision chunks run it as SDPA flash attention
 with grouped KV heads read in place (`DeviceView.is_chunk_causal`); ``--variants mask`` times the previous path
 beside it (a boolean ``[B, 1, q, L]`` mask with the KV heads repeated to the query heads, which SDPA runs as
-memory-efficient attention), by switching `is_chunk_causal` off in this process.
+memory-efficient attention), by switching `is_chunk_causal` off in this process. ``--padded`` left-pads the rows
+(row ``b`` by ``b / (2 B)`` of the context), which our engine attends to one row at a time over each row's real slots
+(`attention.reference._padded_chunk_attention`; switched off as well for ``mask``) and plain transformers with its
+4D mask.
 
 - ``ours``: ``prefill_time_s`` of a ``generate`` call (K = 0, 1 new token; CUDA events around the prefill);
 - ``plain``: ``model(input_ids, use_cache=True, logits_to_keep=1)`` with SDPA and a DynamicCache, host clock around
@@ -30,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.attention import reference
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.bench.shapes import random_model
 from hf_sparse_verify.step.context import DeviceView
@@ -37,10 +41,10 @@ from hf_sparse_verify.step.context import DeviceView
 SHAPE = "llama-3.1-8b"
 
 
-def _ours(model, ids, new_tokens: int):
+def _ours(model, ids, mask, new_tokens: int):
     out = model.generate(
         input_ids=ids,
-        attention_mask=torch.ones_like(ids),
+        attention_mask=mask,
         do_sample=False,
         max_new_tokens=new_tokens,
         custom_generate=hsv.generate,
@@ -51,10 +55,10 @@ def _ours(model, ids, new_tokens: int):
 
 
 @torch.no_grad()
-def _plain(model, ids) -> float:
+def _plain(model, ids, mask) -> float:
     torch.cuda.synchronize()
     begin = time.perf_counter()
-    model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
     torch.cuda.synchronize()
     return time.perf_counter() - begin
 
@@ -65,15 +69,18 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["ours", "mask", "plain"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=4)
+    parser.add_argument(
+        "--padded", action="store_true", help="left-pad row b by b / (2 batch) of the context"
+    )
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
     model = random_model(SHAPE, device, torch.bfloat16)
     vocab = model.config.vocab_size
-    chunk_causal = DeviceView.is_chunk_causal
+    chunk_causal, padded_chunk = DeviceView.is_chunk_causal, reference._is_padded_chunk
     warm = torch.randint(0, vocab, (1, 1024), device=device)
-    _plain(model, warm)
-    _ours(model, warm, 2)
+    _plain(model, warm, torch.ones_like(warm))
+    _ours(model, warm, torch.ones_like(warm), 2)
     records = []
     bar = tqdm(
         total=len(args.cases) * len(args.variants) * args.repeats, desc="bench_prefill", file=sys.stdout
@@ -83,26 +90,31 @@ def main() -> None:
         ids = torch.randint(
             0, vocab, (batch, context), device=device, generator=torch.Generator(device).manual_seed(0)
         )
+        mask = torch.ones_like(ids)
+        for row in range(batch):  # --padded: row b left-padded by b / (2 B) of the context
+            mask[row, : row * context // (2 * batch) if args.padded else 0] = 0
         tokens = {}
         for variant in args.variants:
-            DeviceView.is_chunk_causal = chunk_causal if variant != "mask" else (lambda self, window: False)
+            previous = variant == "mask"
+            DeviceView.is_chunk_causal = (lambda self, window: False) if previous else chunk_causal
+            reference._is_padded_chunk = (lambda view, window: False) if previous else padded_chunk
             times = []
             for _ in range(args.repeats):
                 if variant == "plain":
-                    times.append(_plain(model, ids))
+                    times.append(_plain(model, ids, mask))
                 else:
-                    seconds, tokens[variant] = _ours(model, ids, args.new_tokens)
+                    seconds, tokens[variant] = _ours(model, ids, mask, args.new_tokens)
                     times.append(seconds)
                 hsv.clear_graph_cache()
                 torch.cuda.empty_cache()
                 bar.update(1)
             record = dict(
-                shape=SHAPE, batch=batch, context=context, variant=variant, prefill_s=statistics.median(times),
-                runs_s=times, prompt_tokens_per_s=batch * context / statistics.median(times),
+                shape=SHAPE, batch=batch, context=context, padded=args.padded, variant=variant, prefill_s=statistics.median(times),
+                runs_s=times, prompt_tokens_per_s=int(mask.sum()) / statistics.median(times),
             )  # fmt: skip
             records.append(record)
             print(json.dumps(record), flush=True)
-        DeviceView.is_chunk_causal = chunk_causal
+        DeviceView.is_chunk_causal, reference._is_padded_chunk = chunk_causal, padded_chunk
         if "ours" in tokens and "mask" in tokens:
             same = (tokens["ours"] == tokens["mask"]).all(dim=1)
             records.append(dict(batch=batch, context=context, rows_same_tokens=int(same.sum()), rows=batch))

@@ -189,12 +189,17 @@ def reference_attention(
             _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, mods)
         return out.transpose(1, 2).contiguous()
     causal = view.is_plain_causal(sliding_window) or view.is_chunk_causal(sliding_window)
-    flash = (
-        causal
-        and query.is_cuda
-        and query.dtype in _FLASH_DTYPES
-        and key.shape[-1] == value.shape[-1] <= _FLASH_HEAD_DIM
+    half = (
+        query.is_cuda and query.dtype in _FLASH_DTYPES and key.shape[-1] == value.shape[-1] <= _FLASH_HEAD_DIM
     )
+    flash = causal and half
+    if half and not causal and _is_padded_chunk(view, sliding_window):
+        out = _padded_chunk_attention(query, key, value, view, scaling)
+        if collection is not None:
+            _collect_prefill(
+                collection, layer, query, key, _last_rows_mask(view, collection), scaling, kv_heads, PLAIN
+            )
+        return out
     if gqa and query.is_cuda and step.phase is Phase.PREFILL and not flash:
         # SDPA's memory-efficient kernel takes float32 and masks but not grouped heads; without it SDPA falls back
         # to the math kernel, whose [B, H, q, L] attention matrix does not fit for long prompts
@@ -213,13 +218,62 @@ def reference_attention(
         mask = view.mask(sliding_window)  # [B, 1, q, L]
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     if collection is not None and step.phase is Phase.PREFILL:
-        rows = min(collection.PREFILL_SEED_ROWS, query.shape[2])
-        if causal:  # the mask of the last rows, without building the whole one
-            slots = torch.arange(step.kv_len, device=query.device)
-            own = torch.arange(step.kv_len - rows, step.kv_len, device=query.device)
-            mask = (slots[None, :] <= own[:, None])[None, None]
-            mask = mask.expand(query.shape[0], 1, rows, step.kv_len)
-        else:
-            mask = view.mask(sliding_window)
+        # the mask of the last rows, without building the whole one, where every row's chunk ends at kv_len
+        mask = _last_rows_mask(view, collection) if causal else view.mask(sliding_window)
         _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, PLAIN)
     return out.transpose(1, 2).contiguous()
+
+
+def _is_padded_chunk(view: DeviceView, sliding_window: int | None) -> bool:
+    """A prefill chunk of a left-padded batch: every row's chunk ends at ``kv_len`` (host-side facts only)."""
+    step = view.step
+    return (
+        step.phase is Phase.PREFILL
+        and step.uniform_start
+        and not step.no_padding
+        and step.host_pad is not None
+        and step.kv_len >= step.q_len
+        and not sliding_window
+    )
+
+
+def _padded_chunk_attention(query, key, value, view: DeviceView, scaling: float) -> torch.Tensor:
+    """Causal attention of a left-padded prefill chunk, one row at a time: row ``b`` attends to its slots
+    ``[pad_b, kv_len)`` through SDPA's lower-right causal mask (flash attention, grouped KV heads in place), so no
+    ``[B, 1, q, L]`` mask is built. Queries on padding slots attend to their own slot only, as `DeviceView.mask`
+    lets them (finite values no real token reads). The pads come from the host (`StepContext.host_pad`).
+
+    Returns ``[B, q, H, D_v]``.
+    """
+    step = view.step
+    first = step.kv_len - step.q_len  # every row's chunk starts here
+    gqa = query.shape[1] != key.shape[1]
+    out = torch.empty_like(query)
+    for row, pad in enumerate(step.host_pad):
+        real = max(
+            0, min(step.q_len, step.kv_len - max(pad, first))
+        )  # query rows on real slots (the last ones)
+        if real < step.q_len:  # padding queries: their own slot's value
+            own = view.query_slots[row, : step.q_len - real]
+            group = query.shape[1] // key.shape[1]
+            out[row, :, : step.q_len - real] = value[row, :, own].repeat_interleave(group, dim=0)
+        if real:
+            q = query[row : row + 1, :, step.q_len - real :]
+            k = key[row : row + 1, :, max(pad, 0) : step.kv_len]
+            v = value[row : row + 1, :, max(pad, 0) : step.kv_len]
+            bias = causal_lower_right(real, k.shape[2])
+            out[row : row + 1, :, step.q_len - real :] = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, scale=scaling, enable_gqa=gqa
+            )
+    return out.transpose(1, 2).contiguous()
+
+
+def _last_rows_mask(view: DeviceView, collection: ScoreCollection) -> torch.Tensor:
+    """`DeviceView.mask` of a prefill chunk's last `ScoreCollection.PREFILL_SEED_ROWS` query rows only, for chunks
+    that end at ``kv_len`` in every row (no sliding window): ``[B, 1, rows, kv_len]``."""
+    step = view.step
+    rows = min(collection.PREFILL_SEED_ROWS, step.q_len)
+    slots = torch.arange(step.kv_len, device=view.device)
+    own = torch.arange(step.kv_len - rows, step.kv_len, device=view.device)[None, :, None]  # [1, rows, 1]
+    mask = ((slots <= own) & (slots >= view.pad[:, None, None])) | (slots == own)
+    return mask[:, None]

@@ -44,6 +44,8 @@ class StepContext:
         backend: attention backend name (see `hf_sparse_verify.attention.dispatch`).
         no_padding / uniform_start: host-side facts (no row padded and every start 0 / every row at the same
             start) that let eager backends skip masks; always False in captured steps.
+        host_pad: ``pad`` as host integers, given to eager prefill steps (per-row attention of padded prompts
+            without a read back); None elsewhere.
         kv_selection: draft-time KV selection (owner: the self-speculative drafter), read by draft steps.
         scores: attention-score collection (owner: the Vegas drafter), written by verify and prefill steps.
         verify_sparsity: verify-time sparsity (owner: sparse verification), read by verify steps.
@@ -57,6 +59,7 @@ class StepContext:
     backend: str = "reference"
     no_padding: bool = False
     uniform_start: bool = False
+    host_pad: tuple[int, ...] | None = None
     kv_selection: KVSelection | None = None
     scores: ScoreCollection | None = None
     verify_sparsity: VerifySparsity | None = None

@@ -41,6 +41,7 @@ class ModelRunner:
         self.backend = backend
         self.pad_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # fixed: graphs read it
         self.no_padding = True
+        self.pad_host = (0,) * batch
         self.graphs: StepGraphs | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
         self.graph_obstacle = graph_obstacle(model)  # several GPUs or tensor parallelism: eager steps
@@ -48,6 +49,7 @@ class ModelRunner:
     def set_padding(self, pad: list[int]) -> None:
         """Left padding of this call's rows (copied into the fixed buffer that captured steps read)."""
         self.pad_t.copy_(to_device(pad, self.device))
+        self.pad_host = tuple(int(p) for p in pad)
         self.no_padding = max(pad) == 0
 
     def can_capture(self) -> bool:
@@ -146,6 +148,7 @@ class ModelRunner:
             backend=self.backend,
             no_padding=self.no_padding,
             uniform_start=uniform_start,
+            host_pad=self.pad_host if phase is Phase.PREFILL else None,
             **slots,
         )
         logits = self.run_model(ids.to(self.device), step, logits_to_keep)
