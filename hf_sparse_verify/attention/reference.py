@@ -189,11 +189,11 @@ def reference_attention(
             _collect_prefill(collection, layer, query, key, mask, scaling, kv_heads, mods)
         return out.transpose(1, 2).contiguous()
     causal = view.is_plain_causal(sliding_window) or view.is_chunk_causal(sliding_window)
-    half = (
+    flash_ok = (
         query.is_cuda and query.dtype in _FLASH_DTYPES and key.shape[-1] == value.shape[-1] <= _FLASH_HEAD_DIM
     )
-    flash = causal and half
-    if half and not causal and _is_padded_chunk(view, sliding_window):
+    flash = causal and flash_ok
+    if flash_ok and _is_padded_chunk(view, sliding_window):
         out = _padded_chunk_attention(query, key, value, view, scaling)
         if collection is not None:
             _collect_prefill(
@@ -227,14 +227,7 @@ def reference_attention(
 def _is_padded_chunk(view: DeviceView, sliding_window: int | None) -> bool:
     """A prefill chunk of a left-padded batch: every row's chunk ends at ``kv_len`` (host-side facts only)."""
     step = view.step
-    return (
-        step.phase is Phase.PREFILL
-        and step.uniform_start
-        and not step.no_padding
-        and step.host_pad is not None
-        and step.kv_len >= step.q_len
-        and not sliding_window
-    )
+    return not step.no_padding and step.host_pad is not None and view.is_prefill_chunk(sliding_window)
 
 
 def _padded_chunk_attention(query, key, value, view: DeviceView, scaling: float) -> torch.Tensor:
@@ -247,23 +240,22 @@ def _padded_chunk_attention(query, key, value, view: DeviceView, scaling: float)
     """
     step = view.step
     first = step.kv_len - step.q_len  # every row's chunk starts here
-    gqa = query.shape[1] != key.shape[1]
+    group = query.shape[1] // key.shape[1]
     out = torch.empty_like(query)
     for row, pad in enumerate(step.host_pad):
-        real = max(
-            0, min(step.q_len, step.kv_len - max(pad, first))
-        )  # query rows on real slots (the last ones)
-        if real < step.q_len:  # padding queries: their own slot's value
-            own = view.query_slots[row, : step.q_len - real]
-            group = query.shape[1] // key.shape[1]
-            out[row, :, : step.q_len - real] = value[row, :, own].repeat_interleave(group, dim=0)
-        if real:
-            q = query[row : row + 1, :, step.q_len - real :]
-            k = key[row : row + 1, :, max(pad, 0) : step.kv_len]
-            v = value[row : row + 1, :, max(pad, 0) : step.kv_len]
-            bias = causal_lower_right(real, k.shape[2])
-            out[row : row + 1, :, step.q_len - real :] = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, scale=scaling, enable_gqa=gqa
+        # the chunk's first `padding` query rows sit on padding slots, the rest on real ones
+        padding = min(step.q_len, max(0, pad - first))
+        if padding:  # padding queries: their own slot's value
+            own = view.query_slots[row, :padding]
+            out[row, :, :padding] = value[row, :, own].repeat_interleave(group, dim=0)
+        if padding < step.q_len:
+            out[row : row + 1, :, padding:] = F.scaled_dot_product_attention(
+                query[row : row + 1, :, padding:],
+                key[row : row + 1, :, pad : step.kv_len],
+                value[row : row + 1, :, pad : step.kv_len],
+                attn_mask=causal_lower_right(step.q_len - padding, step.kv_len - pad),
+                scale=scaling,
+                enable_gqa=group > 1,
             )
     return out.transpose(1, 2).contiguous()
 

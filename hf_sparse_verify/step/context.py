@@ -161,17 +161,20 @@ class DeviceView:
             and not sliding_window
         )
 
-    def is_chunk_causal(self, sliding_window: int | None) -> bool:
-        """True for a later chunk of an unpadded prefill: every row's ``q_len`` new tokens end at ``kv_len`` and
-        attend causally to all slots before them (a causal mask aligned to the lower right; host-side facts only)."""
+    def is_prefill_chunk(self, sliding_window: int | None) -> bool:
+        """True for a prefill chunk whose ``q_len`` new tokens end at ``kv_len`` in every row, on a full-attention
+        layer: its mask is causal aligned to the lower right, past each row's padding (host-side facts only)."""
         step = self.step
         return (
             step.phase is Phase.PREFILL
-            and step.no_padding
             and step.uniform_start
             and step.kv_len >= step.q_len
             and not sliding_window
         )
+
+    def is_chunk_causal(self, sliding_window: int | None) -> bool:
+        """True for an unpadded `is_prefill_chunk`: every row attends causally to all slots before its tokens."""
+        return self.step.no_padding and self.is_prefill_chunk(sliding_window)
 
     def is_full_row(self, sliding_window: int | None) -> bool:
         """True when one new token per row attends to every slot in ``[0, kv_len)`` (no padding, same start)."""

@@ -40,8 +40,7 @@ class ModelRunner:
         self.out_device = out_device
         self.backend = backend
         self.pad_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # fixed: graphs read it
-        self.no_padding = True
-        self.pad_host = (0,) * batch
+        self.pad_host = (0,) * batch  # the same pads on the host (eager prefill steps read them)
         self.graphs: StepGraphs | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
         self.graph_obstacle = graph_obstacle(model)  # several GPUs or tensor parallelism: eager steps
@@ -50,7 +49,10 @@ class ModelRunner:
         """Left padding of this call's rows (copied into the fixed buffer that captured steps read)."""
         self.pad_t.copy_(to_device(pad, self.device))
         self.pad_host = tuple(int(p) for p in pad)
-        self.no_padding = max(pad) == 0
+
+    @property
+    def no_padding(self) -> bool:
+        return max(self.pad_host) == 0
 
     def can_capture(self) -> bool:
         """CUDA graphs need a CUDA model on one GPU and the ``triton`` backend (whose kernels read lengths on the
