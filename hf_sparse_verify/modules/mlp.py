@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from ..kernels._triton import compiled_on
-from ..kernels.sparse_ffn import channel_mask_naive, gated_act, masked_down, sparse_gate_up
+from ..kernels.sparse_ffn import channel_mask_naive, gated_act, sparse_ffn
 from ..step import current_step
 
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
@@ -109,10 +109,9 @@ class GatedMLP(torch.nn.Module):
             act = self.act_fn(self.gate_proj(x))  # [B, q, I]
             keep = channel_mask_naive(act, tau)  # [B, I]
             return self.down_proj(torch.where(keep[:, None, :], act * self.up_proj(x), 0))
-        h, keep = sparse_gate_up(x, self.gate_proj.weight, self.up_proj.weight, tau)  # [B, q, I], [B, I]
         weight = self.down_proj.weight  # [H, I]
         down_t = transposed_copy(weight) if self.down_copy and x.device.type == "cuda" else weight.T
-        return masked_down(h, down_t, keep)
+        return sparse_ffn(x, self.gate_proj.weight, self.up_proj.weight, down_t, tau)
 
 
 def transposed_copy(weight: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Sparse FFN kernels: the fused gated activation, the sparse gate/up and the masked down projection (Triton,
-interpreted on CPU) vs the float64 references on odd shapes (several row tiles, several down splits, nothing or
+"""Sparse FFN kernels: the fused gated activation, the sparse gate/up, the masked down projection, the kept-channel
+list and the fused sparse MLP (Triton, interpreted on CPU) vs the float64 references on odd shapes (several row tiles, several down splits, nothing or
 everything kept), both layouts of the down weight, skipped weight rows never read, poisoned buffers, the CPU fallback
 of the custom ops, input checks and the benchmark cases."""
 
@@ -148,6 +148,45 @@ def test_masked_down_matches_reference(poisoned, dtype, batch, q_len, hidden, in
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, q_len, hidden, inter, skipped", SHAPES)
+@pytest.mark.parametrize("down_layout", ["copy", "view"])
+def test_sparse_ffn_launch_matches_reference(
+    poisoned, dtype, batch, q_len, hidden, inter, skipped, down_layout
+):
+    """The fused path (one channel list for up and down, up written compacted) against the float64 reference; in
+    bf16 against the reference's own bf16 mask, since a value at tau may fall either way."""
+    x, w_gate, w_up, w_down, tau = inputs(batch, q_len, hidden, inter, dtype, skipped, seed=batch + 2 * q_len)
+    w_down_t = w_down.T.contiguous() if down_layout == "copy" else w_down.T
+    out = kernel_module.sparse_ffn_launch(x, w_gate, w_up, w_down_t, tau)
+    if dtype == torch.float32:
+        ref = sparse_mlp_naive(x.double(), w_gate.double(), w_up.double(), w_down.double(), tau)
+    else:  # the kernel's mask (checked against the reference's), then the reference's bf16 products under it
+        keep = kernel_module._gate_keep(x, w_gate, tau)[1].bool()
+        dense_h, _ = sparse_gate_up_naive(x, w_gate, w_up, torch.zeros(()))
+        assert (keep != sparse_gate_up_naive(x, w_gate, w_up, tau)[1]).float().mean() <= 0.05
+        h = torch.where(keep[:, None, :], dense_h, 0)
+        ref = masked_down_naive(h.double(), w_down_t.double(), keep)
+    check(out, ref, dtype)
+    if skipped == 1.0:
+        assert (out == 0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("batch, inter, share", [(1, 300, 0.3), (3, 4500, 0.5), (2, 40, 0.0), (2, 40, 1.0)])
+def test_kept_channels_lists_the_union_in_order(poisoned, batch, inter, share):
+    """The channel list: every channel some row keeps, ascending, then the count in the last slot (several list
+    chunks at 4500 channels)."""
+    g = torch.Generator().manual_seed(inter)
+    keep = (torch.rand(batch, inter, generator=g) < share).to(DEVICE)
+    channels = kernel_module.kept_channels_launch(keep)
+    want = keep.any(0).nonzero().flatten()
+    count = int(channels[inter])
+    assert channels.dtype == torch.int32 and channels.shape == (inter + 1,)
+    assert count == want.numel() and torch.equal(channels[:count].long(), want)
+
+
+@needs_triton
 @pytest.mark.parametrize("batch, skipped", [(2, 0.7), (9, 0.95)])
 def test_sparse_kernels_read_only_kept_rows(poisoned, batch, skipped):
     """NaN in every row of ``w_up`` and ``w_down_t`` that no batch row keeps: the output stays finite, so those rows
@@ -162,6 +201,7 @@ def test_sparse_kernels_read_only_kept_rows(poisoned, batch, skipped):
     w_down_t[~used] = float("nan")
     h, keep = kernel_module.sparse_gate_up_launch(x, w_gate, w_up, tau)
     check(kernel_module.masked_down_launch(h, w_down_t, keep), ref, torch.float32)
+    check(kernel_module.sparse_ffn_launch(x, w_gate, w_up, w_down_t, tau), ref, torch.float32)
 
 
 def test_mask_is_max_over_the_rows_tokens():
@@ -207,6 +247,7 @@ def test_ops_fall_back_to_the_reference(monkeypatch):
     ref_h, ref_keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
     assert torch.equal(h, ref_h) and torch.equal(keep, ref_keep)
     assert torch.equal(masked_down(h, w_down.T, keep), masked_down_naive(h, w_down.T, keep))
+    assert torch.equal(sparse_ffn(x, w_gate, w_up, w_down.T, tau), masked_down_naive(h, w_down.T, keep))
 
 
 def test_input_checks():
@@ -224,6 +265,12 @@ def test_input_checks():
         sparse_gate_up(x, w_gate, w_up, torch.zeros(2))
     with pytest.raises(ValueError, match=r"pass down_proj.weight.T"):
         masked_down(h, w_down, keep)
+    with pytest.raises(ValueError, match=r"pass down_proj.weight.T"):
+        sparse_ffn(x, w_gate, w_up, w_down, tau)
+    with pytest.raises(ValueError, match="at most 128 verify tokens"):
+        sparse_ffn(torch.zeros(1, 129, 16), w_gate, w_up, w_down.T, tau)
+    with pytest.raises(ValueError, match="x's dtype"):
+        sparse_ffn(x, w_gate, w_up, w_down.T.double(), tau)
     with pytest.raises(ValueError, match="keep must be bool"):
         masked_down(h, w_down.T, keep.int())
     with pytest.raises(ValueError, match="share one float dtype"):

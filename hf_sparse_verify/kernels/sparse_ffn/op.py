@@ -1,4 +1,4 @@
-"""``hsv::gated_act``, ``hsv::sparse_gate_up`` and ``hsv::masked_down``: validation, registration with
+"""``hsv::gated_act``, ``hsv::sparse_gate_up``, ``hsv::masked_down`` and ``hsv::sparse_ffn``: validation, registration with
 ``torch.library``, Triton where it runs, the reference elsewhere (CPU without ``TRITON_INTERPRET=1``, float64)."""
 
 from __future__ import annotations
@@ -59,6 +59,23 @@ def _masked_down_op(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor)
 @_masked_down_op.register_fake
 def _(h, w_down_t, keep):
     return h.new_empty((*h.shape[:2], w_down_t.shape[1]))
+
+
+@torch.library.custom_op("hsv::sparse_ffn", mutates_args=())
+def _sparse_ffn_op(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, tau: torch.Tensor
+) -> torch.Tensor:
+    if _use_triton(x):
+        from .kernel import sparse_ffn_launch
+
+        return sparse_ffn_launch(x, w_gate, w_up, w_down_t, tau)
+    h, keep = sparse_gate_up_naive(x, w_gate, w_up, tau)
+    return masked_down_naive(h, w_down_t, keep)
+
+
+@_sparse_ffn_op.register_fake
+def _(x, w_gate, w_up, w_down_t, tau):
+    return x.new_empty((*x.shape[:2], w_down_t.shape[1]))
 
 
 def _same_device(*tensors: torch.Tensor) -> None:
@@ -125,13 +142,19 @@ def sparse_gate_up(
         >>> bool(keep.all()), torch.allclose(h, F.silu(x @ wg.T) * (x @ wu.T), atol=1e-5)
         (True, True)
     """
+    tau = _check_gate_up("sparse_gate_up", x, w_gate, w_up, tau)
+    return torch.ops.hsv.sparse_gate_up(_unit_last(x), _unit_last(w_gate), _unit_last(w_up), tau)
+
+
+def _check_gate_up(name: str, x, w_gate, w_up, tau) -> torch.Tensor:
+    """Validates the gate/up inputs of ``name``; returns ``tau`` as a float32 scalar tensor on ``x``'s device."""
     if x.dim() != 3 or w_gate.dim() != 2 or w_up.shape != w_gate.shape or w_gate.shape[1] != x.shape[-1]:
         raise ValueError(
-            "sparse_gate_up needs x [B, q, H] (reshape the MLP input to [batch rows, verify tokens, hidden]) and "
+            f"{name} needs x [B, q, H] (reshape the MLP input to [batch rows, verify tokens, hidden]) and "
             f"w_gate, w_up [I, H]; got {tuple(x.shape)}, {tuple(w_gate.shape)}, {tuple(w_up.shape)}"
         )
     if x.shape[1] > 128:
-        raise ValueError(f"sparse_gate_up takes at most 128 verify tokens per row; got {x.shape[1]}")
+        raise ValueError(f"{name} takes at most 128 verify tokens per row; got {x.shape[1]}")
     if x.dtype not in _FLOAT_DTYPES or w_gate.dtype != x.dtype or w_up.dtype != x.dtype:
         raise ValueError(
             f"x and the weights must share one float dtype; got {x.dtype}, {w_gate.dtype}, {w_up.dtype}"
@@ -140,7 +163,7 @@ def sparse_gate_up(
     if tau.dim() != 0:
         raise ValueError(f"tau must be a scalar (one threshold per layer); got shape {tuple(tau.shape)}")
     _same_device(x, w_gate, w_up)
-    return torch.ops.hsv.sparse_gate_up(_unit_last(x), _unit_last(w_gate), _unit_last(w_up), tau)
+    return tau
 
 
 def masked_down(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -185,9 +208,10 @@ def sparse_ffn(
 ) -> torch.Tensor:
     """The sparse gated MLP of a verify step (papers/000 §3.4): dense gate activations, one channel mask per batch
     row (channel kept when its ``|silu(gate)|`` reaches ``tau`` for one of the row's tokens), up and down over the
-    kept channels only (two launches on the GPU, three when the down projection is split). ``x`` ``[B, q, H]``,
-    ``w_gate`` / ``w_up`` / ``w_down_t`` ``[I, H]``, ``tau`` ``[]`` float32 -> ``[B, q, H]``. ``tau = 0`` gives the
-    dense MLP.
+    channels some row keeps only. On the GPU: the gate pass writes the masks, one program lists the kept channels
+    (no host sync), and up and down loop over that list, so a skipped channel costs neither a read nor a step (four
+    launches, five when the down projection is split). ``x`` ``[B, q, H]``, ``w_gate`` / ``w_up`` / ``w_down_t``
+    ``[I, H]``, ``tau`` ``[]`` float32 -> ``[B, q, H]``. ``tau = 0`` gives the dense MLP.
 
     Example:
         >>> x, wg, wu, wd = torch.randn(2, 3, 16), torch.randn(24, 16), torch.randn(24, 16), torch.randn(16, 24)
@@ -195,5 +219,13 @@ def sparse_ffn(
         >>> torch.allclose(y, (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T, atol=1e-4)
         True
     """
-    h, keep = sparse_gate_up(x, w_gate, w_up, tau)
-    return masked_down(h, w_down_t, keep)
+    tau = _check_gate_up("sparse_ffn", x, w_gate, w_up, tau)
+    if w_down_t.dim() != 2 or tuple(w_down_t.shape) != (w_gate.shape[0], x.shape[2]):
+        raise ValueError(
+            f"sparse_ffn needs w_down_t [I, H] = [{w_gate.shape[0]}, {x.shape[2]}] (pass down_proj.weight.T, not "
+            f"down_proj.weight); got {tuple(w_down_t.shape)}"
+        )
+    if w_down_t.dtype != x.dtype:
+        raise ValueError(f"w_down_t must have x's dtype {x.dtype}; got {w_down_t.dtype}")
+    _same_device(x, w_down_t)
+    return torch.ops.hsv.sparse_ffn(_unit_last(x), _unit_last(w_gate), _unit_last(w_up), w_down_t, tau)
