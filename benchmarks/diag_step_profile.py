@@ -3,7 +3,9 @@
 `experts_for_decoding`, as in ``bench step``), CUDA kernels grouped by name, and the step's kernel count.
 
 ``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``; ``--batch 4 --context
-65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores).
+65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores);
+``--context 65536 --new-tokens 16 --sparse attn_reuse_ffn75`` a LOSSY sparse verify step of one of
+`bench_sparse_verify`'s settings (set up as there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,25 @@ from hf_sparse_verify.moe.experts import experts_for_decoding
 from hf_sparse_verify.step import Phase, ScoreCollection
 
 
+def _sparse_state(name, model, runner, at, width, device):
+    """The `SparseVerifyState` `bench_sparse_verify` times for setting ``name`` (FFN tau per shape, stand-in
+    anchors), with its block summaries built from the cache."""
+    from benchmarks.bench_sparse_verify import FFN_SHARE, SETTINGS, _anchors, _ffn_tau
+    from hf_sparse_verify.sparse.config import LossySparseVerify, SparseFFN
+    from hf_sparse_verify.sparse.state import SparseVerifyState
+
+    cfg = SETTINGS[name]
+    if name in FFN_SHARE:
+        cfg = LossySparseVerify(
+            attention=cfg.attention, ffn=SparseFFN(tau=_ffn_tau(model, FFN_SHARE[name], width))
+        )
+    layers = model.config.get_text_config().num_hidden_layers
+    calibration = _anchors(layers) if cfg.attention is not None and cfg.attention.reuse else None
+    state = SparseVerifyState(cfg, layers, calibration, runner.cache.layer_devices(device))
+    state.prefill(runner.cache, runner.pad_t, at)
+    return state
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,6 +53,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--vegas-scores", action="store_true", help="collect Vegas' two-row weight scores")
+    parser.add_argument(
+        "--sparse", help="a setting of benchmarks/bench_sparse_verify.py (LOSSY sparse verify)"
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -57,10 +81,14 @@ def main() -> None:
         assert runner.capture([width])
         if scores is not None:
             assert runner.capture([width], Phase.VERIFY, scores=scores)
+        sparsity = _sparse_state(args.sparse, model, runner, at, width, device) if args.sparse else None
+        if sparsity is not None:
+            assert runner.capture([width], Phase.VERIFY, verify_sparsity=sparsity)
         ids = torch.randint(0, 1000, (batch, width), device=device)
         step = functools.partial(
-            runner.forward, ids, at, Phase.VERIFY, kv_len=args.context + width, scores=scores
-        )
+            runner.forward, ids, at, Phase.VERIFY, kv_len=args.context + width, scores=scores,
+            verify_sparsity=sparsity,
+        )  # fmt: skip
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -72,7 +100,7 @@ def main() -> None:
     total = sum(r["us_per_step"] for r in rows)
     count = sum(r["calls_per_step"] for r in rows)
     print(
-        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
+        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores} sparse {args.sparse}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
     )
     for r in rows[:25]:
         print(f"{r['us_per_step']:9.1f} us  {r['calls_per_step']:6.1f}x  {r['kernel']}")

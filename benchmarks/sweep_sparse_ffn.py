@@ -47,6 +47,15 @@ VARIANTS = [{key: value} for key, values in SINGLE.items() for value in values] 
     {"gate_k": 256, "gate_warps": 8},
     {"up_n": 64, "up_warps": 8},
 ]
+#: the second sweep (after the first chose the defaults): the channel list in one block, deeper up / down pipelines
+VARIANTS_2 = [
+    {"list_block": 16384}, {"list_block": 16384, "list_warps": 8}, {"list_block": 16384, "list_warps": 16},
+    {"list_block": 8192, "list_warps": 8}, {"list_warps": 8},
+    {"up_k": 256, "up_stages": 4}, {"up_n": 16, "up_k": 256}, {"up_n": 16, "up_k": 256, "up_stages": 4},
+    {"up_n": 16, "up_stages": 5}, {"up_k": 512, "up_stages": 2},
+    {"down_n": 128, "down_s": 64, "down_stages": 4}, {"down_stages": 5}, {"down_s": 256, "down_stages": 2},
+    {"DOWN_PROGRAMS": 384},
+]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -107,7 +116,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="+",
-        help="settings to try instead of VARIANTS, e.g. down_s=256 down_n=128,down_s=128; 'none' for none",
+        help="settings to try instead of VARIANTS, e.g. down_s=256 down_n=128,down_s=128; 'none' for none, "
+        "'second' for VARIANTS_2",
     )
     parser.add_argument("--previous", help="a previous kernel.py to time side by side (see _load_old)")
     parser.add_argument("--json")
@@ -123,7 +133,7 @@ def main() -> None:
     size = w_gate.element_size()
     variants = VARIANTS
     if args.variants:
-        variants = [] if args.variants == ["none"] else [
+        variants = [] if args.variants == ["none"] else VARIANTS_2 if args.variants == ["second"] else [
             {k: int(v) for k, v in (kv.split("=") for kv in item.split(","))} for item in args.variants
         ]  # fmt: skip
     old = _load_old(args.previous) if args.previous else None

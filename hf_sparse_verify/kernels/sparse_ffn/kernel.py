@@ -43,7 +43,7 @@ TILES = {
     "gate_n": 32, "gate_k": 128, "gate_warps": 4, "gate_stages": 3,
     "up_n": 32, "up_k": 128, "up_warps": 4, "up_stages": 3,
     "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3,
-    "list_block": 4096,
+    "list_block": 4096, "list_warps": 4,
 }  # fmt: skip
 #: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
 #: rows of 16 verify tokens share one read of the weights
@@ -319,7 +319,8 @@ def kept_channels_launch(keep: torch.Tensor) -> torch.Tensor:
     batch, inter = keep.shape
     channels = _empty((inter + 1,), keep.device, torch.int32)
     _kept_channels_kernel[(1,)](
-        keep, channels, batch, inter, keep.stride(0), BLOCK=_block(inter, TILES["list_block"]), num_warps=4,
+        keep, channels, batch, inter, keep.stride(0), BLOCK=_block(inter, TILES["list_block"]),
+        num_warps=TILES["list_warps"],
         **pdl_launch(keep.device),
     )  # fmt: skip
     return channels
