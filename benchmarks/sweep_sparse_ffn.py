@@ -49,6 +49,7 @@ VARIANTS = [{key: value} for key, values in SINGLE.items() for value in values] 
 ]
 #: the second sweep (after the first chose the defaults): the channel list in one block, deeper up / down pipelines
 VARIANTS_2 = [
+    {"up_split": 1}, {"up_split": 2}, {"up_split": 8}, {"up_split": 8, "up_k": 64}, {"up_split": 4, "up_n": 16},
     {"list_block": 16384}, {"list_block": 16384, "list_warps": 8}, {"list_block": 16384, "list_warps": 16},
     {"list_block": 8192, "list_warps": 8}, {"list_warps": 8},
     {"up_k": 256, "up_stages": 4}, {"up_n": 16, "up_k": 256}, {"up_n": 16, "up_k": 256, "up_stages": 4},
@@ -79,13 +80,11 @@ def _parts(x, w_gate, w_up, w_down_t, tau, device) -> dict:
     """Each launch of the fused sparse MLP timed alone, and the whole."""
     h, keep = ffn_kernel._gate_keep(x, w_gate, tau)
     channels = ffn_kernel.kept_channels_launch(keep)
-    hc = ffn_kernel._compact_up(x, w_up, h, keep, channels, compact_out=True)
+    hc = ffn_kernel._compact_up(x, w_up, h, channels, compact_out=True)
     return dict(
         gate_us=_time(functools.partial(ffn_kernel._gate_keep, x, w_gate, tau), device),
         list_us=_time(functools.partial(ffn_kernel.kept_channels_launch, keep), device),
-        up_us=_time(
-            functools.partial(ffn_kernel._compact_up, x, w_up, h.clone(), keep, channels, True), device
-        ),
+        up_us=_time(functools.partial(ffn_kernel._compact_up, x, w_up, h.clone(), channels, True), device),
         down_us=_time(functools.partial(ffn_kernel._compact_down, hc, w_down_t, channels, True), device),
         whole_us=_time(
             functools.partial(ffn_kernel.sparse_ffn_launch, x, w_gate, w_up, w_down_t, tau), device

@@ -173,6 +173,26 @@ def test_sparse_ffn_launch_matches_reference(
 
 
 @needs_triton
+@pytest.mark.parametrize("up_split, up_k", [(1, 16), (2, 32), (4, 16), (3, 16)])
+@pytest.mark.parametrize("batch, q_len, skipped", [(1, 16, 0.5), (3, 5, 0.75)])
+def test_up_split_over_hidden(poisoned, monkeypatch, up_split, up_k, batch, q_len, skipped):
+    """The up projection with the hidden dimension split over programs (partial sums added by the last split to
+    arrive), ragged last split included (100 = 32 + 32 + 32 + 4 at 16-wide steps), against the reference."""
+    monkeypatch.setitem(kernel_module.TILES, "up_split", up_split)
+    monkeypatch.setitem(kernel_module.TILES, "up_k", up_k)
+    x, w_gate, w_up, w_down, tau = inputs(batch, q_len, 100, 72, torch.float32, skipped, seed=up_split)
+    ref = sparse_mlp_naive(x.double(), w_gate.double(), w_up.double(), w_down.double(), tau)
+    for _ in range(2):  # the arrival counters start from zero on every call
+        check(
+            kernel_module.sparse_ffn_launch(x, w_gate, w_up, w_down.T.contiguous(), tau), ref, torch.float32
+        )
+    h, keep = kernel_module.sparse_gate_up_launch(x, w_gate, w_up, tau)
+    ref_h, ref_keep = sparse_gate_up_naive(x.double(), w_gate.double(), w_up.double(), tau)
+    assert torch.equal(keep.bool(), ref_keep)
+    check(h, ref_h, torch.float32)
+
+
+@needs_triton
 @pytest.mark.parametrize("batch, inter, share", [(1, 300, 0.3), (3, 4500, 0.5), (2, 40, 0.0), (2, 40, 1.0)])
 def test_kept_channels_lists_the_union_in_order(poisoned, batch, inter, share):
     """The channel list: every channel some row keeps, ascending, then the count in the last slot (several list

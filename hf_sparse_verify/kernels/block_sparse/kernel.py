@@ -180,44 +180,33 @@ def _combine(
     NUM_SPLITS,
     Q_LEN: tl.constexpr,
     GROUP: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # one program per (row and KV head, query head of the group, token): every split's partial in one load
     pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     g = tl.program_id(1)
+    i = tl.program_id(2)
     b = pid_bh // H_KV
     h = pid_bh % H_KV
-    i = tl.arange(0, BLOCK_Q)
-    i_ok = i < Q_LEN
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < NUM_SPLITS
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    rows_total = GROUP * Q_LEN
-    rows = g * Q_LEN + i
-
-    b_m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    b_acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for s in range(NUM_SPLITS):
-        base = (pid_bh * NUM_SPLITS + s) * rows_total
-        m_s = tl.load(m_ptr + base + rows, mask=i_ok, other=float("-inf"))
-        l_s = tl.load(l_ptr + base + rows, mask=i_ok, other=0.0)
-        acc_s = tl.load(
-            acc_ptr + (base + rows)[:, None] * D + offs_d[None, :],
-            mask=i_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        m_new = tl.maximum(b_m, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(b_m - m_safe)
-        beta = tl.exp2(m_s - m_safe)
-        b_l = b_l * alpha + l_s * beta
-        b_acc = b_acc * alpha[:, None] + acc_s * beta[:, None]
-        b_m = m_new
-    b_out = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
-    p_o = o_ptr + b * so_b + i[:, None] * so_t + (h * GROUP + g) * so_h + offs_d[None, :] * so_d
-    tl.store(p_o, b_out.to(o_ptr.dtype.element_ty), mask=i_ok[:, None] & d_ok[None, :])
+    base = (pid_bh * NUM_SPLITS + offs_s) * (GROUP * Q_LEN) + g * Q_LEN + i  # [BLOCK_S]
+    m_s = tl.load(m_ptr + base, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(l_ptr + base, mask=s_ok, other=0.0)
+    b_acc = tl.load(
+        acc_ptr + base[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0
+    )
+    m = tl.max(m_s, axis=0)
+    w = tl.exp2(m_s - tl.where(m == float("-inf"), 0.0, m))  # 0 for splits that saw no slot
+    b_l = tl.sum(l_s * w, axis=0)
+    b_out = tl.sum(b_acc * w[:, None], axis=0) / tl.where(b_l > 0, b_l, 1.0)
+    p_o = o_ptr + b * so_b + i * so_t + (h * GROUP + g) * so_h + offs_d * so_d
+    tl.store(p_o, b_out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 def local_block_slots(q_len: int, block_size: int) -> int:
@@ -225,10 +214,16 @@ def local_block_slots(q_len: int, block_size: int) -> int:
     return (q_len + block_size - 2) // block_size + 1
 
 
+#: `default_num_splits`: programs per multiprocessor aimed at, and the fewest schedule entries per split
+SPLIT_WAVES = 1
+SPLIT_MIN_ENTRIES = 4
+
+
 def default_num_splits(batch: int, kv_heads: int, entries: int, device: torch.device) -> int:
-    """Splits per (row, KV head): about one wave of programs, at least 4 schedule entries per split."""
-    wave = -(-(multiprocessors(device) or 4) // (batch * kv_heads))
-    return max(1, min(wave, -(-entries // 4)))
+    """Splits per (row, KV head): about `SPLIT_WAVES` waves of programs, at least `SPLIT_MIN_ENTRIES` schedule
+    entries per split."""
+    wave = -(-(multiprocessors(device) or 4) * SPLIT_WAVES // (batch * kv_heads))
+    return max(1, min(wave, -(-entries // SPLIT_MIN_ENTRIES)))
 
 
 @on_input_device
@@ -292,11 +287,11 @@ def block_sparse_attention_triton(
         num_warps=4 if block_m * block_size <= 64 * 64 else 8,
         **pdl_launch(query.device),
     )  # fmt: skip
-    _combine[(b * h_kv, group)](
+    _combine[(b * h_kv, group, q_len)](
         acc, m, l_sum, out,
         *out.stride(),
         h_kv, d, num_splits,
-        Q_LEN=q_len, GROUP=group, BLOCK_Q=next_power_of_2(q_len), BLOCK_D=block_d,
+        Q_LEN=q_len, GROUP=group, BLOCK_S=max(2, next_power_of_2(num_splits)), BLOCK_D=block_d,
         **pdl_launch(acc.device),
     )  # fmt: skip
     return out

@@ -10,9 +10,12 @@
     keeps the channel, 0 where it does not.
   - ``_kept_channels_kernel``, one program: the channels some row keeps, in ascending order, and their count
     (``channels`` ``[I + 1]`` int32, count last), by a running prefix sum over chunks of the mask.
-  - ``_compact_up_kernel``, grid ``(B / BLOCK_B, I / BLOCK_N)``: program ``j`` takes positions ``j * BLOCK_N ..`` of
-    the list (programs past the count return at once), gathers those rows of ``w_up`` and multiplies ``h`` by
-    ``up``: in place, or into a compacted ``[B * q, I]`` whose column ``j`` is listed channel ``j``.
+  - ``_compact_up_kernel``, grid ``(B / BLOCK_B, I / BLOCK_N, K_SPLIT)``: tile ``j`` takes positions ``j * BLOCK_N
+    ..`` of the list (programs past the count return at once), gathers those rows of ``w_up`` and multiplies ``h``
+    by ``up``: in place, or into a compacted ``[B * q, I]`` whose column ``j`` is listed channel ``j``. The hidden
+    dimension is split over ``K_SPLIT`` programs per tile (a few hundred listed channels alone leave most of the
+    GPU idle); each stores its partial sum, and the last to arrive (an atomic counter per tile) adds them in split
+    order, so the result does not depend on the order of arrival.
   - ``_compact_down_kernel``, grid ``(H / BLOCK_N, SPLIT, rows / BLOCK_M)``: ``y = h @ w_down_t`` over split ``p`` of
     the list (the split length follows the count, read on the device); with ``SPLIT > 1`` the splits land in a
     float32 scratch and ``_sum_splits_kernel`` adds them in order (deterministic, no atomics) and rounds.
@@ -41,9 +44,9 @@ from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_laun
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
     "gate_n": 32, "gate_k": 128, "gate_warps": 4, "gate_stages": 3,
-    "up_n": 32, "up_k": 128, "up_warps": 4, "up_stages": 3,
+    "up_n": 32, "up_k": 128, "up_warps": 4, "up_stages": 3, "up_split": 4,
     "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3,
-    "list_block": 4096, "list_warps": 4,
+    "list_block": 16384, "list_warps": 8,
 }  # fmt: skip
 #: the sparse kernels take whole batch rows per tile, up to this many token rows (batch rows x padded tokens): 8
 #: rows of 16 verify tokens share one read of the weights
@@ -152,10 +155,10 @@ def _kept_channels_kernel(
 
 @triton.jit
 def _compact_up_kernel(
-    X, WU, H, KEEP, CHANNELS, HC,
-    n_batch, q_len, n_inter, n_hidden, s_xb, s_xt, s_wu, s_hb, s_ht, s_kb, s_hcm,
+    X, WU, H, CHANNELS, HC, PART, ARRIVED,
+    n_batch, q_len, n_inter, n_hidden, s_xb, s_xt, s_wu, s_hb, s_ht, s_hcm,
     BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    COMPACT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    K_SPLIT: tl.constexpr, COMPACT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
@@ -168,29 +171,64 @@ def _compact_up_kernel(
         row_t = offs_m % BLOCK_Q
         m_ok = (row_b < n_batch) & (row_t < q_len)
         p_x = X + row_b.to(tl.int64)[:, None] * s_xb + row_t[:, None] * s_xt
-        pos = pos0 + tl.arange(0, BLOCK_N)
+        offs_p = tl.arange(0, BLOCK_N)
+        pos = pos0 + offs_p
         p_ok = pos < count
         chan = tl.load(CHANNELS + pos, mask=p_ok, other=0).to(tl.int64)  # [BLOCK_N] kept channels
+        # split ks of K_SPLIT takes a range of H (whole BLOCK_K steps)
+        ks = tl.program_id(2)
+        per_split = tl.cdiv(tl.cdiv(n_hidden, K_SPLIT), BLOCK_K) * BLOCK_K
+        k_lo = ks * per_split
+        k_hi = tl.minimum(k_lo + per_split, n_hidden)
         offs_k = tl.arange(0, BLOCK_K)
         b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, n_hidden, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + offs_k
-            k_ok = k < n_hidden
+            k_ok = k < k_hi
             b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
             p_w = WU + chan[:, None] * s_wu + k[None, :]
             b_w = tl.load(p_w, mask=p_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
             b_up = tl.dot(b_x, tl.trans(b_w), b_up, input_precision=DOT_PRECISION)
-        dtype = H.dtype.element_ty
-        # h holds act where the row keeps the channel and 0 where it does not (`_gate_keep_kernel`)
-        p_h = H + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + chan[None, :]
-        hm_ok = m_ok[:, None] & p_ok[None, :]
-        b_act = tl.load(p_h, mask=hm_ok, other=0.0).to(tl.float32)
-        b_h = (b_act * b_up.to(dtype).to(tl.float32)).to(dtype)
-        if COMPACT_OUT:  # [B * q, count]: column = position in the channel list
-            rows = (row_b * q_len + row_t).to(tl.int64)
-            tl.store(HC + rows[:, None] * s_hcm + pos[None, :], b_h, mask=hm_ok)
+        if K_SPLIT == 1:
+            _finish_up(
+                b_up, H, HC, row_b, row_t, m_ok, chan, pos, p_ok, q_len, s_hb, s_ht, s_hcm, COMPACT_OUT
+            )
         else:
-            tl.store(p_h, b_h, mask=hm_ok)
+            # each split stores its partial sum; the last split of the tile to arrive adds all of them in split
+            # order (the same sum whoever arrives last) and finishes, then resets the tile's counter
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            p_part = PART + ((tile * K_SPLIT + ks) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_p[None, :]
+            tl.store(p_part, b_up)
+            tl.debug_barrier()  # every thread's partial is written before the release below
+            if tl.atomic_add(ARRIVED + tile, 1, sem="acq_rel") == K_SPLIT - 1:
+                b_sum = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for j in tl.static_range(K_SPLIT):
+                    p_j = (
+                        PART + ((tile * K_SPLIT + j) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_p[None, :]
+                    )
+                    b_sum += tl.load(p_j, cache_modifier=".cg")
+                _finish_up(
+                    b_sum, H, HC, row_b, row_t, m_ok, chan, pos, p_ok, q_len, s_hb, s_ht, s_hcm, COMPACT_OUT
+                )
+                tl.store(ARRIVED + tile, 0)
+
+
+@triton.jit
+def _finish_up(
+    b_up, H, HC, row_b, row_t, m_ok, chan, pos, p_ok, q_len, s_hb, s_ht, s_hcm, COMPACT_OUT: tl.constexpr
+):  # fmt: skip
+    """``h = act * up`` on the listed channels ``chan`` (``h`` holds ``act`` where the row keeps the channel and 0
+    where it does not, from `_gate_keep_kernel`), rounded as eager rounds it; into ``h`` or the compacted ``HC``."""
+    dtype = H.dtype.element_ty
+    p_h = H + row_b.to(tl.int64)[:, None] * s_hb + row_t[:, None] * s_ht + chan[None, :]
+    hm_ok = m_ok[:, None] & p_ok[None, :]
+    b_act = tl.load(p_h, mask=hm_ok, other=0.0).to(tl.float32)
+    b_h = (b_act * b_up.to(dtype).to(tl.float32)).to(dtype)
+    if COMPACT_OUT:  # [B * q, count]: column = position in the channel list
+        rows = (row_b * q_len + row_t).to(tl.int64)
+        tl.store(HC + rows[:, None] * s_hcm + pos[None, :], b_h, mask=hm_ok)
+    else:
+        tl.store(p_h, b_h, mask=hm_ok)
 
 
 @triton.jit
@@ -326,22 +364,31 @@ def kept_channels_launch(keep: torch.Tensor) -> torch.Tensor:
     return channels
 
 
-def _compact_up(x, w_up, h, keep, channels, compact_out: bool):
-    """``silu(gate) * up`` over the listed channels: into ``h`` in place (``compact_out`` False) or into a new
-    ``[B * q, I]`` whose column ``j`` is listed channel ``j`` (returned)."""
+def _compact_up(x, w_up, h, channels, compact_out: bool):
+    """``silu(gate) * up`` over the listed channels (``h`` from `_gate_keep`: its zeros carry the row masks): into
+    ``h`` in place (``compact_out`` False) or into a new ``[B * q, I]`` whose column ``j`` is listed channel ``j``
+    (returned). With ``TILES["up_split"] > 1`` the hidden dimension is split over that many programs per tile."""
     batch, q_len, hidden = x.shape
     inter = w_up.shape[0]
     hc = _empty((batch * q_len, inter), x.device, x.dtype) if compact_out else h
     block_b, block_q = sparse_rows(batch, q_len)
     bn = _block(inter, TILES["up_n"])
     bk = _block(hidden, TILES["up_k"])
+    k_split = max(1, min(TILES["up_split"], triton.cdiv(hidden, bk)))
+    grid = (triton.cdiv(batch, block_b), triton.cdiv(inter, bn), k_split)
+    tiles = grid[0] * grid[1]
+    if k_split > 1:  # partial sums and per-tile arrival counters (each reset by its tile's last split)
+        part = _empty((tiles, k_split, block_b * block_q, bn), x.device, torch.float32)
+        arrived = torch.zeros(tiles, device=x.device, dtype=torch.int32)
+    else:
+        part = arrived = channels  # never touched
     dot_dtype, precision = _dot(x.dtype)
-    _compact_up_kernel[(triton.cdiv(batch, block_b), triton.cdiv(inter, bn))](
-        x, w_up, h, keep, channels, hc,
+    _compact_up_kernel[grid](
+        x, w_up, h, channels, hc, part, arrived,
         batch, q_len, inter, hidden, x.stride(0), x.stride(1), w_up.stride(0), h.stride(0), h.stride(1),
-        keep.stride(0), hc.stride(0) if compact_out else 0,
-        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_K=bk, COMPACT_OUT=compact_out, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=precision, num_warps=TILES["up_warps"], num_stages=TILES["up_stages"],
+        hc.stride(0) if compact_out else 0,
+        BLOCK_B=block_b, BLOCK_Q=block_q, BLOCK_N=bn, BLOCK_K=bk, K_SPLIT=k_split, COMPACT_OUT=compact_out,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=TILES["up_warps"], num_stages=TILES["up_stages"],
         **pdl_launch(x.device),
     )  # fmt: skip
     return hc
@@ -386,7 +433,7 @@ def sparse_gate_up_launch(
         inter = w_gate.shape[0]
         return _empty((batch, q_len, inter), x.device, x.dtype), _empty((batch, inter), x.device, torch.int8)
     h, keep = _gate_keep(x, w_gate, tau)
-    _compact_up(x, w_up, h, keep, kept_channels_launch(keep), compact_out=False)
+    _compact_up(x, w_up, h, kept_channels_launch(keep), compact_out=False)
     return h, keep
 
 
@@ -416,5 +463,5 @@ def sparse_ffn_launch(
         return _empty((batch, q_len, hidden), x.device, x.dtype)
     h, keep = _gate_keep(x, w_gate, tau)
     channels = kept_channels_launch(keep)
-    hc = _compact_up(x, w_up, h, keep, channels, compact_out=True)
+    hc = _compact_up(x, w_up, h, channels, compact_out=True)
     return _compact_down(hc, w_down_t, channels, compact_h=True).view(batch, q_len, hidden)
