@@ -44,7 +44,7 @@ from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_laun
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
     "gate_n": 32, "gate_k": 128, "gate_warps": 4, "gate_stages": 3,
-    "up_n": 32, "up_k": 128, "up_warps": 4, "up_stages": 3, "up_split": 4,
+    "up_n": 32, "up_k": 128, "up_warps": 4, "up_stages": 3, "up_split": 2,
     "down_n": 64, "down_s": 128, "down_warps": 4, "down_stages": 3,
     "list_block": 16384, "list_warps": 8,
 }  # fmt: skip
