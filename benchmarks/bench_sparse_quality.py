@@ -50,6 +50,10 @@ DENSE_SETTINGS = {
     "ffn0.3": LossySparseVerify(attention=None, ffn=SparseFFN(sparsity=0.3)),
     "ffn0.5": LossySparseVerify(attention=None, ffn=SparseFFN(sparsity=0.5)),
     "attn+ffn0.5": LossySparseVerify(attention=SparseAttention(), ffn=SparseFFN(sparsity=0.5)),
+    # what reaches 1.5x on the 1 x 64K verify step (bench_sparse_verify.py attn_reuse_ffn75)
+    "attn_reuse+ffn0.75": LossySparseVerify(
+        attention=SparseAttention(reuse=True), ffn=SparseFFN(sparsity=0.75)
+    ),
 }
 MOE_SETTINGS = {
     "default": DEFAULT,

@@ -215,8 +215,8 @@ def local_block_slots(q_len: int, block_size: int) -> int:
 
 
 #: `default_num_splits`: programs per multiprocessor aimed at, and the fewest schedule entries per split
-SPLIT_WAVES = 1
-SPLIT_MIN_ENTRIES = 4
+SPLIT_WAVES = 2
+SPLIT_MIN_ENTRIES = 2
 
 
 def default_num_splits(batch: int, kv_heads: int, entries: int, device: torch.device) -> int:
