@@ -35,12 +35,13 @@ import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
-#: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels. The
-#: sparse ones from an H200 sweep (`benchmarks/sweep_sparse_ffn.py`, 8B MLP, one row of 16 verify tokens, 50% of the
-#: channels skipped, us per call; `results/sweeps/h200_sparse_ffn_tiles.json`): gate/up 48.6 with 2 warps (53.1
-#: with 4), down 31.6 with 128-channel steps (42.8 with 64); floors 42.9 and 14.5, dense MLP 89.0. With nothing kept
-#: the down kernel still takes 23.8: its steps wait on the mask load before the weight load. Unrolling the steps
-#: (so no weight load waits behind a later step's mask) was slower: 37.1 against 31.7 (same results file).
+#: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels, from
+#: three H200 sweeps (`benchmarks/sweep_sparse_ffn.py`, 8B MLP, one row of 16 verify tokens, 50% / 75% of the channels
+#: skipped, us per launch; `results/sweeps/h200_sparse_ffn_compact.json`). Gate: 30.7 with 32 channels and 4 warps
+#: (8 warps 54.9, 4 stages 43.2, 256-wide steps 33.9). List: 4.4-4.6 in one 16384-channel chunk with 8 warps (6.6 in
+#: 4096-channel chunks with 4; 42 in one chunk with 4). Up: 21.5 / 13.8 with two hidden splits (22.9 / 15.8 unsplit,
+#: 25.4 / 15.3 with four; 16- or 64-channel tiles, 256- or 512-wide steps and more stages were no better). Down: 23.4
+#: / 12.6 (128-channel steps; the other tiles tried within 1 us or slower).
 TILES = {
     "act_n": 32, "act_k": 128, "num_warps": 4,
     "gate_n": 32, "gate_k": 128, "gate_warps": 4, "gate_stages": 3,
