@@ -5,7 +5,8 @@
 ``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``; ``--batch 4 --context
 65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores);
 ``--context 65536 --new-tokens 16 --sparse attn_reuse_ffn75`` a LOSSY sparse verify step of one of
-`bench_sparse_verify`'s settings (set up as there).
+`bench_sparse_verify`'s settings (set up as there). Run with ``HF_SPARSE_VERIFY_PDL=0`` to attribute time to kernels:
+under PDL a kernel's span includes its wait for the kernel before it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Gated MLP of decode and verify steps: the fused dense ``silu(gate) * up`` (`gated_act`) and the sparse FFN of
-verification (papers/000 §3.4: `sparse_gate_up` + `masked_down`, reading only the rows of up and down that a row
-keeps)."""
+verification (papers/000 §3.4: `sparse_ffn`, or its halves `sparse_gate_up` + `masked_down`, reading only the rows of
+up and down that some row keeps)."""
 
 from .naive import (
     channel_mask_naive,

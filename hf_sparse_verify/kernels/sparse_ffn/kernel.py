@@ -93,6 +93,26 @@ def _gated_act_kernel(
 
 
 @triton.jit
+def _rows_by_weight(
+    p_x, m_ok, p_w, w_ok, k_lo, k_hi,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``[BLOCK_M, BLOCK_N]`` float32: the tile's token rows (``p_x`` ``[BLOCK_M, 1]`` row pointers) times the weight
+    rows ``p_w`` (``[BLOCK_N, 1]`` row pointers) over ``H`` range ``[k_lo, k_hi)``; rows with ``w_ok`` False are never
+    loaded (they count as 0)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < k_hi
+        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        b_w = tl.load(p_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
+        acc = tl.dot(b_x, tl.trans(b_w), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _gate_keep_kernel(
     X, WG, TAU, H, KEEP,
     n_batch, q_len, n_inter, n_hidden, s_xb, s_xt, s_wg, s_hb, s_ht, s_kb,
@@ -109,15 +129,8 @@ def _gate_keep_kernel(
     p_x = X + row_b.to(tl.int64)[:, None] * s_xb + row_t[:, None] * s_xt
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     n_ok = offs_n < n_inter
-    offs_k = tl.arange(0, BLOCK_K)
-    b_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, n_hidden, BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < n_hidden
-        b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        p_w = WG + offs_n[:, None] * s_wg + k[None, :]
-        b_w = tl.load(p_w, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-        b_gate = tl.dot(b_x, tl.trans(b_w), b_gate, input_precision=DOT_PRECISION)
+    b_gate = _rows_by_weight(p_x, m_ok, WG + offs_n[:, None] * s_wg, n_ok, 0, n_hidden,
+                             BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     dtype = H.dtype.element_ty
     b_gate = b_gate.to(dtype).to(tl.float32)
     b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
@@ -181,22 +194,15 @@ def _compact_up_kernel(
         per_split = tl.cdiv(tl.cdiv(n_hidden, K_SPLIT), BLOCK_K) * BLOCK_K
         k_lo = ks * per_split
         k_hi = tl.minimum(k_lo + per_split, n_hidden)
-        offs_k = tl.arange(0, BLOCK_K)
-        b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            k = k0 + offs_k
-            k_ok = k < k_hi
-            b_x = tl.load(p_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-            p_w = WU + chan[:, None] * s_wu + k[None, :]
-            b_w = tl.load(p_w, mask=p_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
-            b_up = tl.dot(b_x, tl.trans(b_w), b_up, input_precision=DOT_PRECISION)
+        b_up = _rows_by_weight(p_x, m_ok, WU + chan[:, None] * s_wu, p_ok, k_lo, k_hi,
+                               BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE, DOT_PRECISION)  # fmt: skip
         if K_SPLIT == 1:
             _finish_up(
                 b_up, H, HC, row_b, row_t, m_ok, chan, pos, p_ok, q_len, s_hb, s_ht, s_hcm, COMPACT_OUT
             )
         else:
             # each split stores its partial sum; the last split of the tile to arrive adds all of them in split
-            # order (the same sum whoever arrives last) and finishes, then resets the tile's counter
+            # order (the same sum whoever arrives last) and finishes; the counters start at zero on every call
             tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
             p_part = PART + ((tile * K_SPLIT + ks) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_p[None, :]
             tl.store(p_part, b_up)
@@ -211,7 +217,6 @@ def _compact_up_kernel(
                 _finish_up(
                     b_sum, H, HC, row_b, row_t, m_ok, chan, pos, p_ok, q_len, s_hb, s_ht, s_hcm, COMPACT_OUT
                 )
-                tl.store(ARRIVED + tile, 0)
 
 
 @triton.jit
@@ -378,7 +383,7 @@ def _compact_up(x, w_up, h, channels, compact_out: bool):
     k_split = max(1, min(TILES["up_split"], triton.cdiv(hidden, bk)))
     grid = (triton.cdiv(batch, block_b), triton.cdiv(inter, bn), k_split)
     tiles = grid[0] * grid[1]
-    if k_split > 1:  # partial sums and per-tile arrival counters (each reset by its tile's last split)
+    if k_split > 1:  # partial sums and per-tile arrival counters
         part = _empty((tiles, k_split, block_b * block_q, bn), x.device, torch.float32)
         arrived = torch.zeros(tiles, device=x.device, dtype=torch.int32)
     else:
