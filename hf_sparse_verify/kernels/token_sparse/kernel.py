@@ -206,6 +206,144 @@ def _token_sparse_merge(
     tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def _token_sparse_heads_fwd(
+    q_ptr,  # [B, H, q, D]
+    k_ptr,  # [B, H_kv, C, D] (slot-major storage: a slot's KV heads side by side)
+    v_ptr,  # [B, H_kv, C, D]
+    index_ptr,  # [B, N]
+    count_ptr,  # [B]
+    recent_ptr,  # [B]
+    start_ptr,  # [B]
+    o_ptr,  # [B, q, H, D] (one split) or partial outputs [B, S, H * q, D] float32
+    lse_ptr,  # [B, S, H * q] float32 (unused with one split)
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kc,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vc,
+    stride_vd,
+    stride_ib,
+    stride_in,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    scale_log2,
+    n_index,
+    capacity,
+    num_splits,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    Q_LEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # EXPERIMENT (nineteenth session, measured slower and reverted): one program per (row, split) over every KV
+    # head; a tile holds BLOCK_N slots x KV_HEADS heads, so a slot's heads (adjacent in a slot-major cache) are read
+    # together; the dot runs every query head against every KV head's keys and the mask keeps each query head's own
+    pdl_wait(PDL)
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+
+    count = tl.minimum(tl.maximum(tl.load(count_ptr + b).to(tl.int32), 0), n_index)
+    recent = tl.maximum(tl.load(recent_ptr + b).to(tl.int32), 0)
+    start = tl.load(start_ptr + b).to(tl.int32)
+    n_recent = tl.maximum(tl.minimum(start + Q_LEN, capacity) - recent, 0)
+    total = count + n_recent
+    chunk = tl.cdiv(total, num_splits)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, total)
+
+    o_m = tl.arange(0, BLOCK_M)  # tile row m = query head h * q + query i
+    m_ok = o_m < KV_HEADS * GROUP * Q_LEN
+    h = o_m // Q_LEN
+    i = o_m % Q_LEN
+    kv_of_row = h // GROUP
+    o_d = tl.arange(0, BLOCK_D)
+    d_ok = o_d < HEAD_DIM
+    q_slot = start + i  # [BLOCK_M]
+
+    p_q = (
+        q_ptr
+        + b.to(tl.int64) * stride_qb
+        + h[:, None].to(tl.int64) * stride_qh
+        + i[:, None] * stride_qt
+        + o_d[None, :] * stride_qd
+    )
+    b_q = tl.load(p_q, mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    p_k = k_ptr + b.to(tl.int64) * stride_kb
+    p_v = v_ptr + b.to(tl.int64) * stride_vb
+    p_index = index_ptr + b.to(tl.int64) * stride_ib
+
+    o_c = tl.arange(0, BLOCK_N * KV_HEADS)  # tile column c = slot n * KV_HEADS + KV head
+    c_n = o_c // KV_HEADS
+    c_h = o_c % KV_HEADS
+    own_head = kv_of_row[:, None] == c_h[None, :]  # [BLOCK_M, BLOCK_C]
+    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        o_n = n0 + c_n  # positions in the virtual list
+        n_ok = o_n < hi
+        is_sel = o_n < count
+        b_sel = tl.load(p_index + o_n * stride_in, mask=n_ok & is_sel, other=0).to(tl.int32)
+        slot = tl.where(is_sel, b_sel, recent + o_n - count)
+        slot = tl.where(n_ok, slot, 0).to(tl.int64)  # [BLOCK_C]
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k_rows = slot * stride_kc + c_h * stride_kh
+        v_rows = slot * stride_vc + c_h * stride_vh
+        b_k = tl.load(p_k + k_rows[:, None] + o_d[None, :] * stride_kd, mask=kv_ok, other=0.0)
+        b_v = tl.load(p_v + v_rows[:, None] + o_d[None, :] * stride_vd, mask=kv_ok, other=0.0)
+        if DOT_F32:
+            b_k = b_k.to(tl.float32)
+            b_v = b_v.to(tl.float32)
+
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_C]
+        attend = own_head & n_ok[None, :] & (is_sel[None, :] | (slot[None, :] <= q_slot[:, None]))
+        b_s = tl.where(attend, b_s, float("-inf"))
+        m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(b_m - m_safe)
+        b_p = tl.exp2(b_s - m_safe[:, None])
+        b_l = b_l * alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        b_m = m_new
+
+    has = b_l > 0
+    b_o = b_acc / tl.where(has, b_l, 1.0)[:, None]
+    if SINGLE_SPLIT:
+        p_o = (
+            o_ptr
+            + b.to(tl.int64) * stride_ob
+            + i[:, None] * stride_ot
+            + h[:, None] * stride_oh
+            + o_d[None, :] * stride_od
+        )
+        tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    else:
+        rows = KV_HEADS * GROUP * Q_LEN
+        part = b.to(tl.int64) * num_splits + split
+        p_o = o_ptr + (part * rows + o_m[:, None]) * HEAD_DIM + o_d[None, :]
+        tl.store(p_o, b_o, mask=m_ok[:, None] & d_ok[None, :])
+        b_lse = tl.where(has, b_m + tl.log2(tl.where(has, b_l, 1.0)), float("-inf"))
+        tl.store(lse_ptr + part * rows + o_m, b_lse, mask=m_ok)
+
+
 def default_num_splits(device: torch.device, batch_kv_heads: int, rows: int, n_index: int, q_len: int) -> int:
     """Splits per (row, KV head), from shapes only: about ``TILES["programs_per_sm"]`` programs per SM, each on
     >= 128 selected slots, and float32 partials (``splits * rows * D * 4`` bytes, written and read back) under ~20% of the gathered
@@ -301,4 +439,62 @@ def token_sparse_attention_triton(
             num_warps=4,
             **pdl_launch(partial.device),
         )
+    return out
+
+
+#: EXPERIMENT: launch settings of the all-heads kernel (`_token_sparse_heads_fwd`, slot-major caches)
+HEADS_TILES = {"block_n": 16, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
+
+
+@on_input_device
+def token_sparse_attention_heads_triton(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    index: torch.Tensor,
+    index_count: torch.Tensor,
+    recent_start: torch.Tensor,
+    start: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """EXPERIMENT: `token_sparse_attention_triton` with one program per (row, split) over all KV heads."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    n_index = index.shape[1]
+    if n_index == 0:
+        index = index.new_zeros(batch, 1)
+    rows = heads * q_len
+    if num_splits is None:
+        sms = multiprocessors(query.device) or 4
+        by_work = triton.cdiv(n_index + q_len, MIN_SLOTS_PER_SPLIT)
+        by_grid = triton.cdiv(HEADS_TILES["programs_per_sm"] * sms, batch)
+        by_bytes = n_index * kv_heads // (10 * rows)
+        num_splits = max(1, min(by_work, by_grid, by_bytes, MAX_SPLITS))
+    splits = num_splits
+    out = torch.empty(batch, q_len, heads, dim, dtype=query.dtype, device=query.device)
+    block_d = max(16, next_power_of_2(dim))
+    block_m = max(16, next_power_of_2(rows))
+    if splits > 1:
+        partial = torch.empty(batch, splits, rows, dim, dtype=torch.float32, device=query.device)
+        lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=query.device)
+    else:
+        partial, lse = out, out
+    dot_f32 = interpreting() and query.dtype == torch.bfloat16
+    precision = "ieee" if query.dtype == torch.float32 or dot_f32 else "tf32"
+    _token_sparse_heads_fwd[(batch, splits)](
+        query, key, value, index, index_count, recent_start, start, partial, lse,
+        *query.stride(), *key.stride(), *value.stride(), *index.stride(), *out.stride(),
+        scale * 1.4426950408889634, n_index, capacity, splits,
+        KV_HEADS=kv_heads, GROUP=group, Q_LEN=q_len, HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_M=block_m,
+        BLOCK_N=HEADS_TILES["block_n"], SINGLE_SPLIT=splits == 1, DOT_PRECISION=precision, DOT_F32=dot_f32,
+        num_warps=HEADS_TILES["num_warps"], num_stages=HEADS_TILES["num_stages"], **pdl_launch(query.device),
+    )  # fmt: skip
+    if splits > 1:  # the partials as one "KV head" whose group is every query head
+        _token_sparse_merge[(batch, rows)](
+            partial, lse, out, *out.stride(), splits,
+            KV_HEADS=1, GROUP=heads, Q_LEN=q_len, HEAD_DIM=dim, BLOCK_D=block_d,
+            BLOCK_S=next_power_of_2(splits), num_warps=4, **pdl_launch(partial.device),
+        )  # fmt: skip
     return out
