@@ -22,11 +22,7 @@ import triton.testing
 
 from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
-from hf_sparse_verify.kernels.token_sparse import kernel as ts_kernel
-from hf_sparse_verify.kernels.token_sparse.kernel import (
-    token_sparse_attention_heads_triton,
-    token_sparse_attention_triton,
-)
+from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 LAYERS = 4
@@ -38,14 +34,6 @@ def _cache(batch: int, capacity: int, layout: str, gen: torch.Generator) -> torc
         return torch.randn(batch, KV_HEADS, capacity, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     storage = torch.randn(batch, capacity, KV_HEADS, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     return storage.transpose(1, 2)
-
-
-def _heads_grid(args):
-    for block_n in args.block_n:
-        for warps in args.warps:
-            for stages in args.stages:
-                for pps in args.programs_per_sm:
-                    yield dict(block_n=block_n, num_warps=warps, num_stages=stages, programs_per_sm=pps)
 
 
 def _time_layers(fns) -> float:
@@ -65,10 +53,6 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--draft-only", action="store_true", help="only the token-sparse draft kernels")
     parser.add_argument("--layouts", nargs="+", default=["head", "slot"])
-    parser.add_argument("--block-n", nargs="*", type=int, default=[16])
-    parser.add_argument("--warps", nargs="*", type=int, default=[4])
-    parser.add_argument("--stages", nargs="*", type=int, default=[2])
-    parser.add_argument("--programs-per-sm", nargs="*", type=int, default=[2])
     args = parser.parse_args()
     records = []
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -120,36 +104,6 @@ def main() -> None:
                     dict(case=case, layout=layout, kernel=name, us=round(us, 2), floor_us=round(floor, 2))
                 )
                 print(records[-1], flush=True)
-                if name != "draft_token_sparse":
-                    continue
-                ref = fns[0]()
-                for tiles in _heads_grid(args):  # EXPERIMENT: the all-heads kernel
-                    ts_kernel.HEADS_TILES.update(tiles)
-                    heads_fns = [
-                        functools.partial(
-                            token_sparse_attention_heads_triton,
-                            query,
-                            k,
-                            v,
-                            index,
-                            count,
-                            recent,
-                            start,
-                            DIM**-0.5,
-                        )
-                        for k, v in caches
-                    ]
-                    try:
-                        error = (heads_fns[0]().float() - ref.float()).abs().max().item()
-                        us = _time_layers(heads_fns)
-                    except Exception as exc:  # a tile too large for shared memory
-                        print(tiles, type(exc).__name__, str(exc)[:200], flush=True)
-                        continue
-                    records.append(
-                        dict(case=case, layout=layout, kernel="draft_token_sparse_heads", **tiles, us=round(us, 2),
-                             floor_us=round(floor, 2), max_error=error)
-                    )  # fmt: skip
-                    print(records[-1], flush=True)
             del caches
             torch.cuda.empty_cache()
     out = dict(

@@ -38,14 +38,6 @@ def _soft_cap(x, cap):
 
 
 @triton.jit
-def _logit_store(x, S_PART):
-    """Stored logits in the buffer's dtype; float16 buffers get them clamped to its finite range."""
-    if S_PART.dtype.element_ty == tl.float16:
-        x = tl.minimum(tl.maximum(x, -60000.0), 60000.0)
-    return x.to(S_PART.dtype.element_ty)
-
-
-@triton.jit
 def _first_read(start, pad, window):
     """The first slot a row's split programs read: past the padding and the window; queries inside the padding
     still read their own slot."""
@@ -152,12 +144,12 @@ def _split_kernel(
             if SOFTCAP:
                 b_sr = _soft_cap(b_sr, softcap)
             p_s = S_PART + ((b * kv_heads + kvh) * n_scored + r16[:, None]) * capacity + offs_n[None, :]
-            tl.store(p_s, _logit_store(b_sr, S_PART), mask=r_ok[:, None] & n_ok[None, :])
+            tl.store(p_s, b_sr, mask=r_ok[:, None] & n_ok[None, :])
         elif WEIGHTS:
             # the scored rows' raw logits; the merge gives their log-sum-exp and `_weights_kernel` normalises
             n_rows = group * rows_per_group
             p_s = S_PART + ((b * kv_heads + kvh) * n_rows + r_idx[:, None]) * capacity + offs_n[None, :]
-            tl.store(p_s, _logit_store(b_s, S_PART), mask=scored[:, None] & n_ok[None, :])
+            tl.store(p_s, b_s, mask=scored[:, None] & n_ok[None, :])
         elif SCORE_DOT:
             if IEEE:
                 b_col = tl.sum(tl.dot(b_qs, tl.trans(b_k), input_precision="ieee"), axis=0) * scale
@@ -275,7 +267,7 @@ def _head_weights(
     valid = (valid | (offs_n[None, :] == own[:, None])) & r_ok[:, None] & n_ok[None, :]
     # only slots a split wrote are valid: the others are never loaded
     p_s = S_ROWS + ((b * kv_heads + kvh) * n_rows + offs_r[:, None]) * capacity + offs_n[None, :]
-    b_s = tl.load(p_s, mask=valid, other=NEG_INF).to(tl.float32)  # [BLOCK_R, BLOCK_N]
+    b_s = tl.load(p_s, mask=valid, other=NEG_INF)  # [BLOCK_R, BLOCK_N]
     b_w = tl.exp(b_s - tl.where(valid, lse[:, None], 0.0))
     return tl.sum(b_w, 0)
 
@@ -373,8 +365,6 @@ SCORE_DOT_ROWS = True
 #: logits (lse "step") 364, no scores 298.
 CARRIED_DOT = True
 CARRIED_WEIGHT_TILES = True
-#: EXPERIMENT (nineteenth session, measured slower and reverted): float16 stored logits for half-precision models
-HALF_LOGITS = True
 #: slots per program of `_head_mean_kernel`
 HEAD_MEAN_BLOCK = 256
 
@@ -426,11 +416,9 @@ def launch(
         s_part = alloc(batch, kv_heads, capacity, device=device, dtype=torch.float32)
         lse = carried_lse
     elif weights:  # raw logits of every scored row, normalised after the merge
-        half = HALF_LOGITS and query.dtype in (torch.float16, torch.bfloat16)
         s_part = torch.empty(
-            batch, kv_heads, group * rows_per_group, capacity, device=device,
-            dtype=torch.float16 if half else torch.float32,
-        )  # fmt: skip
+            batch, kv_heads, group * rows_per_group, capacity, device=device, dtype=torch.float32
+        )
         lse = torch.empty(batch, kv_heads, group * q_len, device=device, dtype=torch.float32)
     elif collect:
         s_part = torch.zeros(batch, kv_heads, capacity, device=device, dtype=torch.float32)
