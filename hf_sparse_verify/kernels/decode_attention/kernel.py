@@ -365,6 +365,12 @@ SCORE_DOT_ROWS = True
 #: logits (lse "step") 364, no scores 298.
 CARRIED_DOT = True
 CARRIED_WEIGHT_TILES = True
+#: `_weights_kernel`: slots per program (at most; fewer when ``scored rows x slots`` would pass 4096) and warps.
+#: Measured on an H200 (nineteenth session, `benchmarks/sweep_vegas_weights.py`, 7-token verify with scores, the
+#: whole op, us per layer): 64 slots on one warp 373.5 / 376.1 at 4 x 64K / 16 x 16K against 382.7 / 383.3 for the
+#: previous 256 slots on four warps (no scores: 314.3 / 317.3); Nsight Compute had the previous setting at 33% of
+#: DRAM bandwidth, limited to 25% occupancy by 111 registers per thread.
+WEIGHTS_TILES = {"block_n": 64, "num_warps": 1}
 #: slots per program of `_head_mean_kernel`
 HEAD_MEAN_BLOCK = 256
 
@@ -469,12 +475,12 @@ def launch(
     shape = (batch, capacity) if mean_heads else (batch, kv_heads, capacity)
     scores = torch.empty(shape, device=device, dtype=torch.float32)
     block_r = max(2, next_power_of_2(group * rows_per_group))
-    block_n_w = max(16, min(256, 4096 // block_r))
+    block_n_w = max(16, min(WEIGHTS_TILES["block_n"], 4096 // block_r))
     _weights_kernel[(triton.cdiv(capacity, block_n_w), 1 if mean_heads else kv_heads, batch)](
         s_part, lse, start, pad, scores,
         score_scale, window, q_len, group, rows_per_group, capacity, kv_heads,
         COLLECT=collect, MEAN_HEADS=mean_heads, KV_HEADS=kv_heads if mean_heads else 1, BLOCK_R=block_r,
-        BLOCK_N=block_n_w, num_warps=4,
+        BLOCK_N=block_n_w, num_warps=WEIGHTS_TILES["num_warps"],
         **pdl_launch(s_part.device),
     )  # fmt: skip
     return out, scores
