@@ -17,22 +17,31 @@ from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton
 
 B, C, H, HK, D = 4, 65536, 32, 8, 128
-g = torch.Generator("cuda").manual_seed(0)
-k = torch.randn(B, HK, C + 16, D, generator=g, device="cuda", dtype=torch.bfloat16)
-v = torch.randn_like(k)
-n = math.ceil(0.07 * (C - 64))
-index = torch.stack(
-    [torch.randperm(C - 64, device="cuda", generator=g)[:n].sort().values for _ in range(B)]
-).int()
-count = torch.full((B,), n, dtype=torch.int32, device="cuda")
-recent = torch.full((B,), C - 64, device="cuda")
-q1 = torch.randn(B, H, 1, D, generator=g, device="cuda", dtype=torch.bfloat16)
-s1 = torch.full((B,), C - 1, device="cuda")
-q7 = torch.randn(B, H, 7, D, generator=g, device="cuda", dtype=torch.bfloat16)
-s7 = torch.full((B,), C - 7, device="cuda")
-pad = torch.zeros(B, dtype=torch.long, device="cuda")
-for _ in range(3):
-    token_sparse_attention_triton(q1, k, v, index, count, recent, s1, D**-0.5)
-    decode_attention(q7, k, v, s7, pad, D**-0.5, collect="two_rows", weights=True)
-    decode_attention(q7, k, v, s7, pad, D**-0.5)
-torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def main() -> None:
+
+    g = torch.Generator("cuda").manual_seed(0)
+    k = torch.randn(B, HK, C + 16, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    n = math.ceil(0.07 * (C - 64))
+    index = torch.stack(
+        [torch.randperm(C - 64, device="cuda", generator=g)[:n].sort().values for _ in range(B)]
+    ).int()
+    count = torch.full((B,), n, dtype=torch.int32, device="cuda")
+    recent = torch.full((B,), C - 64, device="cuda")
+    q1 = torch.randn(B, H, 1, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    s1 = torch.full((B,), C - 1, device="cuda")
+    q7 = torch.randn(B, H, 7, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    s7 = torch.full((B,), C - 7, device="cuda")
+    pad = torch.zeros(B, dtype=torch.long, device="cuda")
+    for _ in range(3):
+        token_sparse_attention_triton(q1, k, v, index, count, recent, s1, D**-0.5)
+        decode_attention(q7, k, v, s7, pad, D**-0.5, collect="two_rows", weights=True)
+        decode_attention(q7, k, v, s7, pad, D**-0.5)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
