@@ -21,7 +21,6 @@ B, C, H, HK, D = 4, 65536, 32, 8, 128
 
 @torch.no_grad()
 def main() -> None:
-
     g = torch.Generator("cuda").manual_seed(0)
     k = torch.randn(B, HK, C + 16, D, generator=g, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
