@@ -272,14 +272,15 @@ def assemble(args) -> dict:
         data = json.loads(Path(path).read_text())
         for r in data["records"]:
             r["commit"] = data["machine"]["commit"]
+            r["run"] = Path(path).name  # one file = one device run
         parts.setdefault(data["part"], []).extend(data["records"])
         machine = machine or data["machine"]
         sources.append(dict(file=Path(path).name, part=data["part"], commit=data["machine"]["commit"],
                             date=data["machine"]["date"], gpu=data["machine"]["gpu"]))  # fmt: skip
-    # ratios are side by side: each record is compared with the K = 0 step of its own run (commit) where that run
-    # timed one, else with the latest K = 0 step of its shape (``k0_commit`` says which)
+    # ratios are side by side: each record is compared with the K = 0 step of its own run (file) where that run
+    # timed one, else with the latest K = 0 step of its shape (``k0_run`` and ``k0_commit`` say which)
     k0_runs = {
-        (r["batch"], r["context"], r["commit"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"
+        (r["batch"], r["context"], r["run"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"
     }
     # later files win: a case measured twice keeps its last measurement; a sync count (measured per shape, batch
     # and strategy) missing from it comes from an earlier run of the same case
@@ -302,9 +303,7 @@ def assemble(args) -> dict:
     k0_latest = {(r["batch"], r["context"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"}
 
     def k0_of(r: dict) -> dict | None:
-        return k0_runs.get((r["batch"], r["context"], r["commit"])) or k0_latest.get(
-            (r["batch"], r["context"])
-        )
+        return k0_runs.get((r["batch"], r["context"], r["run"])) or k0_latest.get((r["batch"], r["context"]))
 
     plain = {(r["batch"], r["context"]): r["transformers_step_ms"] for r in parts.get("transformers", [])}
     fixture_contexts = sorted({c for _, c, _ in acceptance})
@@ -316,6 +315,7 @@ def assemble(args) -> dict:
             r,
             k0_step_ms=base and base["iteration_ms"],
             k0_commit=base and base["commit"],
+            k0_run=base and base["run"],
             transformers_step_ms=plain.get(key),
         )
         k0_rate = base and base.get("decode_tokens_per_s")
