@@ -365,20 +365,23 @@ def _plot(result: dict, path: Path) -> None:
     axes[0].set_xticks([x + 0.4 for x in range(len(cases))], [f"{b}x{c // 1024}K" for b, c in cases])
     axes[0].set_ylabel("projected speedup over our K = 0")
     axes[0].set_title("Llama-3.1-8B shape, H200 (projection)")
-    axes[0].legend(fontsize=6, ncol=3)
-    acc = result["acceptance"]
-    variants = sorted({a["variant"] for a in acc})
-    contexts = sorted({a["context"] for a in acc})
+    axes[0].set_ylim(0, 1.3 * max(r["projected_speedup"] for r in records))  # room for the legend
+    axes[0].legend(fontsize=6, ncol=3, loc="upper center")
+    # the latest measurement of each (variant, context) at K = 6, as the projections use
+    latest = {
+        (a["variant"], a["context"]): a["acceptance_length"] for a in result["acceptance"] if a["k"] == 6
+    }
+    variants = sorted({v for v, _ in latest})
+    contexts = sorted({c for _, c in latest})
     for j, variant in enumerate(variants):
-        ys = [next((a["acceptance_length"] for a in acc if a["variant"] == variant and a["context"] == c
-                    and a["k"] == 6), 0) for c in contexts]  # fmt: skip
+        ys = [latest.get((variant, c), 0) for c in contexts]
         step = 0.8 / max(1, len(variants))
         axes[1].bar([x + j * step for x in range(len(contexts))], ys, step, label=variant)
     axes[1].set_xticks([x + 0.4 for x in range(len(contexts))], [f"{c // 1024}K" for c in contexts])
     axes[1].set_ylim(4.5, 6.5)
     axes[1].set_ylabel("mean acceptance length (K = 6)")
     axes[1].set_title("code-target fixture, prompts_long")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
