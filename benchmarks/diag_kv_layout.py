@@ -36,7 +36,9 @@ def _cache(batch: int, capacity: int, layout: str, gen: torch.Generator) -> torc
     return storage.transpose(1, 2)
 
 
-def _time_layers(fns) -> float:
+def time_layers(fns) -> float:
+    """Median time of one replay of ``fns`` (one launch per layer, in turn) as a CUDA graph, us per layer."""
+
     def run():
         for fn in fns:
             fn()
@@ -98,7 +100,7 @@ def main() -> None:
                         for k, v in caches
                     ]
                     kv_bytes = batch * context * KV_HEADS * DIM * 2 * 2
-                us = _time_layers(fns)
+                us = time_layers(fns)
                 floor = kv_bytes / bandwidth * 1e6
                 records.append(
                     dict(case=case, layout=layout, kernel=name, us=round(us, 2), floor_us=round(floor, 2))

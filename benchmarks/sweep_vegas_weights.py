@@ -15,25 +15,15 @@ import itertools
 import json
 
 import torch
-import triton.testing
 from tqdm import tqdm
 
+from benchmarks.diag_kv_layout import time_layers
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.decode_attention import kernel as da_kernel
 
 HEADS, KV_HEADS, DIM, Q_LEN = 32, 8, 128, 7
 LAYERS = 4
-
-
-def _time_layers(fns) -> float:
-    def run():
-        for fn in fns:
-            fn()
-
-    run()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(run, rep=300) * 1000 / len(fns)  # us per layer
 
 
 @torch.no_grad()
@@ -69,13 +59,13 @@ def main() -> None:
         ]
         plain = [functools.partial(decode_attention, query, k, v, start, pad, DIM**-0.5) for k, v in caches]
         reference = scored[0]()[1]
-        records.append(dict(case=case, variant="no_scores", us=round(_time_layers(plain), 2)))
+        records.append(dict(case=case, variant="no_scores", us=round(time_layers(plain), 2)))
         grid = list(itertools.product(args.block_n, args.warps))
         for block_n, warps in tqdm([(default["block_n"], default["num_warps"]), *grid], desc=case):
             da_kernel.WEIGHTS_TILES.update(block_n=block_n, num_warps=warps)
             try:
                 error = (scored[0]()[1] - reference).abs().max().item()
-                us = _time_layers(scored)
+                us = time_layers(scored)
             finally:
                 da_kernel.WEIGHTS_TILES.update(default)
             records.append(
