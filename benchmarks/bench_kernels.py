@@ -50,6 +50,20 @@ def time_case(run, device: torch.device, quick: bool) -> tuple[float, str]:
     return median(times), "host_clock"
 
 
+def time_layers(fns) -> float:
+    """Median time of one replay of ``fns`` (one launch per layer, each over its own buffers so none is read from L2)
+    as a CUDA graph, us per layer (CUDA only)."""
+    import triton.testing
+
+    def run():
+        for fn in fns:
+            fn()
+
+    run()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(run, rep=300) * 1000 / len(fns)  # us per layer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="*", help="registry names (default: all)")

@@ -18,8 +18,8 @@ import json
 import math
 
 import torch
-import triton.testing
 
+from benchmarks.bench_kernels import time_layers
 from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton
@@ -34,18 +34,6 @@ def _cache(batch: int, capacity: int, layout: str, gen: torch.Generator) -> torc
         return torch.randn(batch, KV_HEADS, capacity, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     storage = torch.randn(batch, capacity, KV_HEADS, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     return storage.transpose(1, 2)
-
-
-def time_layers(fns) -> float:
-    """Median time of one replay of ``fns`` (one launch per layer, in turn) as a CUDA graph, us per layer."""
-
-    def run():
-        for fn in fns:
-            fn()
-
-    run()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(run, rep=300) * 1000 / len(fns)  # us per layer
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import json
 import torch
 from tqdm import tqdm
 
-from benchmarks.diag_kv_layout import time_layers
+from benchmarks.bench_kernels import time_layers
 from hf_sparse_verify.bench.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.decode_attention import kernel as da_kernel
