@@ -43,7 +43,7 @@ import hf_sparse_verify as hsv
 from benchmarks.bench_generate import _sync, machine_info
 from hf_sparse_verify._compat import CACHE_KWARG
 from hf_sparse_verify.attention import use_sparse_verify_attention
-from hf_sparse_verify.bench.shapes import SHAPES
+from hf_sparse_verify.drivers.shapes import SHAPES
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.step import Phase
 

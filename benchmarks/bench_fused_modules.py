@@ -22,12 +22,12 @@ import sys
 import torch
 from tqdm import tqdm
 
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
-from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_per_step
-from hf_sparse_verify.bench.step import StepBenchArgs, _free, _ours
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.shapes import kv_bytes, random_model, weight_bytes_per_step
+from hf_sparse_verify.drivers.step_bench import StepBenchArgs, _free, _ours
 from hf_sparse_verify.kernels._triton import set_pdl
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
-from hf_sparse_verify.modules import attention as attention_module
+from hf_sparse_verify.integrations import qkv_attention as attention_module
 
 #: variant name -> StepBenchArgs fields, ``pdl``: whether our kernels launch with programmatic dependent launch, and
 #: optionally ``qkv_tiles``: `qkv_rope.kernel.TILES` entries set for that variant only. ``fused_attention_router`` is
@@ -47,7 +47,7 @@ VARIANTS = {
 }
 
 
-#: variant keys -> the `hf_sparse_verify.modules.attention` switch they set
+#: variant keys -> the `hf_sparse_verify.integrations.qkv_attention` switch they set
 ATTENTION_FLAGS = {"triton_o_proj": "TRITON_O_PROJ", "direct_cache_write": "DIRECT_CACHE_WRITE"}
 
 

@@ -30,14 +30,14 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.bench.machine import machine_info as package_machine_info
-from hf_sparse_verify.bench.shapes import SHAPES
+from hf_sparse_verify.drivers.machine import machine_info as package_machine_info
+from hf_sparse_verify.drivers.shapes import SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine_info(device: str) -> dict:
-    """The package's machine facts (`hf_sparse_verify.bench.machine`) plus the CPU thread count."""
+    """The package's machine facts (`hf_sparse_verify.drivers.machine`) plus the CPU thread count."""
     return {**package_machine_info(torch.device(device)), "cpu_threads": torch.get_num_threads()}
 
 

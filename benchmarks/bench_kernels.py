@@ -1,4 +1,4 @@
-"""Time every kernel in the benchmark registry (`hf_sparse_verify.kernels.registry`) against the measured copy
+"""Time every kernel in the benchmark registry (`hf_sparse_verify.kernels.bench_registry`) against the measured copy
 bandwidth: achieved GB/s = bytes_moved / median time, and its share of the copy bandwidth.
 
 Run on a GPU: ``python benchmarks/bench_kernels.py --json benchmarks/results/h200_kernels.json``; ``--quick`` for a
@@ -15,8 +15,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info, median
-from hf_sparse_verify.kernels.registry import load_all
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info, median
+from hf_sparse_verify.kernels.bench_registry import load_all
 
 #: launches per captured graph when timing on CUDA
 CALLS_PER_GRAPH = 20

@@ -38,9 +38,9 @@ import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.shapes import random_model
-from hf_sparse_verify.bench.syncs import count_syncs
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.shapes import random_model
+from hf_sparse_verify.drivers.syncs import count_syncs
 
 SHAPE = "llama-3.1-8b"
 CASES = ["1x16384", "4x32768", "16x16384", "4x65536", "32x8192"]

@@ -12,7 +12,7 @@ Sections (``--sections``, default all):
   with the best of those; prints the best setting (sum of the three T's times).
 - ``sweep1``: ours at one token (decode) over the one-token tile settings (`kernel.TILES_ONE_TOKEN`).
 - ``step``: the ``qwen3-30b-a3b`` random-weight model, 1K context, batch 1, widths 1..16, our captured step
-  (`hf_sparse_verify.bench.step`) with the fused experts and with ``batched_mm``; floor as ``hsv bench step``
+  (`hf_sparse_verify.drivers.step_bench`) with the fused experts and with ``batched_mm``; floor as ``hsv bench step``
   ((weights the step must read, ``min(E, T k)`` experts per layer, + KV) / measured copy bandwidth) and with the
   expected number of distinct experts under uniform routing, ``E (1 - (1 - k/E)^T)``. Issue targets: decode <= 2.0x
   floor, 8 tokens <= 1.5x its floor, 16 tokens <= 2.0x our decode.
@@ -33,8 +33,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
-from hf_sparse_verify.bench.profile import kernel_rows
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.profile import kernel_rows
 from hf_sparse_verify.kernels.fused_experts import bench as fe_bench
 from hf_sparse_verify.kernels.fused_experts import fused_experts
 from hf_sparse_verify.kernels.fused_experts import kernel as fe_kernel
@@ -176,8 +176,8 @@ def _expected_unique(tokens: int, experts: int, top_k: int) -> float:
 
 
 def step(device, dtype, copy_bw: float, repeats: int, bar) -> list[dict]:
-    from hf_sparse_verify.bench.shapes import kv_bytes, random_model, weight_bytes_per_step
-    from hf_sparse_verify.bench.step import StepBenchArgs, _ours
+    from hf_sparse_verify.drivers.shapes import kv_bytes, random_model, weight_bytes_per_step
+    from hf_sparse_verify.drivers.step_bench import StepBenchArgs, _ours
 
     args = StepBenchArgs(
         shape="qwen3-30b-a3b", contexts=(1024,), new_tokens=(1, 2, 4, 8, 16), repeats=repeats
@@ -220,10 +220,10 @@ def profile_steps(device, dtype, steps: int = 10) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     from hf_sparse_verify.attention import use_sparse_verify_attention
-    from hf_sparse_verify.bench.shapes import random_model
+    from hf_sparse_verify.drivers.shapes import random_model
     from hf_sparse_verify.generation.engine.runner import ModelRunner
-    from hf_sparse_verify.modules import use_fused_modules
-    from hf_sparse_verify.moe import experts_for_decoding
+    from hf_sparse_verify.integrations import use_fused_modules
+    from hf_sparse_verify.integrations import experts_for_decoding
     from hf_sparse_verify.step import Phase
 
     model = random_model("qwen3-30b-a3b", device, dtype)

@@ -4,7 +4,7 @@ kernel vs transformers' eager arithmetic, at the Qwen3-30B-A3B size, and the dec
 - ``router``: one CUDA graph per (variant, rows) of ``--layers`` back-to-back router calls on distinct weights (a
   step's routers, launch gaps included); microseconds per call = graph time / layers, median of ``--rounds``
   rounds of ``--replays`` replays, variants interleaved within each round.
-- ``step``: `hf_sparse_verify.bench.step.run_on` on one random-weight model, with
+- ``step``: `hf_sparse_verify.drivers.step_bench.run_on` on one random-weight model, with
   ``kernel.LOGITS_IN_KERNEL`` on and off, alternated ``--step-rounds`` times.
 
 Usage: ``python benchmarks/bench_moe_router_fused.py --json out.json [--no-step]``
@@ -101,8 +101,8 @@ def router(layers: int, replays: int, rounds: int) -> list[dict]:
 
 
 def step(rounds: int, repeats: int) -> list[dict]:
-    from hf_sparse_verify.bench.shapes import random_model
-    from hf_sparse_verify.bench.step import StepBenchArgs, run_on
+    from hf_sparse_verify.drivers.shapes import random_model
+    from hf_sparse_verify.drivers.step_bench import StepBenchArgs, run_on
 
     device = torch.device("cuda")
     model = random_model("qwen3-30b-a3b", device, torch.bfloat16)
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--step-rounds", type=int, default=2)
     parser.add_argument("--step-repeats", type=int, default=30)
     args = parser.parse_args()
-    from hf_sparse_verify.bench.machine import machine_info
+    from hf_sparse_verify.drivers.machine import machine_info
 
     result = dict(
         machine=machine_info(torch.device("cuda")),

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from tqdm import tqdm
 
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 
 HIDDEN, LAYERS = 2048, 48
 

@@ -33,9 +33,9 @@ import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.attention import reference
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.attention import eager as reference
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.step.context import DeviceView
 
 SHAPE = "llama-3.1-8b"

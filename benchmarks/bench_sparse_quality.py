@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 from hf_sparse_verify.sparse.calibration import FILE_NAME, calibrate
 

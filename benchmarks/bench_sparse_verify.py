@@ -25,8 +25,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-from hf_sparse_verify.bench.machine import machine_info, median, time_calls
-from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.drivers.machine import machine_info, median, time_calls
+from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.kernels.sparse_ffn.bench import tau_for
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 
@@ -89,8 +89,8 @@ def _anchors(layers: int):
 
 def _contexts(model, device):
     from hf_sparse_verify.attention import use_sparse_verify_attention
-    from hf_sparse_verify.modules import use_fused_modules
-    from hf_sparse_verify.moe.experts import experts_for_decoding
+    from hf_sparse_verify.integrations import use_fused_modules
+    from hf_sparse_verify.integrations.experts import experts_for_decoding
 
     stack = contextlib.ExitStack()
     stack.enter_context(use_sparse_verify_attention(model))

@@ -2,7 +2,7 @@
 hf_sparse_verify equal to plain ``generate`` on the same sharded model, and (``--steps``) step times of our K = 0
 step and a K = 4 verify step (5 tokens) next to plain transformers on the same shards.
 
-A random model of a `hf_sparse_verify.bench.shapes` preset is saved once (rank 0) to ``--checkpoint`` and loaded
+A random model of a `hf_sparse_verify.drivers.shapes` preset is saved once (rank 0) to ``--checkpoint`` and loaded
 sharded by every rank. Equality is checked in float32 (see the README); steps are timed in ``--dtype``. Under
 tensor parallelism our steps run eagerly (no CUDA graphs) and without our fused module replacements (see
 `hf_sparse_verify.placement`). Rank 0 writes the JSON.
@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM
 
 import hf_sparse_verify as hsv
 from benchmarks.check_device_map import CASES, prompts
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.shapes import shape_config
-from hf_sparse_verify.bench.step import StepBenchArgs, run_on
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.shapes import shape_config
+from hf_sparse_verify.drivers.step_bench import StepBenchArgs, run_on
 from hf_sparse_verify.placement import RankAgreement, tensor_parallel
 
 

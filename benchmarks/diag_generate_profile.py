@@ -20,8 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench_long import _generate, _speculation
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.shapes import random_model
 
 
 def kernel_totals(prof) -> dict[str, float]:

@@ -20,7 +20,7 @@ import math
 import torch
 
 from benchmarks.bench_kernels import time_layers
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton
 

@@ -30,8 +30,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.profile import kernel_rows
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.profile import kernel_rows
 from hf_sparse_verify.kernels.fused_experts import bench as fe_bench
 from hf_sparse_verify.kernels.fused_experts import fused_experts
 from hf_sparse_verify.kernels.fused_experts import kernel as fe_kernel
@@ -93,8 +93,8 @@ def layer(device, dtype, bar) -> list[dict]:
 @torch.no_grad()
 def step(device, dtype, names: list[str], repeats: int, bar) -> dict:
     from benchmarks.bench_sparse_verify import SETTINGS, _contexts
-    from hf_sparse_verify.bench.machine import median, time_calls
-    from hf_sparse_verify.bench.shapes import random_model
+    from hf_sparse_verify.drivers.machine import median, time_calls
+    from hf_sparse_verify.drivers.shapes import random_model
     from hf_sparse_verify.generation.engine.runner import ModelRunner
     from hf_sparse_verify.sparse.state import SparseVerifyState
     from hf_sparse_verify.step import Phase

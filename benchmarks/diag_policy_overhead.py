@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_sparse_verify as hsv
 from benchmarks.bench_cascade import FULL, workloads
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 
 CONFIGS = {
     "static_k8": dict(strategy="prompt_lookup", num_draft_tokens=8),  # as bench_cascade (max_draft_tokens 16)

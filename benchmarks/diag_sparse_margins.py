@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_sparse_quality import DEFAULT, _generate, _load, _prompts
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 
 THRESHOLDS = (0.02, 0.05, 0.1, 0.25)
 

@@ -33,7 +33,7 @@ from transformers import AttentionInterface, DynamicCache
 
 from benchmarks.bench_sparse_quality import _load, _prompts
 from hf_sparse_verify._compat import CACHE_KWARG
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.sparse import SparseAttention
 
 RULES = ("dense", "mean", "bound", "oracle_first", "oracle_all")

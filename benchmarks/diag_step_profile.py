@@ -19,11 +19,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hf_sparse_verify.attention import use_sparse_verify_attention
-from hf_sparse_verify.bench.profile import kernel_rows
-from hf_sparse_verify.bench.shapes import random_model
+from hf_sparse_verify.drivers.profile import kernel_rows
+from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
-from hf_sparse_verify.modules import use_fused_modules
-from hf_sparse_verify.moe.experts import experts_for_decoding
+from hf_sparse_verify.integrations import use_fused_modules
+from hf_sparse_verify.integrations.experts import experts_for_decoding
 from hf_sparse_verify.step import Phase, ScoreCollection
 
 

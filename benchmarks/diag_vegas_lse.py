@@ -14,7 +14,7 @@ import json
 import torch
 import triton.testing
 
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.decode_attention import kernel as da_kernel
 

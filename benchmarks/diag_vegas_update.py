@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention.kernel import launch as attention_launch
 from hf_sparse_verify.kernels.topk_slots.bench import POOL, RATIO, RECENT_SHARE, torch_topk
 from hf_sparse_verify.kernels.topk_slots.kernel import topk_slots_triton

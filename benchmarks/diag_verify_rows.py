@@ -17,12 +17,12 @@ import json
 
 import torch
 
-from hf_sparse_verify.bench.machine import machine_info
-from hf_sparse_verify.bench.shapes import random_model
-from hf_sparse_verify.bench.step import StepBenchArgs, run_on
+from hf_sparse_verify.drivers.machine import machine_info
+from hf_sparse_verify.drivers.shapes import random_model
+from hf_sparse_verify.drivers.step_bench import StepBenchArgs, run_on
 from hf_sparse_verify.kernels.qkv_rope import op as qkv_op
-from hf_sparse_verify.modules import attention as attention_module
-from hf_sparse_verify.modules import mlp as mlp_module
+from hf_sparse_verify.integrations import qkv_attention as attention_module
+from hf_sparse_verify.integrations import mlp as mlp_module
 
 
 def set_row_limit(rows: int) -> None:

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels._triton import next_power_of_2
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.decode_attention import kernel as attn_kernel

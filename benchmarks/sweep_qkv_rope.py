@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
 from hf_sparse_verify.kernels.qkv_rope import qkv_proj, row_linear
 from hf_sparse_verify.kernels.qkv_rope.bench import SHAPES

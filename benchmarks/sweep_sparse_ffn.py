@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.sparse_ffn import kernel as ffn_kernel
 from hf_sparse_verify.kernels.sparse_ffn import sparse_ffn
 from hf_sparse_verify.kernels.sparse_ffn.bench import HIDDEN, INTER, QUICK, _dense_step_mlp, _weights, tau_for

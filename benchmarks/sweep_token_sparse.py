@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_case
-from hf_sparse_verify.bench.machine import copy_bandwidth, machine_info
+from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.token_sparse import kernel as ts_kernel
 from hf_sparse_verify.kernels.token_sparse.bench import _inputs
 from hf_sparse_verify.kernels.token_sparse.kernel import token_sparse_attention_triton

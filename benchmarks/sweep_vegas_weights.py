@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.bench_kernels import time_layers
-from hf_sparse_verify.bench.machine import machine_info
+from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
 from hf_sparse_verify.kernels.decode_attention import kernel as da_kernel
 

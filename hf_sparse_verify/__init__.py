@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ._compat import check_transformers_version
+from ._version import __version__
 from .config import SpeculationConfig
 from .generation import (
     SpeculationStats,
@@ -22,7 +23,6 @@ from .generation import (
 
 check_transformers_version()
 
-__version__ = "0.1.0"
 
 
 def custom_generate_path() -> str:

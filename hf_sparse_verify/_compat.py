@@ -14,17 +14,17 @@
 - Falcon's attention modules call SDPA themselves (its modelling source has no
   ``ALL_ATTENTION_FUNCTIONS.get_interface(``, so ``_can_set_attn_implementation`` is False and
   ``set_attn_implementation`` only warns). Model types in `ATTENTION_REPLACED_MODEL_TYPES` are admitted anyway:
-  `hf_sparse_verify.modules.use_dispatching_attention` replaces their attention modules for the call, and
+  `hf_sparse_verify.integrations.speculation_mode` replaces their attention modules for the call, and
   `set_attn_implementation` below writes ``config._attn_implementation`` itself (the property transformers' own
   setter recurses into sub-configs with), which the replacements and the model's ``create_causal_mask`` read.
   ALiBi models (``config.alibi=True``) are refused. Checked on 5.17.0 and 5.23.0 (``modeling_falcon.py``'s attention
   and decoder layer are the same in both).
 - GPT-J's and CodeGen's attention modules run their own ``_attn`` the same way; ``gptj`` and ``codegen`` are in
-  `ATTENTION_REPLACED_MODEL_TYPES` (`hf_sparse_verify.modules.gptj`, ``.codegen``). Checked on 5.23.0 (``GPTJBlock``
+  `ATTENTION_REPLACED_MODEL_TYPES` (`hf_sparse_verify.integrations.gptj`, ``.codegen``). Checked on 5.23.0 (``GPTJBlock``
   and ``CodeGenBlock`` pass ``layer_past``, ``attention_mask`` and
   ``position_ids`` by name and unpacks ``(output, weights)``).
 - GPT-Neo's ``GPTNeoSelfAttention`` (inside ``GPTNeoAttention``) too: ``gpt_neo`` is admitted; its local layers
-  pass ``config.window_size`` as the sliding window (`hf_sparse_verify.modules.gpt_neo` says why the semantics match).
+  pass ``config.window_size`` as the sliding window (`hf_sparse_verify.integrations.gpt_neo` says why the semantics match).
   Checked on 5.23.0.
 - Replaced MLPs learn their layer index from the position of their decoder layer in ``get_decoder().layers``
   (`decoder_layers`). Checked on 5.23.0.
@@ -99,7 +99,7 @@ MISMATCHED_MODEL_TYPES = {
 }
 
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
-#: rotary attention `hf_sparse_verify.modules.use_dispatching_attention` replaces, for the call, with modules that do
+#: rotary attention `hf_sparse_verify.integrations.speculation_mode` replaces, for the call, with modules that do
 ATTENTION_REPLACED_MODEL_TYPES = frozenset({"codegen", "falcon", "gpt_neo", "gptj"})
 
 #: config fields that only hybrid recurrent/attention models have
@@ -207,7 +207,7 @@ def set_attn_implementation(model, name: str) -> None:
     """Switch ``model`` to the attention implementation ``name``: transformers' ``set_attn_implementation``, except
     for model types in `ATTENTION_REPLACED_MODEL_TYPES` (there that method only warns), whose
     ``config._attn_implementation`` is written directly. Call it for those only while their attention modules are
-    replaced (`hf_sparse_verify.modules.use_dispatching_attention`): their own modules do not run under a
+    replaced (`hf_sparse_verify.integrations.speculation_mode`): their own modules do not run under a
     registered name (ALiBi models, whose modules are never replaced, keep transformers' behaviour)."""
     config = model.config
     replaced = config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not getattr(config, "alibi", False)
@@ -245,7 +245,7 @@ def is_experts_module(module) -> bool:
 def has_forward_hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` runs forward hooks or pre-hooks, its own or torch's global ones (torch internals: the hook
     dicts of ``nn.Module``). A replacement that calls the module's function without ``__call__``
-    (`hf_sparse_verify.modules.FusedDecoderLayer` handing a residual to the fused experts) would skip them."""
+    (`hf_sparse_verify.integrations.FusedDecoderLayer` handing a residual to the fused experts) would skip them."""
     from torch.nn.modules import module as torch_module
 
     return bool(

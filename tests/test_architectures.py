@@ -53,7 +53,7 @@ def test_triton_backend_routes_modified_logits_to_reference(model_type, strategy
 @pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
 def test_prefill_in_row_chunks(model_type, monkeypatch):
     """Soft-capped or sink layers prefill in blocks of query rows; blocks smaller than the prompt change nothing."""
-    from hf_sparse_verify.attention import reference
+    from hf_sparse_verify.attention import eager as reference
 
     monkeypatch.setattr(reference, "ROW_CHUNK", 5)
     assert survey(model_type).status == "identical"

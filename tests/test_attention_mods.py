@@ -11,7 +11,7 @@ import torch
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 
-from hf_sparse_verify.attention.reference import LogitMods, _attention_with_logits
+from hf_sparse_verify.attention.eager import LogitMods, _attention_with_logits
 
 B, H, H_KV, Q, L, D = 2, 4, 2, 3, 11, 16
 

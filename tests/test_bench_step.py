@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from hf_sparse_verify.bench.shapes import (
+from hf_sparse_verify.cli import main
+from hf_sparse_verify.drivers.shapes import (
     SHAPES,
     expected_experts,
     random_model,
     shape_config,
     weight_bytes_per_step,
 )
-from hf_sparse_verify.cli import main
 
 
 def test_bench_step_writes_records(tmp_path):
@@ -89,13 +89,13 @@ def test_sync_counter_attributes_syncs_to_library_frames_only():
     stack: transformers' own per-call syncs in ``generate`` are not the library's."""
     import traceback
 
-    from hf_sparse_verify.bench.syncs import _ours
+    from hf_sparse_verify.drivers.syncs import _ours
 
     def frame(path, line=1):
         return traceback.FrameSummary(path, line, "f")
 
     loop = frame("/x/hf_sparse_verify/generation/engine/loop.py", 170)
-    harness = frame("/x/hf_sparse_verify/bench/syncs.py", 40)
+    harness = frame("/x/hf_sparse_verify/drivers/syncs.py", 40)
     theirs = frame("/venv/transformers/generation/utils.py", 99)
     assert _ours([harness, loop, theirs]) is loop
     assert _ours([harness, theirs]) is None

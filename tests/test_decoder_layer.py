@@ -12,13 +12,13 @@ from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 import hf_sparse_verify.kernels.fused_experts.op as experts_op
 import hf_sparse_verify.kernels.rms_norm.op as norm_op
 from hf_sparse_verify._compat import decoder_layers
-from hf_sparse_verify.modules import (
+from hf_sparse_verify.integrations import (
     DECODER_LAYER_REPLACEABLE,
     FusedDecoderLayer,
     replaceable_decoder_layer,
     use_fused_modules,
 )
-from hf_sparse_verify.moe import fused
+from hf_sparse_verify.integrations import fused_experts as fused
 
 MOE = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 

@@ -16,9 +16,9 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
 from hf_sparse_verify.attention import NAME, triton_backend, use_sparse_verify_attention
-from hf_sparse_verify.modules import FalconAttentionDispatch, use_dispatching_attention
+from hf_sparse_verify.integrations import FalconAttentionDispatch, use_dispatching_attention
 
-#: projection layouts of `hf_sparse_verify.modules.falcon`, and the decoder-layer variants around them
+#: projection layouts of `hf_sparse_verify.integrations.falcon`, and the decoder-layer variants around them
 LAYOUTS = {
     # Falcon-7B: one key/value head, attention and MLP in parallel off one layer norm
     "multi_query": dict(multi_query=True, new_decoder_architecture=False, parallel_attn=True),

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import make_model
 
+from hf_sparse_verify.integrations import FUSED_ATTENTION_REPLACEABLE, FusedQKVAttention, use_fused_modules
+from hf_sparse_verify.integrations.qkv_attention import replaceable_attention
 from hf_sparse_verify.kernels._triton import triton_runs_on
-from hf_sparse_verify.modules import FUSED_ATTENTION_REPLACEABLE, FusedQKVAttention, use_fused_modules
-from hf_sparse_verify.modules.attention import replaceable_attention
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral"]
 

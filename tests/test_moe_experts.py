@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_sparse_verify.moe.experts import experts_for_decoding
+from hf_sparse_verify.integrations.experts import experts_for_decoding
 
 
 class _StubMoE(torch.nn.Module):

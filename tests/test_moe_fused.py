@@ -12,8 +12,14 @@ from conftest import ARCHITECTURES, VOCAB, make_model, ragged_batch
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.integrations import (
+    FUSED_EXPERTS,
+    experts,
+    experts_for_decoding,
+    fused_experts_forward,
+    supports,
+)
 from hf_sparse_verify.kernels._triton import triton_runs_on
-from hf_sparse_verify.moe import FUSED_EXPERTS, experts, experts_for_decoding, fused_experts_forward, supports
 
 MOE_ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
 needs_triton = pytest.mark.skipif(

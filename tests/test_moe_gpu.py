@@ -11,10 +11,10 @@ from conftest import ragged_batch
 from test_moe_fused import MOE_ARCHS, make_moe
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.integrations import FUSED_EXPERTS, decoding_implementation
 from hf_sparse_verify.kernels.fused_experts import bench as fe_bench
 from hf_sparse_verify.kernels.fused_experts import fused_experts, fused_experts_naive
 from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
-from hf_sparse_verify.moe import FUSED_EXPERTS, decoding_implementation
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")

@@ -25,7 +25,7 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
 from hf_sparse_verify.attention import NAME, use_sparse_verify_attention
-from hf_sparse_verify.modules import (
+from hf_sparse_verify.integrations import (
     CodeGenAttentionDispatch,
     GPTJAttentionDispatch,
     GPTNeoAttentionDispatch,

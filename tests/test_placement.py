@@ -78,7 +78,7 @@ def test_single_device_model_has_no_obstacle():
 def test_hooked_and_offloaded_modules_are_not_replaced():
     """accelerate's hook on a module (it moves inputs between devices, streams offloaded weights in) would be lost
     with a replacement: hooked modules and modules with meta (offloaded) weights keep their class."""
-    from hf_sparse_verify.modules import use_fused_modules
+    from hf_sparse_verify.integrations import use_fused_modules
 
     model = make_model("llama")
     model.model.norm._hf_hook = object()  # what accelerate.hooks.add_hook_to_module leaves on a module

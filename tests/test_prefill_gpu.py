@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hf_sparse_verify.attention import reference
-from hf_sparse_verify.attention.reference import reference_attention
+from hf_sparse_verify.attention import eager as reference
+from hf_sparse_verify.attention.eager import reference_attention
 from hf_sparse_verify.step import Phase, ScoreCollection, StepContext
 from hf_sparse_verify.step.context import DeviceView
 

@@ -10,11 +10,11 @@ import torch
 from conftest import make_model
 from transformers import models as hf_models
 
-import hf_sparse_verify.modules.router as router_module
+import hf_sparse_verify.integrations.router as router_module
+from hf_sparse_verify.integrations import _swapped
+from hf_sparse_verify.integrations.router import MAX_ROWS, FusedRouter, replaceable_router, router_swaps
 from hf_sparse_verify.kernels._triton import triton_runs_on
 from hf_sparse_verify.kernels.moe_router import route_from_logits
-from hf_sparse_verify.modules import _swapped
-from hf_sparse_verify.modules.router import MAX_ROWS, FusedRouter, replaceable_router, router_swaps
 
 needs_triton = pytest.mark.skipif(
     not triton_runs_on(torch.device("cpu")), reason="Triton interpreter not set"

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention import interface
-from hf_sparse_verify.attention.reference import PLAIN, _attention_with_logits, reference_attention
+from hf_sparse_verify.attention.eager import PLAIN, _attention_with_logits, reference_attention
 from hf_sparse_verify.attention.scores import reduce_scores
 from hf_sparse_verify.config import SpeculationConfig
 from hf_sparse_verify.generation.drafters.self_spec import SelfSpecDrafter

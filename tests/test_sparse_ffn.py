@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import doctest
 
+import hf_sparse_verify.sparse.ffn as ffn_module
 import pytest
 import torch
 from conftest import make_model
+from hf_sparse_verify.sparse.ffn import FFNStats, skipped_share
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeConfig, Qwen2MoeMLP
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeConfig, Qwen3MoeMLP
 
-import hf_sparse_verify.modules as modules_module
-import hf_sparse_verify.sparse.ffn as ffn_module
-from hf_sparse_verify.kernels.sparse_ffn import sparse_mlp_naive
-from hf_sparse_verify.modules import (
+import hf_sparse_verify.integrations as modules_module
+from hf_sparse_verify.integrations import (
     MLP_REPLACEABLE,
     GatedMLP,
     replaceable_mlp,
     use_fused_modules,
     use_sparse_ffn,
 )
-from hf_sparse_verify.sparse.ffn import FFNStats, skipped_share
+from hf_sparse_verify.kernels.sparse_ffn import sparse_mlp_naive
 from hf_sparse_verify.step import StepContext, VerifySparsity, step_scope
 
 
@@ -285,7 +285,7 @@ def test_docstring_examples():
 
 
 def test_transposed_copies_follow_their_weight():
-    from hf_sparse_verify.modules.mlp import _TRANSPOSED, transposed_copy
+    from hf_sparse_verify.integrations.mlp import _TRANSPOSED, transposed_copy
 
     a, b = torch.randn(6, 4), torch.randn(6, 4)
     assert torch.equal(transposed_copy(a), a.T) and torch.equal(transposed_copy(b), b.T)
@@ -305,7 +305,7 @@ def test_transposed_copies_follow_their_weight():
 def test_gpu_sparse_path_equals_zeroed_channel_reference(batch, q_len):
     """On CUDA one batch row runs the Triton kernels and larger batches the dense masked fallback
     (`SPARSE_KERNEL_MAX_BATCH`); both equal the zeroed-channel reference in float32."""
-    from hf_sparse_verify.modules.mlp import SPARSE_KERNEL_MAX_BATCH
+    from hf_sparse_verify.integrations.mlp import SPARSE_KERNEL_MAX_BATCH
 
     assert SPARSE_KERNEL_MAX_BATCH < 2 <= 8  # the cases above cover both paths
     model = llama(seed=batch).cuda()

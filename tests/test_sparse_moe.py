@@ -13,9 +13,9 @@ from conftest import VOCAB, make_model
 from test_moe_fused import MOE_ARCHS, make_moe, needs_triton
 
 from hf_sparse_verify._compat import experts_layers
+from hf_sparse_verify.integrations import experts_for_decoding, fused, fused_experts_forward
+from hf_sparse_verify.integrations.fused_experts import record_layers
 from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
-from hf_sparse_verify.moe import experts_for_decoding, fused, fused_experts_forward
-from hf_sparse_verify.moe.fused import record_layers
 from hf_sparse_verify.sparse import LossySparseVerify, SparseMoE
 from hf_sparse_verify.sparse.moe import (
     ExpertSkips,

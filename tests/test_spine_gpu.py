@@ -13,7 +13,7 @@ import torch
 from conftest import make_model, noisy_copy, ragged_batch
 
 import hf_sparse_verify as hsv
-from hf_sparse_verify.bench.syncs import count_syncs
+from hf_sparse_verify.drivers.syncs import count_syncs
 from hf_sparse_verify.generation.engine.sessions import SESSIONS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

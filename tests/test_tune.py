@@ -10,7 +10,7 @@ import pytest
 from conftest import char_tokenizer, make_model
 
 from hf_sparse_verify import SpeculationConfig, cli, tune
-from hf_sparse_verify.tune import STEP_NAMES, Measurement, refine_candidates, three_step_search
+from hf_sparse_verify.drivers.tune import STEP_NAMES, Measurement, refine_candidates, three_step_search
 
 
 def synthetic(saturate_at: float = 0.1, best_k: int = 6):
@@ -108,7 +108,7 @@ def test_doctests():
 def test_measure_generate_sums_over_prompts():
     import torch
 
-    from hf_sparse_verify.tune import measure_generate
+    from hf_sparse_verify.drivers.tune import measure_generate
 
     model = make_model("llama")
     gen = torch.Generator().manual_seed(0)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import ragged_batch  # noqa: E402
 from test_spine_gpu import STRATEGIES, _run  # noqa: E402
 
-from hf_sparse_verify.bench.syncs import watch_syncs  # noqa: E402
+from hf_sparse_verify.drivers.syncs import watch_syncs  # noqa: E402
 
 
 def stacks_of(fn) -> collections.Counter:

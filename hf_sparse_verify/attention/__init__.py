@@ -4,6 +4,6 @@ forward runs is described by `hf_sparse_verify.step.StepContext`."""
 
 from .cache import SpecCache
 from .dispatch import BACKENDS, register_backend
-from .interface import NAME, register, use_sparse_verify_attention
+from .interface import NAME, register
 
-__all__ = ["BACKENDS", "NAME", "SpecCache", "register", "register_backend", "use_sparse_verify_attention"]
+__all__ = ["BACKENDS", "NAME", "SpecCache", "register", "register_backend"]

@@ -65,7 +65,7 @@ class SpecLayer(CacheLayerMixin):
 
     def direct_write_slots(self, batch: int, q_len: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The ``[B, q]`` slots this step's keys and values go to, for a kernel that writes them into ``keys`` /
-        ``values`` itself instead of calling `update` (`hf_sparse_verify.modules.FusedQKVAttention`: rotary and
+        ``values`` itself instead of calling `update` (`hf_sparse_verify.integrations.FusedQKVAttention`: rotary and
         cache write in one launch); None where `update` has to run (buffers not allocated yet, another dtype or
         step length, or a step that is not on the Triton backend)."""
         step = current_step(required=False)

@@ -1,5 +1,5 @@
 """The ``"sparse_verify"`` attention implementation, registered with transformers' `AttentionInterface` and
-`AttentionMaskInterface`, and the context manager that switches a model to it for one call.
+`AttentionMaskInterface` (`hf_sparse_verify.integrations.speculation_mode` switches a model to it for a call).
 
 The attention reads the running step from :func:`hf_sparse_verify.step.current_step`; masking comes from the step,
 so the registered mask function returns None.
@@ -7,22 +7,17 @@ so the registered mask function returns None.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _compat
-from ..modules import use_dispatching_attention
 from ..step import current_step
-from . import reference as _reference  # noqa: F401 - registers the "reference" backend
+from . import eager as _eager  # noqa: F401 - registers the "reference" (eager) backend
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
 from . import triton_backend as _triton_backend  # noqa: F401 - registers the "triton" backend
 from .dispatch import get_backend
-from .reference import LogitMods
+from .eager import LogitMods
 
 NAME = "sparse_verify"
 
@@ -74,30 +69,3 @@ def register() -> None:
     """Register the attention and mask functions under ``"sparse_verify"`` (idempotent)."""
     AttentionInterface.register(NAME, sparse_verify_attention)
     AttentionMaskInterface.register(NAME, sparse_verify_mask)
-
-
-#: SDPA backends our attention may use. cuDNN is left out: it builds an execution plan for every new shape, and
-#: decode shapes change at every step (KV length, K + 1). Measured on an H200 (torch 2.11, code-target): with cuDNN
-#: allowed, a generate call whose K varies spent 0.6 s of host time in 400 SDPA calls (1.5 ms each) against
-#: 0.07 s without it; see benchmarks/diag_step_overhead.py.
-SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-
-
-@contextlib.contextmanager
-def use_sparse_verify_attention(*models: torch.nn.Module) -> Iterator[None]:
-    """Switch ``models`` to the ``"sparse_verify"`` attention (through transformers' public
-    ``set_attn_implementation``; `_compat.set_attn_implementation` says where not) and restrict SDPA to
-    `SDPA_BACKENDS` for the duration of the block; attention modules that would not call it (rotary Falcon's) are
-    replaced by ones that do (`use_dispatching_attention`). Everything is restored on exit, also on errors."""
-    register()
-    switched = []
-    with sdpa_kernel(list(SDPA_BACKENDS)), use_dispatching_attention(*models):
-        try:
-            for model in models:
-                previous = model.config._attn_implementation
-                _compat.set_attn_implementation(model, NAME)
-                switched.append((model, previous))
-            yield
-        finally:  # the configs go back before the replaced modules do
-            for model, previous in reversed(switched):
-                _compat.set_attn_implementation(model, previous)

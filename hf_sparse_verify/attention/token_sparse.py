@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..step import DeviceView
 from .dispatch import register_backend
-from .reference import PLAIN, LogitMods, reference_attention
+from .eager import PLAIN, LogitMods, reference_attention
 
 
 @register_backend("token_sparse")

@@ -25,7 +25,7 @@ from ..kernels.decode_attention.op import MAX_ROWS
 from ..kernels.token_sparse import token_sparse_attention as token_sparse_kernel
 from ..step import DeviceView, Phase
 from .dispatch import register_backend
-from .reference import PLAIN, LogitMods, reference_attention
+from .eager import PLAIN, LogitMods, reference_attention
 from .token_sparse import token_sparse_attention
 
 

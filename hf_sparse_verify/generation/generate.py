@@ -9,7 +9,6 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -18,12 +17,12 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList, Stop
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .. import _compat
-from ..attention import use_sparse_verify_attention
 from ..config import SpeculationConfig
+from ..integrations import Mode, speculation_mode
 from ..kernels._triton import HAVE_TRITON
-from ..modules import use_fused_modules, use_sparse_ffn
 from ..placement import graph_obstacle
 from ..registry import DRAFTERS, resolve
+from ..sparse.calibration import find_calibration
 from .drafters.base import Drafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
@@ -183,8 +182,6 @@ def _calibration(config: SpeculationConfig, model):
     sparse = config.lossy_sparse_verify
     if sparse is None:
         return None
-    from ..sparse.calibration import find_calibration
-
     return find_calibration(sparse, model)
 
 
@@ -221,11 +218,12 @@ def _run(
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
     stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
     models = (model, *drafter.models)
-    fuse = config.fused_modules and settings.backend == "triton"
-    sparse_ffn = (
-        use_sparse_ffn(model) if sparse is not None and sparse.ffn is not None else contextlib.nullcontext()
+    mode = Mode(
+        fused=config.fused_modules and settings.backend == "triton",
+        sparse_ffn=sparse is not None and sparse.ffn is not None,
+        expert_skipping=sparse is not None and sparse.moe is not None,
     )
-    with use_sparse_verify_attention(*models), sparse_ffn, use_fused_modules(*(models if fuse else ())):
+    with speculation_mode(*models, mode=mode) as switched:
         sequences, stats = speculative_decode(
             model,
             input_ids,
@@ -237,6 +235,7 @@ def _run(
             eos_token_ids=eos_ids,
             settings=settings,
             streamer=streamer,
+            switched=switched,
             stats=stats,
         )
     _POLICY_MEMORY[memory_key] = (policy.recent_best_k(), policy.switched_off_steps(), policy.speculating_k())

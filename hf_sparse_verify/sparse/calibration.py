@@ -7,20 +7,16 @@ Hub.
 - ffn: per-layer activation thresholds for a grid of channel sparsities (`FFN_LEVELS`);
 - moe: per-layer threshold maps ``beta_1 .. beta_{k-1}`` and weight budgets, with the damage each setting did.
 
-`calibrate` runs the prompts through the engine's own runner (prefill, then one dense verify forward of the last
-``verify_tokens`` tokens per prompt, recording what sparse verification would have selected).
+`hf_sparse_verify.drivers.calibrate.calibrate` makes one by running calibration prompts through the engine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from .config import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 
@@ -77,8 +73,6 @@ class SparseCalibration:
 
     def check_moe_damage(self, cfg: SparseMoE) -> None:
         """Refuse ``cfg`` when this calibration measured its damage above ``cfg.max_damage``."""
-        from .moe import damage_key
-
         damage = (self.moe or {}).get("damage", {}).get(damage_key(cfg))
         if damage is not None and damage > cfg.max_damage:
             raise ValueError(
@@ -158,87 +152,13 @@ def find_calibration(cfg: LossySparseVerify, model) -> SparseCalibration | None:
     return calibration
 
 
-# ------------------------------------------------------------------------------------------------ calibrate
-def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``|a & b| / |a | b|`` of two bool masks (1.0 when both are empty)."""
-    union = (a | b).sum().item()
-    return 1.0 if union == 0 else (a & b).sum().item() / union
+def damage_key(cfg: SparseMoE) -> str:
+    """The key of ``cfg``'s measured damage in a calibration's ``moe["damage"]``.
 
-
-@torch.no_grad()
-def calibrate(
-    model,
-    prompts: list[torch.Tensor],
-    cfg: LossySparseVerify,
-    *,
-    verify_tokens: int = 8,
-    progress: bool = True,
-) -> SparseCalibration:
-    """Calibrate ``model`` on ``prompts`` (1-D token id tensors, each longer than ``verify_tokens``) for the parts
-    ``cfg`` enables: attention similarities (with ``cfg.attention``'s block size, rho and L0), FFN thresholds
-    (``cfg.ffn``), MoE maps and damage (``cfg.moe``; raises when the damage passes ``cfg.moe.max_damage``)."""
-    from tqdm.auto import tqdm
-
-    from ..attention import use_sparse_verify_attention
-    from ..generation.engine.runner import ModelRunner
-    from ..step import Phase
-    from .state import SparseVerifyState
-
-    text = model.config.get_text_config()
-    layers = text.num_hidden_layers
-    device = model.get_input_embeddings().weight.device
-    calibration = SparseCalibration(model.config.model_type, layers, len(prompts), verify_tokens)
-    attention = cfg.attention or SparseAttention()
-    record_cfg = LossySparseVerify(attention=dataclasses.replace(attention, reuse=False))
-    similarity = [0.0] * layers
-    ffn_stats = None
-    if cfg.ffn is not None:
-        from .ffn import FFNStats
-
-        ffn_stats = FFNStats(
-            model, group=verify_tokens
-        )  # the max over a verify row's tokens, as at verify time
-    with use_sparse_verify_attention(model):
-        for ids in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
-            if ids.dim() != 1 or ids.numel() <= verify_tokens:
-                raise ValueError(f"calibration prompts must be 1-D with more than {verify_tokens} tokens")
-            ids = ids.to(device)[None]
-            runner = ModelRunner(model, 1, ids.shape[1], device, "reference")
-            runner.set_padding([0])
-            cut = ids.shape[1] - verify_tokens
-            runner.prefill(ids[:, :cut])
-            state = SparseVerifyState(
-                record_cfg, layers, None, runner.cache.layer_devices(device), record=True
-            )
-            state.prefill(runner.cache, runner.pad_t, torch.full((1,), cut, device=device))
-            start = torch.full((1,), cut, dtype=torch.long, device=device)
-            with ffn_stats if ffn_stats is not None else contextlib.nullcontext():
-                runner.forward(ids[:, cut:], start, Phase.VERIFY, kv_len=ids.shape[1], verify_sparsity=state)
-            masks = state.attention.recorded
-            for layer in range(1, layers):
-                if layer in masks and layer - 1 in masks:
-                    similarity[layer] += jaccard(masks[layer], masks[layer - 1]) / len(prompts)
-    calibration.attention = {
-        "block_size": attention.block_size,
-        "rho": attention.rho,
-        "dense_below": attention.dense_below,
-        "similarity": similarity,
-    }
-    if ffn_stats is not None:
-        calibration.ffn = {
-            "levels": list(FFN_LEVELS),
-            "thresholds": [
-                [ffn_stats.threshold(layer, level) for level in FFN_LEVELS]
-                if layer in ffn_stats.mlps
-                else None
-                for layer in range(layers)
-            ],
-        }
-    if cfg.moe is not None:
-        from .moe import calibrate_moe
-
-        batches = [ids.to(device)[None] for ids in prompts]
-        calibration.moe = calibrate_moe(
-            model, batches, cfg.moe, progress=progress, window=verify_tokens
-        ).summary
-    return calibration
+    Example:
+        >>> damage_key(SparseMoE(max_skip=2)), damage_key(SparseMoE(rule="row_union", max_skip=7, row_experts=8))
+        ('threshold:2', 'row_union:7:8')
+    """
+    if cfg.rule == "row_union":
+        return f"row_union:{cfg.max_skip}:{cfg.row_experts}"
+    return f"{cfg.rule}:{cfg.max_skip}"

@@ -126,7 +126,7 @@ class SparseMoE:
     - ``"threshold"``: per-layer threshold maps ``beta_m`` (m = 1 .. k-1, the median over calibration tokens of the
       share of routing weight held by a token's ``m`` lowest-weight experts); a token skips its ``i`` lowest-weight
       experts for the largest ``i <= max_skip`` whose share of the token's weight is under ``beta_i`` (see
-      `hf_sparse_verify.sparse.moe.skip_counts` for our reading of the paper's Eq. 15-16). Weights are not
+      `hf_sparse_verify.kernels.expert_skip.naive.skip_counts` for our reading of the paper's Eq. 15-16). Weights are not
       renormalised.
     - ``"budget"``: a token keeps its highest-weight experts until their share of the token's routing weight reaches
       the layer's budget, and never fewer than ``k - max_skip``.

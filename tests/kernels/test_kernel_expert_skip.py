@@ -72,7 +72,7 @@ def test_bad_input():
 
 
 def test_bench_entry_runs():
-    from hf_sparse_verify.kernels.registry import load_all
+    from hf_sparse_verify.kernels.bench_registry import load_all
 
     cases = list(load_all()["expert_skip"](DEVICE, torch.float32, True))
     assert {c.variant for c in cases} == {"triton", "torch"}

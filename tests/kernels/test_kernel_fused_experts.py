@@ -220,7 +220,7 @@ def test_bad_input(change, message):
 
 @needs_triton
 def test_benchmark_entry_runs():
-    from hf_sparse_verify.kernels.registry import load_all
+    from hf_sparse_verify.kernels.bench_registry import load_all
 
     cases = list(load_all()["fused_experts"](torch.device("cpu"), torch.float32, True))
     assert {c.variant for c in cases} == {"triton", "batched_mm", "grouped_mm"}

@@ -184,7 +184,7 @@ def test_bad_input():
 
 
 def test_bench_entries_run():
-    from hf_sparse_verify.kernels.registry import load_all
+    from hf_sparse_verify.kernels.bench_registry import load_all
 
     registry = load_all()
     for name in ("qkv_proj", "row_linear", "rope_qk"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import ARCHITECTURES, make_model
 
+from hf_sparse_verify.integrations import REPLACEABLE, TritonRMSNorm, use_fused_modules
 from hf_sparse_verify.kernels.rms_norm import add_rms_norm, add_rms_norm_naive, rms_norm, rms_norm_naive
-from hf_sparse_verify.modules import REPLACEABLE, TritonRMSNorm, use_fused_modules
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -303,7 +303,7 @@ def test_docstring_examples():
 
 
 def test_bench_cases_run():
-    from hf_sparse_verify.kernels.registry import load_all
+    from hf_sparse_verify.kernels.bench_registry import load_all
 
     registry = load_all()
     for name in ("gated_act", "sparse_ffn"):

@@ -226,7 +226,7 @@ def test_bad_input(change, message):
 def test_bench_quick_cases_agree():
     """The benchmark's variants compute the same attention (the gather + SDPA one is the library's old path)."""
     import hf_sparse_verify.kernels.token_sparse.bench  # noqa: F401  (registers the entry)
-    from hf_sparse_verify.kernels.registry import BENCHMARKS
+    from hf_sparse_verify.kernels.bench_registry import BENCHMARKS
 
     cases = list(BENCHMARKS["token_sparse"](DEVICE, torch.float32, True))
     assert {c.variant for c in cases} == {"triton", "gather_sdpa"}

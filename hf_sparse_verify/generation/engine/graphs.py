@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,15 +23,6 @@ from ...step import Phase, StepContext
 
 #: forwards run on a side stream before capturing a graph (Triton compilation, cuBLAS workspaces)
 WARMUP_FORWARDS = 2
-
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str) -> None:
-    """A warning shown once per process for ``key``."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, object]:

@@ -13,19 +13,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ...moe.experts import experts_for_decoding
+from ..._logging import warn_once
+from ...integrations import Switched
 from ...placement import RankAgreement
+from ...sparse.state import SparseVerifyState
 from ...step import Phase
 from ..drafters.base import Draft, Drafter, VerifyFeedback, empty_draft
 from ..policies.k_policy import KPolicy, StepOutcome
 from ..verification.processing import StopChecker, process_window
 from ..verification.verify import verify_greedy, verify_sampling_without_probs, verify_speculative_sampling
-from .graphs import warn_once
+from .emitter import Emitter
 from .runner import ModelRunner
 from .sessions import SESSIONS, capacity_bucket
 from .state import DecodeState
 from .stats import SpeculationStats
-from .streaming import Emitter
 from .timing import StepTimer
 
 
@@ -119,8 +120,6 @@ def _verify_sparsity(model, target: ModelRunner, session, settings: LoopSettings
     captured verify graphs read) or a new one; its block summaries are rebuilt from this call's prefill."""
     if settings.sparse is None:
         return None
-    from ...sparse.state import SparseVerifyState
-
     sparsity = session.sparse_state if session is not None else None
     if sparsity is None:
         layers = model.config.get_text_config().num_hidden_layers
@@ -146,11 +145,13 @@ def speculative_decode(
     settings: LoopSettings,
     streamer=None,
     stats: SpeculationStats | None = None,
+    switched: Switched,
 ) -> tuple[torch.Tensor, SpeculationStats]:
     """Generate with speculative decoding; returns ``[B, T]`` sequences (prompt included, finished rows padded)
     and the call's `SpeculationStats`.
 
-    ``model`` must already use the ``"sparse_verify"`` attention (see `use_sparse_verify_attention`).
+    ``model`` and the drafter's models must be in hf_sparse_verify's mode: ``switched`` is what
+    `hf_sparse_verify.integrations.speculation_mode` yielded for them (the steps enter its `decoding_experts`).
     """
     wall_start = time.perf_counter()
     stats = stats or SpeculationStats()
@@ -197,8 +198,7 @@ def speculative_decode(
     plain_slots = {"verify_sparsity": sparsity} if drafter.idle_at_k0 else verify_slots  # K = 0 steps
 
     # --------------------------------------------------------------------------------------------------- steps
-    skipping = settings.sparse is not None and settings.sparse.moe is not None
-    with experts_for_decoding(model, *drafter.models, expert_skipping=skipping):
+    with switched.decoding_experts():
         if target.use_graphs:
             # one graph per verify width 1 .. max_draft_tokens + 1, whatever this call's policy needs: the session
             # keeps them, so a later call with another K or policy captures nothing

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 
 from ..._compat import CACHE_KWARG
+from ..._logging import warn_once
 from ...attention import SpecCache
 from ...placement import graph_obstacle
 from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySparsity, step_scope
-from .graphs import StepGraphs, warn_once
+from .graphs import StepGraphs
 from .state import to_device
 
 #: tokens (rows x prompt tokens) one prefill forward takes; longer prompts are prefilled in chunks, so activations

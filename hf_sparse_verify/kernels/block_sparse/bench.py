@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hf_sparse_verify.kernels.bench_registry import KernelCase, register_benchmark
 from hf_sparse_verify.kernels.block_sparse.naive import attended_slots, forced_block_mask, selected_block_mask
 from hf_sparse_verify.kernels.block_sparse.op import block_sparse_attention, merge_query_blocks
-from hf_sparse_verify.kernels.registry import KernelCase, register_benchmark
 
 SELECTED = 0.07
 OVERLAP = 0.8

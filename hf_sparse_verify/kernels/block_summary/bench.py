@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .kernel import launch_build, launch_score, launch_update
 from .naive import num_blocks
 from .op import select_top_blocks

@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .naive import attention_mask
 from .op import decode_attention
 

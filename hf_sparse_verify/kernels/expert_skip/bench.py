@@ -8,15 +8,14 @@ import functools
 
 import torch
 
-from ...step.slots import MoESkip
-from ..registry import KernelCase, register_benchmark
-from .naive import expert_skip_naive
+from ..bench_registry import KernelCase, register_benchmark
+from .naive import SkipRule, expert_skip_naive
 from .op import expert_skip
 
 
 @register_benchmark("expert_skip")
 def expert_skip_cases(device: torch.device, dtype: torch.dtype, quick: bool):
-    skip = MoESkip("budget", 4, torch.tensor(0.5, device=device))
+    skip = SkipRule("budget", 4, torch.tensor(0.5, device=device))
     for tokens in (1, 8, 16):
         weights = torch.softmax(torch.randn(tokens, 8, device=device), dim=-1).to(dtype)
         index = torch.randint(0, 128, (tokens, 8), device=device)

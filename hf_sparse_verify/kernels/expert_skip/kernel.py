@@ -5,7 +5,7 @@
 Each expert's stable descending rank is counted from a ``[k, k]`` comparison (no sort); the row is written in rank
 order; the shares the rules read are masked sums over the same comparison matrix: for the ``"budget"`` rule the
 share of the ``j`` highest weights for every ``j``, for ``"threshold"`` the share of the ``i`` lowest for ``i <= m``
-(`hf_sparse_verify.sparse.moe.skip_counts` defines both). Sums run in another order than the reference's cumulative
+(`hf_sparse_verify.kernels.expert_skip.naive.skip_counts` defines both). Sums run in another order than the reference's cumulative
 sums, so a share within float32 rounding of a threshold may fall on the other side of it. Grid from shapes only.
 """
 
@@ -66,7 +66,7 @@ def _row_union_kernel(
     top_k, group, min_keep, s_it, s_wt, s_oit, s_owt,
     P_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """`hf_sparse_verify.sparse.moe.row_union` for one row: pair ``p`` is expert ``p % k`` of token ``p // k``; every
+    """`hf_sparse_verify.kernels.expert_skip.naive.row_union` for one row: pair ``p`` is expert ``p % k`` of token ``p // k``; every
     quantity is a masked sum over the ``[P, P]`` comparison of the row's pairs (row a, column b)."""
     pdl_wait(PDL)
     r = tl.program_id(0).to(tl.int64)

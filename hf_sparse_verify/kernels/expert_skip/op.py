@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ...step.slots import MoESkip
 from .._triton import triton_runs_on
-from .naive import expert_skip_naive
+from .naive import SkipRule, expert_skip_naive, order_by_weight
 
 #: rule name -> the op's integer code
 RULES = {"threshold": 0, "budget": 1, "row_union": 2}
@@ -37,7 +36,7 @@ def _expert_skip_op(
             return launch_row_union(top_k_index, top_k_weights, max_skip, values, group)
     name = next(n for n, code in RULES.items() if code == rule)
     index, weights, n_active = expert_skip_naive(
-        top_k_index, top_k_weights, MoESkip(name, max_skip, values), group
+        top_k_index, top_k_weights, SkipRule(name, max_skip, values), group
     )
     return index.contiguous(), weights.contiguous(), n_active
 
@@ -53,16 +52,17 @@ def _(top_k_index, top_k_weights, rule, max_skip, values, group):
 
 
 def expert_skip(
-    top_k_index: torch.Tensor, top_k_weights: torch.Tensor, skip: MoESkip, group: int = 1
+    top_k_index: torch.Tensor, top_k_weights: torch.Tensor, skip, group: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each token's experts with the kept ones first and how many it keeps under ``skip``, in one launch: what
-    `hf_sparse_verify.sparse.moe.order_by_weight` and `skip_counts` compute, or `row_union` for that rule (see them
+    `hf_sparse_verify.kernels.expert_skip.naive.order_by_weight` and `skip_counts` compute, or `row_union` for that rule (see them
     for the rules).
 
     Args:
         top_k_index: ``[T, k]`` int expert ids, ``k <= 32``.
         top_k_weights: ``[T, k]`` float routing weights.
-        skip: the layer's `MoESkip` (``values`` on the weights' device).
+        skip: the layer's rule: a `SkipRule`, or anything with its ``rule``, ``max_skip`` and ``values`` (the step
+            slot `MoESkip`); ``values`` on the weights' device.
         group: tokens per row, for ``"row_union"`` (a divisor of ``T``); the other rules ignore it.
 
     Returns:
@@ -72,7 +72,7 @@ def expert_skip(
 
     Example:
         >>> idx, w = torch.tensor([[3, 1, 2]]), torch.tensor([[0.2, 0.5, 0.3]])
-        >>> expert_skip(idx, w, MoESkip("budget", 2, torch.tensor(0.75)))
+        >>> expert_skip(idx, w, SkipRule("budget", 2, torch.tensor(0.75)))
         (tensor([[1, 2, 3]]), tensor([[0.5000, 0.3000, 0.2000]]), tensor([2], dtype=torch.int32))
     """
     if top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape:
@@ -84,7 +84,7 @@ def expert_skip(
     if not 1 <= k <= MAX_TOP_K:
         raise ValueError(f"expert_skip handles 1..{MAX_TOP_K} experts per token; got {k}")
     if skip.rule not in RULES:
-        raise ValueError(f"unknown MoESkip rule {skip.rule!r}: use one of {sorted(RULES)}")
+        raise ValueError(f"unknown skip rule {skip.rule!r}: use one of {sorted(RULES)}")
     if not top_k_weights.is_floating_point() or top_k_index.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"expert_skip needs int ids and float weights; got {top_k_index.dtype} and {top_k_weights.dtype}"
@@ -98,11 +98,9 @@ def expert_skip(
     values = skip.values.to(top_k_weights.device, torch.float32).reshape(-1).contiguous()
     if skip.rule == "threshold" and m >= 1 and values.numel() < m:
         raise ValueError(
-            f"a threshold MoESkip needs at least {m} values (beta_1 .. beta_m); got {values.numel()}"
+            f"a threshold skip rule needs at least {m} values (beta_1 .. beta_m); got {values.numel()}"
         )
     if m < 1:  # nothing may be skipped: only the order changes
-        from ...sparse.moe import order_by_weight
-
         index, weights = order_by_weight(top_k_index, top_k_weights)
         return index, weights, torch.full((top_k_index.shape[0],), k, dtype=torch.int32, device=index.device)
     return torch.ops.hsv.expert_skip(

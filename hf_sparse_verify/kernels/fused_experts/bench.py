@@ -12,10 +12,10 @@ import functools
 
 import torch
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .op import fused_experts
 
-#: Qwen3-30B-A3B's experts (`hf_sparse_verify.bench.shapes` preset ``qwen3-30b-a3b``)
+#: Qwen3-30B-A3B's experts (`hf_sparse_verify.drivers.shapes` preset ``qwen3-30b-a3b``)
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 QUICK = (8, 2, 64, 32)
 

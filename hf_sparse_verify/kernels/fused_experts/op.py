@@ -117,7 +117,7 @@ def fused_experts(
             The remaining weights are not renormalized.
         transposed: weights stored ``[E, K, N]`` (transformers' ``is_transposed`` experts).
         residual: ``[T, H]`` in ``hidden.dtype``, added to the result in the same launch (bitwise the decoder
-            layer's ``residual + experts(x)``; `hf_sparse_verify.modules.FusedDecoderLayer` passes it).
+            layer's ``residual + experts(x)``; `hf_sparse_verify.integrations.FusedDecoderLayer` passes it).
 
     Returns:
         ``[T, H]`` in ``hidden.dtype``; matmuls accumulate in float32, the intermediate is rounded to the

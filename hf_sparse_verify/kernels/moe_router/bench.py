@@ -10,10 +10,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .kernel import launch
 
-#: Qwen3-30B-A3B's router (`hf_sparse_verify.bench.shapes` preset ``qwen3-30b-a3b``)
+#: Qwen3-30B-A3B's router (`hf_sparse_verify.drivers.shapes` preset ``qwen3-30b-a3b``)
 EXPERTS, TOP_K, HIDDEN = 128, 8, 2048
 QUICK = (8, 2, 64)
 

@@ -15,7 +15,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .naive import qkv_proj_naive, rope_qk_naive
 from .op import qkv_proj, rope_qk, row_linear
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..rms_norm import rms_norm_naive
+from ..rms_norm.naive import rms_norm_naive
 
 
 def qkv_proj_naive(

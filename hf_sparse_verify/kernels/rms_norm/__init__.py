@@ -1,4 +1,4 @@
-"""RMSNorm with transformers' Llama-family arithmetic in one launch (used by `hf_sparse_verify.modules`)."""
+"""RMSNorm with transformers' Llama-family arithmetic in one launch (used by `hf_sparse_verify.integrations`)."""
 
 from .naive import add_rms_norm_naive, rms_norm_naive
 from .op import add_rms_norm, rms_norm

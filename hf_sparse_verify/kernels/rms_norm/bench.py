@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .naive import rms_norm_naive
 from .op import rms_norm
 

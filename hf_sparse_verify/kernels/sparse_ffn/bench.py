@@ -17,8 +17,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..registry import KernelCase, register_benchmark
-from .op import gated_act, sparse_ffn
+from ..bench_registry import KernelCase, register_benchmark
+from .op import FUSED_MAX_ROWS, gated_act, sparse_ffn
 
 HIDDEN, INTER = 4096, 14336
 QUICK = (64, 96)
@@ -49,9 +49,7 @@ def tau_for(x: torch.Tensor, w_gate: torch.Tensor, skipped: float) -> torch.Tens
 
 
 def _dense_step_mlp(x, w_gate, w_up, w_down):
-    # what `GatedMLP` runs on CUDA; imported late, since modules import kernels
-    from ...modules.mlp import FUSED_MAX_ROWS
-
+    # what `GatedMLP` runs on CUDA
     rows = x.numel() // x.shape[-1]
     if x.is_cuda and rows <= FUSED_MAX_ROWS:
         return F.linear(gated_act(x, w_gate, w_up), w_down)

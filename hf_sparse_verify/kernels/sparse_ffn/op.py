@@ -8,6 +8,13 @@ import torch
 from .._triton import triton_runs_on
 from .naive import gated_act_naive, masked_down_naive, sparse_gate_up_naive
 
+#: `hf_sparse_verify.integrations.mlp.GatedMLP` runs the fused ``silu(gate) * up`` kernel for steps of at most this many token rows (batch x new tokens); larger
+#: steps use torch's matmuls. Measured on an H200 (8B shape), in separate runs, not side by side: fused is faster at 1
+#: and 16 rows (decode 6.13 -> 5.81 ms at 1K, a 16-token verify 6.57 -> 6.27 ms), slower from 80 rows (16 x 16K
+#: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/h200_step_16k_b16_vegas_scores.json`; 16.9 /
+#: 18.4 / 20.1 ms fused, `results/h200_step_16k_b16_vegas_scores_rowdot.json`).
+FUSED_MAX_ROWS = 16
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .kernel import token_sparse_attention_triton
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ..registry import KernelCase, register_benchmark
+from ..bench_registry import KernelCase, register_benchmark
 from .kernel import topk_slots_triton
 from .naive import pool_scores, prefix_valid, topk_slots_naive
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 _OURS = "hf_sparse_verify"
-_HARNESS = ("hf_sparse_verify/bench/", "hf_sparse_verify\\bench\\")
+_HARNESS = ("hf_sparse_verify/drivers/", "hf_sparse_verify\\bench\\")
 
 
 def _ours(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:

@@ -28,8 +28,8 @@ import torch
 
 from .._compat import has_forward_hooks
 from ..kernels.rms_norm import add_rms_norm
-from ..moe import fused as fused_moe
 from ..placement import swappable
+from . import fused_experts as fused_moe
 from .rms_norm import REPLACEABLE as NORM_REPLACEABLE
 
 #: decoder layer classes whose forward is the one in the module docstring
@@ -52,7 +52,7 @@ FUSABLE_MOE = frozenset({"MixtralSparseMoeBlock", "OlmoeSparseMoeBlock", "Qwen3M
 
 def replaceable_decoder_layer(module: torch.nn.Module) -> bool:
     """Whether `FusedDecoderLayer` computes what ``module`` computes: an allow-listed class whose two norms are
-    Llama-family RMSNorms (`hf_sparse_verify.modules.rms_norm.REPLACEABLE`), with no accelerate hook or offloaded
+    Llama-family RMSNorms (`hf_sparse_verify.integrations.rms_norm.REPLACEABLE`), with no accelerate hook or offloaded
     weight on it or below it (a replacement would skip the hook)."""
     if type(module).__name__ not in REPLACEABLE:
         return False
@@ -91,7 +91,7 @@ class FusedDecoderLayer(torch.nn.Module):
 
     def _experts_take_residual(self) -> bool:
         """Whether ``mlp`` is a `FUSABLE_MOE` block whose experts run our fused implementation now (read per call:
-        `hf_sparse_verify.moe.experts_for_decoding` switches it)."""
+        `hf_sparse_verify.integrations.Switched.decoding_experts` switches it)."""
         mlp = self.mlp
         if type(mlp).__name__ not in FUSABLE_MOE or (self.training and getattr(mlp, "jitter_noise", 0) > 0):
             return False

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from ..kernels._triton import compiled_on
 from ..kernels.moe_router import moe_router
 from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
-from ..placement import swappable
 
 #: router classes whose forward is ``F.linear`` -> float32 softmax -> ``torch.topk`` -> optional division by the
 #: float32 sum -> cast to the logits dtype (checked against transformers 5.23.0's source; tests compare each with
@@ -27,7 +26,6 @@ FLOAT32_SCORES = frozenset({"MixtralTopKRouter"})
 #: transformers' arithmetic
 MAX_ROWS = 16
 
-Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
 
 
 def replaceable_router(module: torch.nn.Module) -> bool:
@@ -121,27 +119,3 @@ class FusedRouter(torch.nn.Module):
         if self.normalize:
             values /= values.sum(dim=-1, keepdim=True)
         return logits, (values if self.scores_float32 else values.to(logits.dtype)), indices
-
-
-def router_swaps(model: torch.nn.Module, cuda_only: bool = False) -> list[Swap]:
-    """Every router of ``model`` for which `replaceable_router` holds, with its `FusedRouter` (with ``cuda_only``:
-    only those whose weight is where the kernel runs). Apply and undo the swaps with
-    `hf_sparse_verify.modules._swapped`.
-
-    Example:
-        >>> from transformers import OlmoeConfig, OlmoeForCausalLM
-        >>> model = OlmoeForCausalLM(OlmoeConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-        ...     num_attention_heads=2, num_experts=4, num_experts_per_tok=2))
-        >>> [(name, type(new).__name__) for _, name, _, new in router_swaps(model)]
-        [('gate', 'FusedRouter'), ('gate', 'FusedRouter')]
-        >>> router_swaps(model, cuda_only=True)
-        []
-    """
-    return [
-        (parent, name, child, FusedRouter(child))
-        for parent in list(model.modules())
-        for name, child in list(parent.named_children())
-        if replaceable_router(child)
-        and swappable(child)
-        and (not cuda_only or fused_router_runs(child.weight.device))
-    ]

@@ -32,7 +32,7 @@ def commit() -> str:
 def machine_info(device: torch.device) -> dict:
     import transformers
 
-    from .. import __version__
+    from .._version import __version__
 
     info = {
         "device": str(device),

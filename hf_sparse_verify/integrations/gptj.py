@@ -2,7 +2,7 @@
 
 transformers' ``GPTJAttention.forward`` runs its own ``_attn`` (or flash attention) instead of
 ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``. For the duration of a call
-(`hf_sparse_verify.modules.use_dispatching_attention`) each one is replaced by this module, which shares the
+(`hf_sparse_verify.integrations.speculation_mode`) each one is replaced by this module, which shares the
 original's ``q_proj``/``k_proj``/``v_proj``/``out_proj`` and its sinusoid table ``embed_positions`` and computes
 what the original computes up to the attention: the projections, GPT-J's interleaved rotary embedding
 (``rotate_every_two``) over the first ``rotary_dim`` features of each head (all of them when ``rotary_dim`` is None),

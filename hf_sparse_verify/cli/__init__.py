@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from .config import ATTENTION_BACKENDS, SELECTIONS, SpeculationConfig, check_model_location
-from .registry import DRAFTERS, K_POLICIES
+from ..config import ATTENTION_BACKENDS, SELECTIONS, SpeculationConfig, check_model_location
+from ..registry import DRAFTERS, K_POLICIES
 
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGY_HELP = {
@@ -221,7 +221,14 @@ def _add_generate_parser(sub, debug) -> None:
 
 
 def _add_tune_parser(sub, debug) -> None:
-    from .tune import DEFAULT_K_LARGE, DEFAULT_KS, DEFAULT_RATIOS, MIN_GAIN, RATIO_STRATEGIES, REFINE_FACTORS
+    from ..drivers.tune import (
+        DEFAULT_K_LARGE,
+        DEFAULT_KS,
+        DEFAULT_RATIOS,
+        MIN_GAIN,
+        RATIO_STRATEGIES,
+        REFINE_FACTORS,
+    )
 
     tune = sub.add_parser(
         "tune",
@@ -353,7 +360,7 @@ def _add_calibrate_parser(sub, debug) -> None:
 
 
 def _add_bench_parser(sub, debug) -> None:
-    from .bench.shapes import SHAPES
+    from ..drivers.shapes import SHAPES
 
     bench = sub.add_parser("bench", parents=[debug], help="benchmarks (needs a GPU for meaningful numbers)")
     kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="{step}")
@@ -550,7 +557,7 @@ def cmd_generate(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import default_model_path, generate
+    from .. import default_model_path, generate
 
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     dtype = getattr(torch, dtype_name)
@@ -649,7 +656,7 @@ def _compare_plain(model, inputs, common: dict, sequences, stats, device: str, d
 def _tuning_prompts(args) -> list:
     """The ``--prompt-file`` prompts of ``tune`` and ``calibrate`` (``--prompt-len``, ``--max-prompts``); format
     errors as one line, before anything loads."""
-    from .tune import read_prompts
+    from ..drivers.tune import read_prompts
 
     read_prompt_file(args.prompt_file)
     try:
@@ -659,7 +666,7 @@ def _tuning_prompts(args) -> list:
 
 
 def cmd_tune(args) -> int:
-    from .tune import dense_warning, tune
+    from ..drivers.tune import dense_warning, tune
 
     prompts = _tuning_prompts(args)
     _check_model("--model", args.model)
@@ -676,7 +683,7 @@ def cmd_tune(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import default_model_path
+    from .. import default_model_path
 
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     model_path = args.model or os.path.join(default_model_path(), "target")
@@ -733,8 +740,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench.step import StepBenchArgs
-    from .bench.step import main as bench_step
+    from ..drivers.step_bench import StepBenchArgs
+    from ..drivers.step_bench import main as bench_step
 
     _check_output("--json", args.json)
     device = _device(args.device)
@@ -765,9 +772,9 @@ def cmd_calibrate(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import default_model_path
-    from .sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
-    from .sparse.calibration import calibrate
+    from .. import default_model_path
+    from ..sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+    from ..sparse.calibration import calibrate
 
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     model_path = args.model or os.path.join(default_model_path(), "target")
@@ -782,7 +789,7 @@ def cmd_calibrate(args) -> int:
     ids = [t for t in ids if t.numel() > args.verify_tokens]
     if not ids:
         raise UsageError(f"--prompt-file: no prompt longer than --verify-tokens={args.verify_tokens} tokens")
-    from .modules import replaceable_mlp
+    from ..integrations import replaceable_mlp
 
     is_moe = getattr(model.config.get_text_config(), "num_experts_per_tok", None) is not None
     has_ffn = any(replaceable_mlp(m) for m in model.modules())

@@ -3,7 +3,7 @@
 the measured copy bandwidth.
 
 Example:
-    >>> from hf_sparse_verify.kernels.registry import BENCHMARKS, register_benchmark
+    >>> from hf_sparse_verify.kernels.bench_registry import BENCHMARKS, register_benchmark
     >>> @register_benchmark("example")
     ... def cases(device, dtype, quick):
     ...     yield from ()

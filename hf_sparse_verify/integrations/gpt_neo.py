@@ -1,7 +1,7 @@
 """`GPTNeoAttentionDispatch`: GPT-Neo's self-attention, dispatched through transformers' `AttentionInterface`.
 
 transformers' ``GPTNeoSelfAttention.forward`` runs its own ``_attn`` (or flash attention). For the duration of a call
-(`hf_sparse_verify.modules.use_dispatching_attention`) each one (the ``attention`` inside ``GPTNeoAttention``) is
+(`hf_sparse_verify.integrations.speculation_mode`) each one (the ``attention`` inside ``GPTNeoAttention``) is
 replaced by this module, which shares the original's ``q_proj``/``k_proj``/``v_proj``/``out_proj`` and computes
 what the original computes: the projections (no rotary embedding: positions are learned, added below the layers),
 the cache update, then the registered attention function with scale 1 (GPT-Neo does not scale ``q k^T``) and

@@ -4,7 +4,7 @@ transformers' own decoding loop (`GenerationMixin._sample`) switches MoE models 
 implementation to ``batched_mm`` after the prefill on non-CPU devices, because ``batched_mm`` is much faster on
 the few tokens of a decode step. hf_sparse_verify runs its own loop, so it makes a switch for its draft, verify and
 decode steps (a verify step has at most ``max_draft_tokens + 1`` tokens per row): to our fused Triton experts
-(``"hsv_fused"``, `hf_sparse_verify.moe.fused`) on CUDA, which read each selected expert once per step and can be
+(``"hsv_fused"``, `hf_sparse_verify.integrations.fused_experts`) on CUDA, which read each selected expert once per step and can be
 captured in a CUDA graph; to ``batched_mm`` on other accelerators. Measured on an H200 before the ``batched_mm``
 switch (code-moe, bf16, batch 1): our K = 0 path ran at 0.76x plain ``generate``; ``batched_mm`` then copies one
 expert per (token, expert) pair (Qwen3-30B-A3B shape, 1K context: decode step 8.4 ms, 5.65x its bandwidth floor).
@@ -12,15 +12,13 @@ expert per (token, expert) pair (Qwen3-30B-A3B shape, 1K context: decode step 8.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 
 import torch
 
 from ..kernels._triton import triton_runs_on
 from ..placement import tensor_parallel
-from . import fused
+from . import fused_experts as fused
 
 logger = logging.getLogger(__name__)
 
@@ -56,50 +54,33 @@ def decoding_implementation(device: torch.device, use_fused: bool | None = None)
     return None if device.type == "cpu" else "batched_mm"
 
 
-@contextlib.contextmanager
-def experts_for_decoding(
-    *models: torch.nn.Module, use_fused: bool | None = None, expert_skipping: bool = False
-) -> Iterator[None]:
-    """Within the block, every ``grouped_mm`` or ``eager`` experts implementation (transformers' defaults) of ``models`` is the
-    decoding one of `decoding_implementation`: our fused Triton experts on CUDA, ``batched_mm`` on other non-CPU
-    devices, unchanged on CPU unless ``use_fused=True``. Other choices (``eager``, ``batched_mm`` set by the user)
-    are kept. The original implementations are restored on exit, also on errors.
+def decoding_plan(model: torch.nn.Module, use_fused: bool | None, expert_skipping: bool) -> dict | None:
+    """The experts implementations ``model`` switches to for decoding steps (None: no change).
+
+    Every ``grouped_mm`` or ``eager`` experts implementation (transformers' defaults) becomes the decoding one of
+    `decoding_implementation`: our fused Triton experts on CUDA, ``batched_mm`` on other non-CPU devices, unchanged
+    on CPU unless ``use_fused=True``. Other choices (``batched_mm`` set by the user) are kept. Tensor-parallel
+    models keep transformers' sharded experts and their collectives.
 
     ``expert_skipping=True`` (lossy sparse verification with `SparseMoE`): every experts implementation, on every
     device and whatever the user chose, becomes ``"hsv_fused"``, the only one that applies a verify step's
     `MoESkip` (on CPU and where Triton cannot run, the op computes its plain PyTorch reference: right results, no
     saving). Models switched to ``"hsv_fused"`` get their experts' layer indices recorded (`fused.record_layers`).
-
-    Example:
-        >>> with experts_for_decoding(model):  # doctest: +SKIP
-        ...     logits = model(ids).logits
-        >>> with experts_for_decoding(model, expert_skipping=True):  # doctest: +SKIP
-        ...     logits = model(ids).logits  # verify steps may skip experts
+    `hf_sparse_verify.integrations.switch.Switched.decoding_experts` applies the plan and undoes it.
     """
-    switched = []
-    try:
-        for model in models:
-            original = _implementations(model)
-            if not original or tensor_parallel(
-                model
-            ):  # keep transformers' sharded experts and their collectives
-                continue
-            if expert_skipping:
-                name, replaced = fused.NAME, {k for k, v in original.items() if v is not None}
-            else:
-                if not any(v in SWITCHED for v in original.values()):
-                    continue
-                name = decoding_implementation(next(model.parameters()).device, use_fused)
-                replaced = {k for k, v in original.items() if v in SWITCHED}
-            if name is None:
-                continue
-            if name == fused.NAME:
-                fused.register()
-                fused.record_layers(model)
-            model.set_experts_implementation({k: name if k in replaced else v for k, v in original.items()})
-            switched.append((model, original))
-            logger.info("hf_sparse_verify: %s experts run %r for decoding", type(model).__name__, name)
-        yield
-    finally:
-        for model, original in reversed(switched):
-            model.set_experts_implementation(original)
+    original = _implementations(model)
+    if not original or tensor_parallel(model):
+        return None
+    if expert_skipping:
+        name, replaced = fused.NAME, {k for k, v in original.items() if v is not None}
+    else:
+        if not any(v in SWITCHED for v in original.values()):
+            return None
+        name = decoding_implementation(next(model.parameters()).device, use_fused)
+        replaced = {k for k, v in original.items() if v in SWITCHED}
+    if name is None:
+        return None
+    if name == fused.NAME:
+        fused.register()
+        fused.record_layers(model)
+    return {k: name if k in replaced else v for k, v in original.items()}

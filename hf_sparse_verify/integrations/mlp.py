@@ -9,7 +9,7 @@ Per forward, from the running step (`hf_sparse_verify.step.current_step`):
   steps of at most `SPARSE_KERNEL_MAX_BATCH` batch rows; larger batches, whose rows together keep almost every
   channel, and CPUs compute the same result densely with the skipped channels zeroed). The gate projection
   runs inside the kernel, so forward hooks on ``gate_proj`` do not see sparse steps.
-- everything else: dense. On CUDA, for steps of at most `FUSED_MAX_ROWS` token rows, the fused ``silu(gate) * up``
+- everything else: dense. On CUDA, for steps of at most `hf_sparse_verify.kernels.sparse_ffn.op.FUSED_MAX_ROWS` token rows, the fused ``silu(gate) * up``
   kernel plus a torch matmul for ``down``; elsewhere the original module's arithmetic, so CPU results are bitwise
   what transformers computes.
 
@@ -29,18 +29,13 @@ import torch
 
 from ..kernels._triton import compiled_on
 from ..kernels.sparse_ffn import channel_mask_naive, gated_act, sparse_ffn
+from ..kernels.sparse_ffn import op as ffn_op
 from ..step import current_step
 
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
 #: 5.23.0's source; Qwen2MoeMLP / Qwen3MoeMLP are the shared expert and the dense layers of the MoE models). An
 #: instance is replaced only when its projections have no bias and its activation is SiLU (`replaceable_mlp`).
 REPLACEABLE = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen2MoeMLP", "Qwen3MoeMLP"})
-#: the fused ``silu(gate) * up`` kernel runs for steps of at most this many token rows (batch x new tokens); larger
-#: steps use torch's matmuls. Measured on an H200 (8B shape), in separate runs, not side by side: fused is faster at 1
-#: and 16 rows (decode 6.13 -> 5.81 ms at 1K, a 16-token verify 6.57 -> 6.27 ms), slower from 80 rows (16 x 16K
-#: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/h200_step_16k_b16_vegas_scores.json`; 16.9 /
-#: 18.4 / 20.1 ms fused, `results/h200_step_16k_b16_vegas_scores_rowdot.json`).
-FUSED_MAX_ROWS = 16
 #: the sparse FFN kernels run for verify steps of at most this many batch rows; larger batches compute the same
 #: masked MLP with dense reads (torch matmuls, the skipped channels zeroed). The kernels read the union of the rows'
 #: kept channels, and with a few rows that union is almost every channel: on an H200 (8B MLP, 16 verify tokens per
@@ -94,7 +89,7 @@ class GatedMLP(torch.nn.Module):
         tau = sparsity.ffn_tau(self.layer_idx) if sparsity is not None else None
         if tau is not None:
             return self.sparse(x, tau)
-        if compiled_on(x.device) and x.numel() <= FUSED_MAX_ROWS * x.shape[-1]:
+        if compiled_on(x.device) and x.numel() <= ffn_op.FUSED_MAX_ROWS * x.shape[-1]:
             return self.down_proj(gated_act(x, self.gate_proj.weight, self.up_proj.weight))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 

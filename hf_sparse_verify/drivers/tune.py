@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SpeculationConfig
+from ..config import SpeculationConfig
 
 RATIO_STRATEGIES = ("vegas", "streaming", "quest")
 DEFAULT_RATIOS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
@@ -213,7 +213,7 @@ def measure_generate(
     new tokens after the first / seconds after the prefill, summed over prompts (``wall_time_s`` minus
     ``prefill_time_s`` of the stats).
     """
-    from .generation import generate
+    from ..generation import generate
 
     device = model.device
 

@@ -14,7 +14,6 @@ Both caches hold random keys and values (step time does not depend on their valu
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import json
@@ -25,6 +24,9 @@ import torch
 from tqdm import tqdm
 
 from .._compat import CACHE_KWARG
+from ..generation.engine.runner import ModelRunner
+from ..integrations import Mode, speculation_mode
+from ..step import Phase, ScoreCollection
 from .machine import copy_bandwidth, machine_info, median, time_calls
 from .shapes import kv_bytes, random_model, weight_bytes_per_step
 
@@ -42,9 +44,9 @@ class StepBenchArgs:
     transformers: bool = True
     cuda_graphs: bool = True
     vegas_scores: bool = False  # also time steps that collect Vegas' Collect-2-Query scores
-    fused_attention: bool = True  # FusedQKVAttention on the fast path (use_fused_modules(attention=...))
-    fused_router: bool = True  # FusedRouter on the fast path (use_fused_modules(router=...))
-    fused_layers: bool = True  # FusedDecoderLayer on the fast path (use_fused_modules(decoder_layers=...))
+    fused_attention: bool = True  # FusedQKVAttention on the fast path (Mode.fused_parts)
+    fused_router: bool = True  # FusedRouter on the fast path (Mode.fused_parts)
+    fused_layers: bool = True  # FusedDecoderLayer on the fast path (Mode.fused_parts)
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -68,23 +70,20 @@ def _ours(
 ) -> tuple[dict, dict, str]:
     """Median ms per step of each width on our runner (without and with Vegas score collection), and the mode
     (``graph`` or ``eager``)."""
-    from ..attention import use_sparse_verify_attention
-    from ..generation.engine.runner import ModelRunner
-    from ..modules import use_fused_modules
-    from ..moe.experts import experts_for_decoding
-    from ..step import Phase, ScoreCollection
-
     backend = "triton" if device.type == "cuda" else "reference"
     vocab = model.config.get_text_config().vocab_size
     times, collect_times = {}, {}
-    fused = (
-        use_fused_modules(
-            model, attention=args.fused_attention, router=args.fused_router, decoder_layers=args.fused_layers
+    parts = {"norm", "mlp"} | {
+        part
+        for part, on in (
+            ("attention", args.fused_attention),
+            ("router", args.fused_router),
+            ("decoder_layer", args.fused_layers),
         )
-        if backend == "triton"
-        else contextlib.nullcontext()
-    )
-    with use_sparse_verify_attention(model), experts_for_decoding(model), fused:
+        if on
+    }
+    mode = Mode(fused=backend == "triton", fused_parts=frozenset(parts))
+    with speculation_mode(model, mode=mode) as switched, switched.decoding_experts():
         runner = ModelRunner(model, batch, context + max(widths), device, backend)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)

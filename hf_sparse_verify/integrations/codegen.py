@@ -1,6 +1,6 @@
 """`CodeGenAttentionDispatch`: CodeGen's self-attention, dispatched through transformers' `AttentionInterface`.
 
-CodeGen's attention is GPT-J's (`hf_sparse_verify.modules.gptj`: interleaved rotary over ``rotary_dim``, scale
+CodeGen's attention is GPT-J's (`hf_sparse_verify.integrations.gptj`: interleaved rotary over ``rotary_dim``, scale
 ``1 / sqrt(head_dim)``) with one fused ``qkv_proj`` laid out for 4 model-parallel shards (``mp_num = 4`` in the
 transformers source): ``[B, T, 3 * hidden]`` is 4 shards, each holding its query, value, then key features of
 ``H / 4`` heads. The original adds the mask before scaling (``(q k^T + mask) / sqrt(D)``), which masks the same

@@ -2,7 +2,7 @@
 
 transformers' ``FalconAttention.forward`` calls SDPA or its own softmax instead of
 ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``, so the ``"sparse_verify"`` attention never sees a Falcon layer.
-For the duration of a call (`hf_sparse_verify.modules.use_dispatching_attention`) each ``FalconAttention`` of a
+For the duration of a call (`hf_sparse_verify.integrations.speculation_mode`) each ``FalconAttention`` of a
 rotary Falcon (``config.alibi=False``: Falcon-7B/40B/180B, Falcon 2) is replaced by this module, which shares the
 original's ``query_key_value`` and ``dense`` projections and computes what the original computes up to the
 attention function: the fused projection split into query, key and value heads, the rotary embedding from the

@@ -4,7 +4,7 @@ the routed experts of a MoE layer to `hf_sparse_verify.kernels.fused_experts`.
 transformers' ``@use_experts_implementation`` experts classes (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, ...) call the
 function registered under ``config._experts_implementation`` as ``fn(module, hidden [T, H], top_k_index [T, k],
 top_k_weights [T, k])``; `register` adds ours, and ``model.set_experts_implementation("hsv_fused")`` selects it
-(`hf_sparse_verify.moe.experts_for_decoding` does so for decode and verify steps). Only the routed experts go through
+(`hf_sparse_verify.integrations.Switched.decoding_experts` does so for decode and verify steps). Only the routed experts go through
 the interface: a shared expert (Qwen2-MoE's ``shared_expert`` + ``shared_expert_gate``) stays the model's own dense
 MLP, which already reads its weights once per step.
 
@@ -14,8 +14,8 @@ norm, expert parallelism) fall back to transformers' ``batched_mm``. The attribu
 
 Expert skipping (lossy sparse verification, papers/000 §3.5): in a verify step whose `VerifySparsity` slot gives
 the module's layer a `MoESkip`, each token keeps only its ``n_active`` highest-weight experts
-(`hf_sparse_verify.sparse.moe.skip_counts`), or under ``"row_union"`` its experts in its row's shared set
-(`hf_sparse_verify.sparse.moe.row_union`); the kept weights are not renormalised. Experts modules carry no layer
+(`hf_sparse_verify.kernels.expert_skip.naive.skip_counts`), or under ``"row_union"`` its experts in its row's shared set
+(`hf_sparse_verify.kernels.expert_skip.naive.row_union`); the kept weights are not renormalised. Experts modules carry no layer
 index, so `record_layers` notes each one's decoder layer when a model is switched to this implementation
 (`experts_for_decoding`).
 """
@@ -29,10 +29,10 @@ from transformers.activations import SiLUActivation
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from .._compat import experts_layers
-from ..generation.engine.graphs import warn_once
+from .._logging import warn_once
 from ..kernels.expert_skip import expert_skip
+from ..kernels.expert_skip.naive import active_mask
 from ..kernels.fused_experts import fused_experts
-from ..sparse.moe import active_mask
 from ..step.context import current_step
 from ..step.slots import MoESkip
 
@@ -98,7 +98,7 @@ def layer_skip(module: torch.nn.Module) -> MoESkip | None:
     if layer is None:
         raise RuntimeError(
             f"{type(module).__name__} has no recorded layer index, so expert skipping cannot look up its layer: "
-            f"switch the model with hf_sparse_verify.moe.experts_for_decoding(model, expert_skipping=True)"
+            f"switch the model with hf_sparse_verify.integrations.Switched.decoding_experts(model, expert_skipping=True)"
         )
     return sparsity.moe_skip(layer)
 
@@ -112,7 +112,7 @@ def fused_experts_forward(
 ) -> torch.Tensor:
     """The experts forward of the ``"hsv_fused"`` implementation: ``hidden_states [T, H]``, ``top_k_index`` and
     ``top_k_weights`` ``[T, k]`` -> ``[T, H]`` in ``hidden_states.dtype``. With ``residual`` ``[T, H]`` (our
-    `hf_sparse_verify.modules.FusedDecoderLayer` calls it so, transformers never does) the result is
+    `hf_sparse_verify.integrations.FusedDecoderLayer` calls it so, transformers never does) the result is
     ``residual + experts``, added in the op's last launch.
 
     Under expert skipping (`layer_skip`), the pairs are put in weight order and each token's ``n_active`` is

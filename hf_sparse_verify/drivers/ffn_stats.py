@@ -26,14 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from .._compat import decoder_layers
-from ..modules.mlp import GatedMLP, replaceable_mlp
+from ..integrations.mlp import GatedMLP, replaceable_mlp
 
 
 class FFNStats:
     """Per-layer histograms of ``|silu(gate(x))|`` over the tokens that run through ``model`` while attached.
 
     Args:
-        model: a causal LM whose decoder layers hold Llama-family MLPs (`hf_sparse_verify.modules.MLP_REPLACEABLE`).
+        model: a causal LM whose decoder layers hold Llama-family MLPs (`hf_sparse_verify.integrations.MLP_REPLACEABLE`).
         group: record the max over ``group`` consecutive tokens of a row instead of each value; with ``group = q``
             (the verify tokens per row) the recorded share is the share of channels a verify row skips. Default 1.
         bins / low / high: geometric bins on ``[low, high)``; values under ``low`` (zeros included) and from ``high``

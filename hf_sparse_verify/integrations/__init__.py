@@ -1,0 +1,48 @@
+"""Every way hf_sparse_verify enters a transformers model, and the one switch that applies them for a call.
+
+- `switch.speculation_mode` (with its `Mode`): the one scoped, logged, reversible switch. It sets the
+  ``"sparse_verify"`` attention, replaces modules (one walk against `switch.RULES`) and, through
+  `Switched.decoding_experts`, the experts implementation of decoding steps.
+- Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
+  (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` (`rms_norm`), `GatedMLP` (`mlp`, also
+  the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
+  (`falcon`, `gptj`, `codegen`, `gpt_neo`) replaced by ones that dispatch through it.
+- The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
+  (`experts`).
+
+Tensor-parallel models (weights sharded as DTensors by ``tp_plan="auto"``) keep their own modules: ours read plain
+weights and would drop the collectives of transformers' tensor-parallel hooks. So do modules that accelerate hooks
+or whose weights are offloaded (`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
+"""
+
+from .decoder_layer import FusedDecoderLayer, replaceable_decoder_layer
+from .experts import decoding_implementation, decoding_plan
+from .fused_experts import NAME as FUSED_EXPERTS
+from .fused_experts import fused_experts_forward, record_layers, supports
+from .mlp import GatedMLP, replaceable_mlp
+from .qkv_attention import FusedQKVAttention
+from .rms_norm import TritonRMSNorm
+from .router import FusedRouter
+from .switch import ATTENTION_REPLACEMENTS, RULES, Mode, Switched, plan_swaps, speculation_mode
+
+__all__ = [
+    "ATTENTION_REPLACEMENTS",
+    "FUSED_EXPERTS",
+    "FusedDecoderLayer",
+    "FusedQKVAttention",
+    "FusedRouter",
+    "GatedMLP",
+    "Mode",
+    "RULES",
+    "Switched",
+    "TritonRMSNorm",
+    "decoding_implementation",
+    "decoding_plan",
+    "fused_experts_forward",
+    "plan_swaps",
+    "record_layers",
+    "replaceable_decoder_layer",
+    "replaceable_mlp",
+    "speculation_mode",
+    "supports",
+]

@@ -1,0 +1,311 @@
+"""`speculation_mode`: the one switch that puts models into hf_sparse_verify's mode for a call, logs what it
+changed, and puts everything back on exit (also on errors).
+
+Everything a call changes on a transformers model goes through here (huggingface/kernels' ``kernelize`` is the
+model): the attention implementation (``"sparse_verify"``, through ``set_attn_implementation``), SDPA's allowed
+backends, module replacements (one walk of each model's module tree against `RULES`), and the experts
+implementation of decoding steps (`Switched.decoding_experts`, entered by the loop after the prefill, because
+transformers' own loop also runs the prefill on ``grouped_mm`` and the steps on a decoding implementation).
+
+A replacement is stateless beyond what it shares with the original module and declares what it reads; nothing of
+transformers is rebound or copied. Adding a replacement is one `Rule` line in `RULES` plus its module.
+
+Example:
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...     num_attention_heads=2, vocab_size=50))
+    >>> with speculation_mode(model, Mode(attention=False, sparse_ffn=True)) as switched:
+    ...     print(switched.counts, type(model.model.layers[0].mlp).__name__)
+    {'GatedMLP': 2} GatedMLP
+    >>> type(model.model.layers[0].mlp).__name__
+    'LlamaMLP'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .. import _compat
+from ..attention.interface import NAME as ATTENTION_NAME
+from ..attention.interface import register as register_attention
+from ..kernels._triton import compiled_on
+from ..placement import swappable, tensor_parallel
+from . import codegen, decoder_layer, experts, falcon, gpt_neo, gptj, mlp, qkv_attention, rms_norm, router
+
+logger = logging.getLogger(__name__)
+
+Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, name, original, replacement
+
+#: SDPA backends our attention may use. cuDNN is left out: it builds an execution plan for every new shape, and
+#: decode shapes change at every step (KV length, K + 1). Measured on an H200 (torch 2.11, code-target): with cuDNN
+#: allowed, a generate call whose K varies spent 0.6 s of host time in 400 SDPA calls (1.5 ms each) against
+#: 0.07 s without it.
+SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What `speculation_mode` switches on.
+
+    Attributes:
+        attention: the ``"sparse_verify"`` attention (needs a running step, `hf_sparse_verify.step.step_scope`),
+            with attention modules that bypass `AttentionInterface` (Falcon's, GPT-J's, CodeGen's, GPT-Neo's)
+            replaced by ones that dispatch through it. Off: modules only (kernel tests, calibration statistics).
+        fused: the fused-kernel modules where their kernels run (CUDA with Triton): decoder layers, Llama-family
+            q/k/v + rotary attention, RMSNorms, gated MLPs, MoE routers. They compute what the originals compute.
+        fused_parts: which of those (`FUSED_PARTS` names); all by default.
+        sparse_ffn: gated MLPs become `GatedMLP` on every device (lossy sparse FFN on verify steps).
+        down_copy: `GatedMLP`'s transposed ``down_proj`` copy for the sparse kernel (see `mlp`).
+        expert_skipping: decoding experts on ``"hsv_fused"`` everywhere (lossy expert skipping).
+        fused_experts: decoding experts on ``"hsv_fused"``: None = on CUDA with Triton (`experts.FUSED_BY_DEFAULT`).
+    """
+
+    attention: bool = True
+    fused: bool = False
+    fused_parts: frozenset[str] = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
+    sparse_ffn: bool = False
+    down_copy: bool = True
+    expert_skipping: bool = False
+    fused_experts: bool | None = None
+
+    def __post_init__(self):
+        unknown = set(self.fused_parts) - FUSED_PARTS
+        if unknown:
+            raise ValueError(f"unknown fused_parts {sorted(unknown)}; choose from {sorted(FUSED_PARTS)}")
+
+
+FUSED_PARTS = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One module replacement: ``build(module, walk)`` returns the replacement for ``module`` or None.
+
+    ``descend``: the walk goes on inside the replacement (it shares the original's children, as
+    `decoder_layer.FusedDecoderLayer` does); otherwise the replacement stands for the whole subtree.
+    """
+
+    name: str
+    build: Callable[[torch.nn.Module, _Walk], torch.nn.Module | None]
+    descend: bool = False
+
+
+@dataclass
+class _Walk:
+    """What a rule may read while the tree is walked: the mode, the model's text config and the decoder layer
+    the walk is inside (MLPs learn their layer index from it)."""
+
+    mode: Mode
+    config: object | None
+    layer_index: dict[int, int]
+    layer: int | None = None
+
+    def fused(self, part: str) -> bool:
+        return self.mode.fused and part in self.mode.fused_parts
+
+
+def _decoder_layer(module, walk: _Walk):
+    if (
+        walk.fused("decoder_layer")
+        and decoder_layer.replaceable_decoder_layer(module)
+        and compiled_on(module.post_attention_layernorm.weight.device)
+    ):
+        return decoder_layer.FusedDecoderLayer(module)
+    return None
+
+
+def _dispatching_attention(module, walk: _Walk):
+    if not walk.mode.attention:
+        return None
+    for claims, cls in ATTENTION_REPLACEMENTS:
+        if claims(module):
+            return cls(module, walk.config)
+    return None
+
+
+def _qkv_attention(module, walk: _Walk):
+    if (
+        walk.fused("attention")
+        and qkv_attention.replaceable_attention(module)
+        and swappable(module)
+        and compiled_on(module.q_proj.weight.device)
+    ):
+        return qkv_attention.FusedQKVAttention(module)
+    return None
+
+
+def _norm(module, walk: _Walk):
+    if walk.fused("norm") and type(module).__name__ in rms_norm.REPLACEABLE and swappable(module):
+        return rms_norm.TritonRMSNorm(module)
+    return None
+
+
+def _mlp(module, walk: _Walk):
+    if walk.layer is None or not mlp.replaceable_mlp(module) or not swappable(module):
+        return None
+    fused = walk.fused("mlp") and compiled_on(module.gate_proj.weight.device)
+    if walk.mode.sparse_ffn or fused:
+        return mlp.GatedMLP(module, walk.layer, down_copy=walk.mode.down_copy)
+    return None
+
+
+def _router(module, walk: _Walk):
+    if (
+        walk.fused("router")
+        and router.replaceable_router(module)
+        and swappable(module)
+        and router.fused_router_runs(module.weight.device)
+    ):
+        return router.FusedRouter(module)
+    return None
+
+
+#: attention modules that do not dispatch through `AttentionInterface`: (which modules, their replacement class,
+#: built as ``cls(original, config)`` with the model's text config)
+ATTENTION_REPLACEMENTS = (
+    (falcon.replaceable_attention, falcon.FalconAttentionDispatch),
+    (gptj.replaceable_attention, gptj.GPTJAttentionDispatch),
+    (codegen.replaceable_attention, codegen.CodeGenAttentionDispatch),
+    (gpt_neo.replaceable_attention, gpt_neo.GPTNeoAttentionDispatch),
+)
+
+#: every replacement, in the order a module is offered to them (the first that builds one wins)
+RULES = (
+    Rule("decoder_layer", _decoder_layer, descend=True),
+    Rule("dispatching_attention", _dispatching_attention),
+    Rule("qkv_attention", _qkv_attention),
+    Rule("norm", _norm),
+    Rule("mlp", _mlp),
+    Rule("router", _router),
+)
+
+
+def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
+    """The module replacements `speculation_mode` makes in ``model``: one walk of its module tree, parents before
+    their children. Tensor-parallel models (DTensor weights) get no fused modules: ours read plain weights and would
+    drop the collectives of transformers' tensor-parallel hooks."""
+    if tensor_parallel(model):
+        if mode.sparse_ffn:
+            raise ValueError(
+                "the lossy sparse FFN reads whole MLP weights, which tensor parallelism shards: load the model "
+                "without tp_plan, or set lossy_sparse_verify.ffn=None"
+            )
+        if mode.fused:
+            logger.info("hf_sparse_verify: a tensor-parallel model keeps its own modules")
+            mode = Mode(attention=mode.attention)
+    config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
+    layers = _compat.decoder_layers(model)
+    if layers is None and (mode.sparse_ffn or mode.fused):
+        logger.warning(
+            "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
+        )
+    walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])})
+    swaps: list[Swap] = []
+
+    def visit(parent: torch.nn.Module) -> None:
+        for name, child in list(parent.named_children()):
+            outer = walk.layer
+            walk.layer = walk.layer_index.get(id(child), outer)
+            for rule in RULES:
+                replacement = rule.build(child, walk)
+                if replacement is not None:
+                    swaps.append((parent, name, child, replacement))
+                    if rule.descend:
+                        visit(replacement)
+                    break
+            else:
+                visit(child)
+            walk.layer = outer
+
+    visit(model)
+    return swaps
+
+
+@dataclass
+class Switched:
+    """What `speculation_mode` did: the replacements by class (``counts``) and the models it switched."""
+
+    models: tuple[torch.nn.Module, ...]
+    mode: Mode
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def decoding_experts(self) -> Iterator[None]:
+        """Within the block, the experts of the switched models run their decoding implementation
+        (`experts.decoding_plan`): our fused Triton experts on CUDA, ``batched_mm`` on other accelerators, all on
+        ``"hsv_fused"`` under expert skipping. Restored on exit."""
+        switched = []
+        try:
+            for model in self.models:
+                plan = experts.decoding_plan(model, self.mode.fused_experts, self.mode.expert_skipping)
+                if plan is None:
+                    continue
+                original = model.get_experts_implementation()
+                model.set_experts_implementation(plan)
+                switched.append((model, original))
+                logger.info(
+                    "hf_sparse_verify: %s experts run %s for decoding",
+                    type(model).__name__,
+                    sorted({v for v in plan.values() if v is not None}),
+                )
+            yield
+        finally:
+            for model, original in reversed(switched):
+                model.set_experts_implementation(original)
+
+
+@contextlib.contextmanager
+def _swapped(swaps: list[Swap]) -> Iterator[None]:
+    done: list[Swap] = []
+    try:
+        for swap in swaps:
+            parent, name, _, replacement = swap
+            setattr(parent, name, replacement)
+            done.append(swap)
+        yield
+    finally:
+        for parent, name, original, _ in reversed(done):
+            setattr(parent, name, original)
+
+
+@contextlib.contextmanager
+def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **fields) -> Iterator[Switched]:
+    """Put ``models`` into hf_sparse_verify's mode (`Mode`, or its fields as keywords) for the block; yields a
+    `Switched`. Every change is logged at INFO and undone on exit, in reverse order, also on errors."""
+    mode = mode if mode is not None else Mode(**fields)
+    swaps = [swap for model in models for swap in plan_swaps(model, mode)]
+    counts = dict(Counter(type(new).__name__ for _, _, _, new in swaps))
+    with contextlib.ExitStack() as stack:  # undone in reverse: configs, then modules, then SDPA backends
+        if mode.attention:
+            register_attention()
+            stack.enter_context(sdpa_kernel(list(SDPA_BACKENDS)))
+        stack.enter_context(_swapped(swaps))
+        if counts:
+            logger.info(
+                "hf_sparse_verify: replaced %s",
+                ", ".join(f"{n} {name}" for name, n in sorted(counts.items())),
+            )
+        if mode.attention:
+            stack.enter_context(_attention_implementation(models))
+        yield Switched(models, mode, counts)
+
+
+@contextlib.contextmanager
+def _attention_implementation(models) -> Iterator[None]:
+    switched = []
+    try:
+        for model in models:
+            previous = model.config._attn_implementation
+            _compat.set_attn_implementation(model, ATTENTION_NAME)
+            switched.append((model, previous))
+        yield
+    finally:
+        for model, previous in reversed(switched):
+            _compat.set_attn_implementation(model, previous)
