@@ -6,7 +6,7 @@ when no K pays. ``output.speculation`` records K, accepted tokens and the policy
 
     python examples/04_utility_k_policy.py [--out FOLDER] [--max-new-tokens N]
 
-The plot goes to ``--out`` (default: a new temporary folder); the path is printed.
+The plot goes to ``--out`` (created if missing; default: a new temporary folder); the path is printed.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="folder for utility_trace.png (default: a new temporary folder)")
     args = parser.parse_args(argv)
     out_dir = args.out or tempfile.mkdtemp(prefix="hsv_example_")
+    os.makedirs(out_dir, exist_ok=True)  # --out plots/ may not exist yet
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     target = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
