@@ -3,6 +3,7 @@ tokenizer matching their vocabulary, and the trained fixtures of ../shared/model
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -15,6 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers import models as hf_models
+
+from hf_sparse_verify.integrations import Mode, speculation_mode
 
 VOCAB = 96
 PAD, EOS, BOS = 0, 1, 2
@@ -50,6 +53,16 @@ ARCHITECTURES: dict[str, tuple[type, dict]] = {
     "mixtral": (hf_models.mixtral.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "olmoe": (hf_models.olmoe.OlmoeConfig, {"num_experts": 4, "num_experts_per_tok": 2}),
 }
+
+
+
+@contextlib.contextmanager
+def decoding_experts(*models: torch.nn.Module, use_fused: bool | None = None, expert_skipping: bool = False):
+    """The experts implementation of decoding steps for ``models``, through the library's one switch (no attention
+    change): what the loop runs after the prefill."""
+    mode = Mode(attention=False, fused_experts=use_fused, expert_skipping=expert_skipping)
+    with speculation_mode(*models, mode=mode) as switched, switched.decoding_experts():
+        yield switched
 
 
 def make_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:

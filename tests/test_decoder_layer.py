@@ -12,13 +12,9 @@ from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 import hf_sparse_verify.kernels.fused_experts.op as experts_op
 import hf_sparse_verify.kernels.rms_norm.op as norm_op
 from hf_sparse_verify._compat import decoder_layers
-from hf_sparse_verify.integrations import (
-    DECODER_LAYER_REPLACEABLE,
-    FusedDecoderLayer,
-    replaceable_decoder_layer,
-    use_fused_modules,
-)
+from hf_sparse_verify.integrations import FusedDecoderLayer, Mode, replaceable_decoder_layer, speculation_mode
 from hf_sparse_verify.integrations import fused_experts as fused
+from hf_sparse_verify.integrations.decoder_layer import REPLACEABLE as DECODER_LAYER_REPLACEABLE
 
 MOE = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 
@@ -156,7 +152,7 @@ def test_refused_layers():
 
 
 def test_not_swapped_off_cuda():
-    """`use_fused_modules` replaces decoder layers only where the kernels are compiled (CUDA)."""
+    """`speculation_mode` replaces decoder layers only where the kernels are compiled (CUDA)."""
     model = make_model("qwen3_moe")
-    with use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(attention=False, fused=True)):
         assert not any(isinstance(m, FusedDecoderLayer) for m in model.modules())

@@ -15,8 +15,11 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
-from hf_sparse_verify.attention import NAME, triton_backend, use_sparse_verify_attention
-from hf_sparse_verify.integrations import FalconAttentionDispatch, use_dispatching_attention
+from hf_sparse_verify.attention import NAME, triton_backend
+from hf_sparse_verify.integrations import FalconAttentionDispatch, Mode, speculation_mode
+
+#: the dispatching replacements alone, under the model's own attention implementation
+DISPATCH = Mode(attention=False, dispatch_attention=True)
 
 #: projection layouts of `hf_sparse_verify.integrations.falcon`, and the decoder-layer variants around them
 LAYOUTS = {
@@ -87,8 +90,8 @@ def test_replacement_computes_what_falcon_computes(layout):
     with torch.no_grad():
         expected_logits = model(input_ids=ids, attention_mask=mask).logits
         expected = model.generate(**common)
-        with use_dispatching_attention(model) as count:
-            assert count == model.config.num_hidden_layers
+        with speculation_mode(model, mode=DISPATCH) as switched:
+            assert switched.counts == {"FalconAttentionDispatch": model.config.num_hidden_layers}
             assert model.config._attn_implementation == "sdpa"
             logits = model(input_ids=ids, attention_mask=mask).logits
             out = model.generate(**common)
@@ -170,9 +173,9 @@ def test_alibi_is_refused():
         r"config\.alibi=False",
     ):
         model.generate(**_common(), custom_generate=hsv.generate, speculation=STRATEGIES["prompt_lookup"])
-    with use_dispatching_attention(model) as count:  # never replaced
-        assert count == 0
-    with use_sparse_verify_attention(model):  # its own attention modules cannot run under "sparse_verify"
+    with speculation_mode(model, mode=DISPATCH) as switched:  # never replaced
+        assert switched.counts == {}
+    with speculation_mode(model):  # its own attention modules cannot run under "sparse_verify"
         assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="ALiBi"):
         FalconAttentionDispatch(model.transformer.h[0].self_attention)
@@ -200,7 +203,7 @@ def test_originals_restored_after_an_error():
         )
     assert [layer.self_attention for layer in model.transformer.h] == originals
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(RuntimeError, match="inside"), use_sparse_verify_attention(model):
+    with pytest.raises(RuntimeError, match="inside"), speculation_mode(model):
         assert _attention_classes(model) == {"FalconAttentionDispatch"}
         assert model.config._attn_implementation == NAME
         raise RuntimeError("inside")

@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import make_model
 
-from hf_sparse_verify.integrations import FUSED_ATTENTION_REPLACEABLE, FusedQKVAttention, use_fused_modules
+from hf_sparse_verify.integrations import FusedQKVAttention, Mode, speculation_mode
+from hf_sparse_verify.integrations.qkv_attention import REPLACEABLE as FUSED_ATTENTION_REPLACEABLE
 from hf_sparse_verify.integrations.qkv_attention import replaceable_attention
 from hf_sparse_verify.kernels._triton import triton_runs_on
 
@@ -71,9 +72,9 @@ def test_fused_path_matches(monkeypatch, arch, length):
     assert length in calls and 1 in calls  # the prompt's rows and single decode rows both ran fused
 
 
-def test_use_fused_modules_leaves_cpu_attention():
+def test_speculation_mode_leaves_cpu_attention():
     model = make_model("qwen3")
-    with use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(attention=False, fused=True)):
         assert not any(isinstance(m, FusedQKVAttention) for m in model.modules())
 
 

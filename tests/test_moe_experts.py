@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from hf_sparse_verify.integrations.experts import experts_for_decoding
+from conftest import decoding_experts
 
 
 class _StubMoE(torch.nn.Module):
@@ -26,14 +25,14 @@ class _StubMoE(torch.nn.Module):
 
 def test_switches_defaults_off_cpu_and_restores():
     model = _StubMoE("meta", {"": "grouped_mm", "vision": "eager", "audio": "batched_mm"})
-    with experts_for_decoding(model):
+    with decoding_experts(model):
         assert model.impl == {"": "batched_mm", "vision": "batched_mm", "audio": "batched_mm"}
     assert model.impl == {"": "grouped_mm", "vision": "eager", "audio": "batched_mm"}
 
 
 def test_restores_after_an_error():
     model = _StubMoE("meta", {"": "grouped_mm"})
-    with pytest.raises(RuntimeError), experts_for_decoding(model):
+    with pytest.raises(RuntimeError), decoding_experts(model):
         raise RuntimeError("boom")
     assert model.impl == {"": "grouped_mm"}
 
@@ -44,6 +43,6 @@ def test_restores_after_an_error():
 )
 def test_leaves_other_cases_alone(device, impl):
     model = _StubMoE(device, impl)
-    with experts_for_decoding(model, torch.nn.Linear(2, 2)):  # a dense module has no experts API
+    with decoding_experts(model, torch.nn.Linear(2, 2)):  # a dense module has no experts API
         pass
     assert model.calls == []

@@ -1,6 +1,6 @@
 """The ``"hsv_fused"`` experts implementation on tiny random MoE models (Triton interpreted on CPU): the same logits
 as each model's own eager experts, greedy ``hf_sparse_verify.generate`` through it equal to plain ``generate``,
-the modules it declines, and which implementation `experts_for_decoding` picks where."""
+the modules it declines, and which implementation `Switched.decoding_experts` picks where."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import copy
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, VOCAB, make_model, ragged_batch
+from conftest import ARCHITECTURES, VOCAB, decoding_experts, make_model, ragged_batch
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.integrations import (
     FUSED_EXPERTS,
     experts,
-    experts_for_decoding,
     fused_experts_forward,
     supports,
 )
@@ -56,7 +55,7 @@ def test_same_logits_as_eager_experts(launches, arch):
     with torch.no_grad():
         expected = model(ids).logits
     model.set_experts_implementation("grouped_mm")
-    with experts_for_decoding(model, use_fused=True), torch.no_grad():
+    with decoding_experts(model, use_fused=True), torch.no_grad():
         assert model.get_experts_implementation() == {"": FUSED_EXPERTS}
         logits = model(ids).logits
     assert model.get_experts_implementation() == {"": "grouped_mm"}
@@ -118,18 +117,18 @@ def test_decoding_implementation_by_device(monkeypatch):
 
 def test_user_choices_and_cpu_default_are_kept():
     model = make_moe("olmoe")
-    with experts_for_decoding(model):  # CPU: unchanged by default
+    with decoding_experts(model):  # CPU: unchanged by default
         assert model.get_experts_implementation() == {"": "grouped_mm"}
     model.set_experts_implementation("batched_mm")
-    with experts_for_decoding(model, use_fused=True):  # an explicit batched_mm is kept
+    with decoding_experts(model, use_fused=True):  # an explicit batched_mm is kept
         assert model.get_experts_implementation() == {"": "batched_mm"}
     model.set_experts_implementation(
         "eager"
     )  # transformers' fallback default where grouped_mm cannot dispatch
-    with experts_for_decoding(model, use_fused=True):
+    with decoding_experts(model, use_fused=True):
         assert model.get_experts_implementation() == {"": FUSED_EXPERTS}
     model = make_moe("mixtral")
-    with pytest.raises(RuntimeError), experts_for_decoding(model, use_fused=True):
+    with pytest.raises(RuntimeError), decoding_experts(model, use_fused=True):
         assert model.get_experts_implementation() == {"": FUSED_EXPERTS}
         raise RuntimeError("restored on errors too")
     assert model.get_experts_implementation() == {"": "grouped_mm"}

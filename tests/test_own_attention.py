@@ -1,4 +1,4 @@
-"""Attention modules that never call `AttentionInterface`, replaced for the call (`use_dispatching_attention`):
+"""Attention modules that never call `AttentionInterface`, replaced for the call (`speculation_mode`):
 GPT-J and CodeGen (before transformers 5.24, which makes them dispatch themselves), GPT-Neo (global and local
 layers). Greedy output equals plain ``generate`` token for token (float32, left-padded batch of 2) for every strategy;
 the replacements ran; the originals are back after every call, also after an error."""
@@ -24,14 +24,15 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify import _compat
-from hf_sparse_verify.attention import NAME, use_sparse_verify_attention
+from hf_sparse_verify.attention import NAME
 from hf_sparse_verify.integrations import (
     CodeGenAttentionDispatch,
     GPTJAttentionDispatch,
     GPTNeoAttentionDispatch,
-    replaceable_attention,
-    use_dispatching_attention,
+    Mode,
+    speculation_mode,
 )
+from hf_sparse_verify.integrations.switch import ATTENTION_REPLACEMENTS
 
 _COMMON = dict(vocab_size=96, pad_token_id=PAD, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
 
@@ -103,7 +104,8 @@ def _attention_modules(model) -> list[torch.nn.Module]:
 def _runs_own_attention(variant: str) -> bool:
     """Whether the variant's attention modules run their own attention (so they are replaced): GPT-Neo always,
     GPT-J and CodeGen before transformers 5.24."""
-    return replaceable_attention(_attention_modules(_model(variant))[0])
+    module = _attention_modules(_model(variant))[0]
+    return any(claims(module) for claims, _ in ATTENTION_REPLACEMENTS)
 
 
 def _attending_class(variant: str) -> type:
@@ -144,8 +146,8 @@ def test_replacement_computes_what_the_original_computes(variant):
     with torch.no_grad():
         expected_logits = model(input_ids=ids, attention_mask=mask).logits
         expected = model.generate(**common)
-        with use_dispatching_attention(model) as count, _sdpa(model):
-            assert count == model.config.num_hidden_layers
+        with speculation_mode(model, mode=Mode(attention=False, dispatch_attention=True)) as switched, _sdpa(model):
+            assert sum(switched.counts.values()) == model.config.num_hidden_layers
             logits = model(input_ids=ids, attention_mask=mask).logits
             out = model.generate(**common)
     real = mask.bool()  # logits of padding positions are not compared
@@ -200,7 +202,7 @@ def test_originals_restored_after_an_error(variant):
         )
     assert _attention_modules(model) == originals
     assert model.config._attn_implementation == implementation
-    with pytest.raises(RuntimeError, match="inside"), use_sparse_verify_attention(model):
+    with pytest.raises(RuntimeError, match="inside"), speculation_mode(model):
         assert {type(m) for m in _attention_modules(model)} == {_attending_class(variant)}
         assert model.config._attn_implementation == NAME
         raise RuntimeError("inside")
@@ -230,7 +232,7 @@ def test_codegen_replacement_needs_the_model_config():
     model = _model("codegen")
     with pytest.raises(ValueError, match="keeps no config"):
         CodeGenAttentionDispatch(_attention_modules(model)[0])
-    with use_dispatching_attention(model):
+    with speculation_mode(model, mode=Mode(attention=False, dispatch_attention=True)):
         assert all(m.config is model.config for m in _attention_modules(model))
 
 

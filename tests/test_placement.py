@@ -17,6 +17,7 @@ import torch
 from conftest import make_model
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.integrations import Mode, speculation_mode
 from hf_sparse_verify.kernels._triton import on_input_device
 from hf_sparse_verify.placement import cuda_devices, graph_obstacle, tensor_parallel
 
@@ -78,13 +79,11 @@ def test_single_device_model_has_no_obstacle():
 def test_hooked_and_offloaded_modules_are_not_replaced():
     """accelerate's hook on a module (it moves inputs between devices, streams offloaded weights in) would be lost
     with a replacement: hooked modules and modules with meta (offloaded) weights keep their class."""
-    from hf_sparse_verify.integrations import use_fused_modules
-
     model = make_model("llama")
     model.model.norm._hf_hook = object()  # what accelerate.hooks.add_hook_to_module leaves on a module
     offloaded = model.model.layers[1].input_layernorm
     offloaded.weight = torch.nn.Parameter(torch.empty(offloaded.weight.shape, device="meta"))
-    with use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(attention=False, fused=True)):
         assert type(model.model.norm).__name__ == "LlamaRMSNorm"
         assert type(model.model.layers[1].input_layernorm).__name__ == "LlamaRMSNorm"
         assert type(model.model.layers[0].input_layernorm).__name__ == "TritonRMSNorm"

@@ -1,5 +1,5 @@
 """`FusedRouter` vs transformers' four top-k router classes: bitwise on the eager path (CPU), within the kernel's
-rounding on the op path (Triton interpreted), the fallbacks, `replaceable_router`'s refusals and `router_swaps`."""
+rounding on the op path (Triton interpreted), the fallbacks, `replaceable_router`'s refusals and the switch's router rule."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from conftest import make_model
 from transformers import models as hf_models
 
 import hf_sparse_verify.integrations.router as router_module
-from hf_sparse_verify.integrations import _swapped
-from hf_sparse_verify.integrations.router import MAX_ROWS, FusedRouter, replaceable_router, router_swaps
+from hf_sparse_verify.integrations import Mode, plan_swaps
+from hf_sparse_verify.integrations.router import MAX_ROWS, FusedRouter, replaceable_router
 from hf_sparse_verify.kernels._triton import triton_runs_on
 from hf_sparse_verify.kernels.moe_router import route_from_logits
 
@@ -124,19 +124,32 @@ def test_refuses_other_modules():
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe"])
-def test_router_swaps_bitwise_and_restored(arch):
+def test_router_replacements_bitwise_and_restored(arch):
+    """Every router replaced by a `FusedRouter` (by hand: on CPU the switch keeps routers, its kernel does not run
+    here) computes bitwise what the original does; restoring gives the model back."""
     model = make_model(arch)
     keys = list(model.state_dict())
     ids = torch.randint(3, 90, (2, 7))
     with torch.no_grad():
         expected = model(ids).logits
-    swaps = router_swaps(model)
-    assert len(swaps) == model.config.num_hidden_layers
-    assert router_swaps(model, cuda_only=True) == []
-    with _swapped(swaps), torch.no_grad():
-        assert sum(isinstance(m, FusedRouter) for m in model.modules()) == len(swaps)
-        assert list(model.state_dict()) == keys
-        assert torch.equal(model(ids).logits, expected)
+    routers = [
+        (parent, name, child)
+        for parent in list(model.modules())
+        for name, child in parent.named_children()
+        if replaceable_router(child)
+    ]
+    assert len(routers) == model.config.num_hidden_layers
+    assert not any(isinstance(new, FusedRouter) for *_, new in plan_swaps(model, Mode(attention=False, fused=True)))
+    for parent, name, child in routers:
+        setattr(parent, name, FusedRouter(child))
+    try:
+        with torch.no_grad():
+            assert sum(isinstance(m, FusedRouter) for m in model.modules()) == len(routers)
+            assert list(model.state_dict()) == keys
+            assert torch.equal(model(ids).logits, expected)
+    finally:
+        for parent, name, child in routers:
+            setattr(parent, name, child)
     assert not any(isinstance(m, FusedRouter) for m in model.modules())
 
 

@@ -6,25 +6,23 @@ from __future__ import annotations
 
 import doctest
 
-import hf_sparse_verify.sparse.ffn as ffn_module
 import pytest
 import torch
 from conftest import make_model
-from hf_sparse_verify.sparse.ffn import FFNStats, skipped_share
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeConfig, Qwen2MoeMLP
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeConfig, Qwen3MoeMLP
 
-import hf_sparse_verify.integrations as modules_module
-from hf_sparse_verify.integrations import (
-    MLP_REPLACEABLE,
-    GatedMLP,
-    replaceable_mlp,
-    use_fused_modules,
-    use_sparse_ffn,
-)
+import hf_sparse_verify.drivers.ffn_stats as ffn_module
+import hf_sparse_verify.integrations.switch as switch_module
+from hf_sparse_verify.drivers.ffn_stats import FFNStats, skipped_share
+from hf_sparse_verify.integrations import GatedMLP, Mode, replaceable_mlp, speculation_mode
+from hf_sparse_verify.integrations.mlp import REPLACEABLE as MLP_REPLACEABLE
 from hf_sparse_verify.kernels.sparse_ffn import sparse_mlp_naive
 from hf_sparse_verify.step import StepContext, VerifySparsity, step_scope
+
+#: the sparse FFN replacements alone (these forwards run the model's own attention)
+SPARSE_FFN = Mode(attention=False, sparse_ffn=True)
 
 
 class FixedTau(VerifySparsity):
@@ -70,8 +68,8 @@ def test_replaced_model_is_bitwise_dense_without_sparsity():
     ids = torch.randint(3, 90, (2, 9))
     with torch.no_grad():
         expected = model(ids).logits
-        with use_sparse_ffn(model) as count:
-            assert count == 2 and all(isinstance(layer.mlp, GatedMLP) for layer in model.model.layers)
+        with speculation_mode(model, mode=SPARSE_FFN) as switched:
+            assert switched.counts == {"GatedMLP": 2} and all(isinstance(layer.mlp, GatedMLP) for layer in model.model.layers)
             assert torch.equal(model(ids).logits, expected)  # no step
             for step in (verify_step(2, 9, None), verify_step(2, 9, FixedTau(0.5), phase="draft")):
                 with step_scope(step):  # a verify step without sparsity; sparsity outside verify steps
@@ -140,24 +138,24 @@ def test_replacement_undone_on_exit_and_on_errors():
     model = llama()
     before = {name: type(m) for name, m in model.named_modules()}
     state = set(model.state_dict())
-    with use_sparse_ffn(model):
+    with speculation_mode(model, mode=SPARSE_FFN):
         assert set(model.state_dict()) == state  # same keys: the projections are shared, not copied
         assert model.model.layers[0].mlp.gate_proj.weight is model.model.layers[0].mlp.gate_proj.weight
     assert {name: type(m) for name, m in model.named_modules()} == before
-    with pytest.raises(RuntimeError, match="boom"), use_sparse_ffn(model):
+    with pytest.raises(RuntimeError, match="boom"), speculation_mode(model, mode=SPARSE_FFN):
         assert isinstance(model.model.layers[0].mlp, GatedMLP)
         raise RuntimeError("boom")
     assert {name: type(m) for name, m in model.named_modules()} == before
 
 
-def test_use_fused_modules_keeps_cpu_mlps():
-    """On CPU the fused dense kernel does not run, so `use_fused_modules` leaves the MLPs (use_sparse_ffn swaps
-    them); inside it, use_sparse_ffn still replaces them and both restore."""
+def test_fused_mode_keeps_cpu_mlps():
+    """On CPU the fused dense kernel does not run, so the fused mode leaves the MLPs; with the sparse FFN on as well
+    they are replaced, and everything is restored."""
     model = llama()
-    with use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(attention=False, fused=True)):
         assert not any(isinstance(m, GatedMLP) for m in model.modules())
-        with use_sparse_ffn(model) as count:
-            assert count == 2
+    with speculation_mode(model, mode=Mode(attention=False, fused=True, sparse_ffn=True)) as switched:
+        assert switched.counts == {"GatedMLP": 2}
     assert not any(isinstance(m, GatedMLP) for m in model.modules())
 
 
@@ -198,8 +196,8 @@ def test_biased_or_non_silu_mlps_are_not_replaced():
     assert not replaceable_mlp(llama(mlp_bias=True).model.layers[0].mlp)
     gelu = llama(hidden_act="gelu")
     assert not replaceable_mlp(gelu.model.layers[0].mlp)
-    with use_sparse_ffn(gelu) as count:
-        assert count == 0
+    with speculation_mode(gelu, mode=SPARSE_FFN) as switched:
+        assert switched.counts == {}
     with pytest.raises(ValueError, match="bias-free SiLU"):
         GatedMLP(gelu.model.layers[0].mlp, 0)
 
@@ -278,10 +276,10 @@ def test_ffn_stats_input_checks():
 
 
 def test_docstring_examples():
-    for module in (modules_module, ffn_module):
+    for module in (switch_module, ffn_module):
         results = doctest.testmod(module, extraglobs={"torch": torch, "LlamaConfig": LlamaConfig,
                                                       "LlamaForCausalLM": LlamaForCausalLM})  # fmt: skip
-        assert results.attempted >= 2 and results.failed == 0
+        assert results.attempted >= 1 and results.failed == 0
 
 
 def test_transposed_copies_follow_their_weight():

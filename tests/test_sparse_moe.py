@@ -9,23 +9,18 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, make_model
+from conftest import VOCAB, decoding_experts, make_model
 from test_moe_fused import MOE_ARCHS, make_moe, needs_triton
 
 from hf_sparse_verify._compat import experts_layers
-from hf_sparse_verify.integrations import experts_for_decoding, fused, fused_experts_forward
+from hf_sparse_verify.drivers.moe_damage import RouterStats, calibrate_moe, measure_damage
+from hf_sparse_verify.integrations import fused_experts as fused
+from hf_sparse_verify.integrations import fused_experts_forward
 from hf_sparse_verify.integrations.fused_experts import record_layers
+from hf_sparse_verify.kernels.expert_skip.naive import order_by_weight, row_union, skip_counts
 from hf_sparse_verify.kernels.fused_experts import kernel as kernel_module
 from hf_sparse_verify.sparse import LossySparseVerify, SparseMoE
-from hf_sparse_verify.sparse.moe import (
-    ExpertSkips,
-    RouterStats,
-    calibrate_moe,
-    measure_damage,
-    order_by_weight,
-    row_union,
-    skip_counts,
-)
+from hf_sparse_verify.sparse.moe import ExpertSkips
 from hf_sparse_verify.step.context import StepContext, step_scope
 from hf_sparse_verify.step.slots import MoESkip
 
@@ -184,7 +179,7 @@ def verify_step(ids: torch.Tensor, skips: dict[int, MoESkip]) -> StepContext:
 def test_skipping_nothing_is_dense_exactly(arch):
     model = make_moe(arch)
     ids = torch.randint(3, VOCAB, (2, 7))
-    with experts_for_decoding(model, expert_skipping=True), torch.no_grad():
+    with decoding_experts(model, expert_skipping=True), torch.no_grad():
         dense = model(ids).logits
         with step_scope(verify_step(ids, {0: threshold(1, [0.0]), 1: budget(1, 1.0)})):
             skipped_nothing = model(ids).logits
@@ -347,7 +342,7 @@ def test_fused_kernel_is_handed_n_active(monkeypatch):
     monkeypatch.setattr(kernel_module, "launch", spy)
     model = make_k4("qwen3_moe")
     ids = torch.randint(3, VOCAB, (2, 5))
-    with experts_for_decoding(model, expert_skipping=True), torch.no_grad():
+    with decoding_experts(model, expert_skipping=True), torch.no_grad():
         with step_scope(verify_step(ids, {1: budget(3, 0.5)})):
             model(ids)
     (_, _, dense_layer), (index, weights, n_active) = seen
@@ -384,7 +379,7 @@ def test_unrecorded_experts_module_is_refused_under_skipping():
 def test_expert_skipping_switch_replaces_user_choices_and_restores_them():
     model = make_moe("olmoe")
     model.set_experts_implementation("batched_mm")
-    with experts_for_decoding(model, expert_skipping=True):
+    with decoding_experts(model, expert_skipping=True):
         assert model.get_experts_implementation() == {"": "hsv_fused"}
     assert model.get_experts_implementation() == {"": "batched_mm"}
 
@@ -462,10 +457,12 @@ def test_calibrate_row_union_measures_rows_of_window_tokens(k4_text, monkeypatch
 def test_docstring_examples():
     import doctest
 
-    import hf_sparse_verify.sparse.moe as module
+    import hf_sparse_verify.kernels.expert_skip.naive as reference
+    import hf_sparse_verify.sparse.calibration as calibration
+    import hf_sparse_verify.sparse.moe as slot
 
-    result = doctest.testmod(module)
-    assert result.attempted >= 5 and result.failed == 0
+    results = [doctest.testmod(module) for module in (reference, slot, calibration)]
+    assert sum(r.attempted for r in results) >= 6 and sum(r.failed for r in results) == 0
 
 
 def test_row_union_through_generate(monkeypatch):

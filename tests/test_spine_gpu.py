@@ -128,15 +128,15 @@ def test_captured_graph_keeps_its_step_slots_alive():
     import gc
     import weakref
 
-    from hf_sparse_verify.attention import use_sparse_verify_attention
     from hf_sparse_verify.generation.engine.runner import ModelRunner
+    from hf_sparse_verify.integrations import speculation_mode
     from hf_sparse_verify.sparse import LossySparseVerify, SparseMoE
     from hf_sparse_verify.sparse.state import SparseVerifyState
     from hf_sparse_verify.step import Phase
 
     model, _ = _pair()
     device = torch.device("cuda")
-    with use_sparse_verify_attention(model):
+    with speculation_mode(model):
         runner = ModelRunner(model, 1, 64, device, "triton")
         zero = torch.zeros(1, dtype=torch.long, device=device)
         runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)

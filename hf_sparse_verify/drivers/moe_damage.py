@@ -23,6 +23,8 @@ from ..sparse.moe import ExpertSkips
 from ..step.context import StepContext, step_scope
 from ..step.slots import MoESkip, VerifySparsity
 
+_TINY = 1e-30
+
 
 @contextlib.contextmanager
 def expert_skipping(model: torch.nn.Module) -> Iterator[None]:

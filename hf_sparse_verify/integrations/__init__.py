@@ -15,10 +15,14 @@ weights and would drop the collectives of transformers' tensor-parallel hooks. S
 or whose weights are offloaded (`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
 """
 
+from .codegen import CodeGenAttentionDispatch
 from .decoder_layer import FusedDecoderLayer, replaceable_decoder_layer
 from .experts import decoding_implementation, decoding_plan
+from .falcon import FalconAttentionDispatch
 from .fused_experts import NAME as FUSED_EXPERTS
 from .fused_experts import fused_experts_forward, record_layers, supports
+from .gpt_neo import GPTNeoAttentionDispatch
+from .gptj import GPTJAttentionDispatch
 from .mlp import GatedMLP, replaceable_mlp
 from .qkv_attention import FusedQKVAttention
 from .rms_norm import TritonRMSNorm
@@ -27,10 +31,14 @@ from .switch import ATTENTION_REPLACEMENTS, RULES, Mode, Switched, plan_swaps, s
 
 __all__ = [
     "ATTENTION_REPLACEMENTS",
+    "CodeGenAttentionDispatch",
     "FUSED_EXPERTS",
+    "FalconAttentionDispatch",
     "FusedDecoderLayer",
     "FusedQKVAttention",
     "FusedRouter",
+    "GPTJAttentionDispatch",
+    "GPTNeoAttentionDispatch",
     "GatedMLP",
     "Mode",
     "RULES",

@@ -58,6 +58,8 @@ class Mode:
         attention: the ``"sparse_verify"`` attention (needs a running step, `hf_sparse_verify.step.step_scope`),
             with attention modules that bypass `AttentionInterface` (Falcon's, GPT-J's, CodeGen's, GPT-Neo's)
             replaced by ones that dispatch through it. Off: modules only (kernel tests, calibration statistics).
+        dispatch_attention: those dispatching replacements alone; None: with ``attention``. (``attention=False,
+            dispatch_attention=True`` runs them under the model's own attention implementation, e.g. SDPA.)
         fused: the fused-kernel modules where their kernels run (CUDA with Triton): decoder layers, Llama-family
             q/k/v + rotary attention, RMSNorms, gated MLPs, MoE routers. They compute what the originals compute.
         fused_parts: which of those (`FUSED_PARTS` names); all by default.
@@ -68,6 +70,7 @@ class Mode:
     """
 
     attention: bool = True
+    dispatch_attention: bool | None = None
     fused: bool = False
     fused_parts: frozenset[str] = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
     sparse_ffn: bool = False
@@ -122,7 +125,8 @@ def _decoder_layer(module, walk: _Walk):
 
 
 def _dispatching_attention(module, walk: _Walk):
-    if not walk.mode.attention:
+    dispatch = walk.mode.dispatch_attention
+    if not (walk.mode.attention if dispatch is None else dispatch):
         return None
     for claims, cls in ATTENTION_REPLACEMENTS:
         if claims(module):
@@ -199,10 +203,10 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
             )
         if mode.fused:
             logger.info("hf_sparse_verify: a tensor-parallel model keeps its own modules")
-            mode = Mode(attention=mode.attention)
+            mode = Mode(attention=mode.attention, dispatch_attention=mode.dispatch_attention)
     config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
-    layers = _compat.decoder_layers(model)
-    if layers is None and (mode.sparse_ffn or mode.fused):
+    layers = _compat.decoder_layers(model) if mode.sparse_ffn or mode.fused else []
+    if layers is None:
         logger.warning(
             "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
         )

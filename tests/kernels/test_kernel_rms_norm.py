@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import ARCHITECTURES, make_model
 
-from hf_sparse_verify.integrations import REPLACEABLE, TritonRMSNorm, use_fused_modules
+from hf_sparse_verify.integrations import Mode, TritonRMSNorm, speculation_mode
+from hf_sparse_verify.integrations.rms_norm import REPLACEABLE
 from hf_sparse_verify.kernels.rms_norm import add_rms_norm, add_rms_norm_naive, rms_norm, rms_norm_naive
 
 
@@ -81,17 +82,21 @@ def test_replacement_equals_transformers_module(arch):
         torch.testing.assert_close(TritonRMSNorm(norm)(x), norm(x), rtol=1e-6, atol=1e-6)
 
 
-def test_use_fused_modules_swaps_and_restores():
+#: the fused modules alone (no "sparse_verify" attention: these forwards run without a step)
+FUSED = Mode(attention=False, fused=True)
+
+
+def test_speculation_mode_swaps_norms_and_restores():
     model = make_model("qwen3")  # has q_norm / k_norm inside attention too
     before = {name: type(m).__name__ for name, m in model.named_modules()}
     ids = torch.randint(3, 90, (2, 9))
     expected = model(ids).logits
-    with use_fused_modules(model) as count:
-        assert count == sum(1 for n in before.values() if n in REPLACEABLE)
+    with speculation_mode(model, mode=FUSED) as switched:
+        assert switched.counts == {"TritonRMSNorm": sum(1 for n in before.values() if n in REPLACEABLE)}
         assert not any(type(m).__name__ in REPLACEABLE for m in model.modules())
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
     assert {name: type(m).__name__ for name, m in model.named_modules()} == before
-    with pytest.raises(RuntimeError), use_fused_modules(model):
+    with pytest.raises(RuntimeError), speculation_mode(model, mode=FUSED):
         raise RuntimeError("restored on errors too")
     assert {name: type(m).__name__ for name, m in model.named_modules()} == before
 
