@@ -9,7 +9,8 @@ import random
 import pytest
 from conftest import char_tokenizer, make_model
 
-from hf_sparse_verify import SpeculationConfig, cli, tune
+from hf_sparse_verify import SpeculationConfig, cli
+from hf_sparse_verify.drivers import tune
 from hf_sparse_verify.drivers.tune import STEP_NAMES, Measurement, refine_candidates, three_step_search
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import VOCAB, decoding_experts, make_model
-from test_moe_fused import MOE_ARCHS, make_moe, needs_triton
+from moe_models import MOE_ARCHS, make_moe, needs_triton
 
 from hf_sparse_verify._compat import experts_layers
 from hf_sparse_verify.drivers.moe_damage import RouterStats, calibrate_moe, measure_damage

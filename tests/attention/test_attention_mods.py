@@ -90,10 +90,6 @@ def test_decode_kernel_matches_eager(mod):
 def test_triton_backend_with_mods_equals_plain_generate(model_type, strategy, monkeypatch):
     """End to end on the ``triton`` backend (Triton interpreter on CPU): soft-capped (Gemma 2) and sink (GPT-OSS)
     layers' verify steps run the decode-attention kernel, and greedy output equals plain ``generate``."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from arch_survey import PAD, build_model, prompts
 
     import hf_sparse_verify as hsv

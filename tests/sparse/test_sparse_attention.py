@@ -12,10 +12,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_sparse_verify as hsv
+from hf_sparse_verify.drivers.calibrate import calibrate
 from hf_sparse_verify.kernels.block_summary import build_block_summaries
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention
 from hf_sparse_verify.sparse.attention import BlockSparseVerifyAttention, nearest_anchors, row_budget
-from hf_sparse_verify.drivers.calibrate import calibrate
 from hf_sparse_verify.sparse.calibration import SparseCalibration, find_calibration
 from hf_sparse_verify.step import StepContext
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import ragged_batch
-from test_moe_fused import MOE_ARCHS, make_moe
+from moe_models import MOE_ARCHS, make_moe
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.integrations import FUSED_EXPERTS, decoding_implementation
