@@ -24,17 +24,21 @@ def results_path(benchmark: str) -> Path:
     return RESULTS / f"{benchmark}.json"
 
 
-def add_arguments(parser: argparse.ArgumentParser, benchmark: str, default_setting: str | None = None) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, benchmark: str, default_setting: str | None = None
+) -> None:
     """``--json PATH``: the results file to add the record to (default ``benchmarks/results/<benchmark>.json``;
     give a path under /tmp for smoke runs); ``--setting NAME``: the record's setting (a record of the same setting
     is replaced); ``--no-save``: print only."""
     parser.set_defaults(benchmark=benchmark)
     parser.add_argument(
-        "--json", default=str(results_path(benchmark)),
+        "--json",
+        default=str(results_path(benchmark)),
         help=f"results file the record is added to (default benchmarks/results/{benchmark}.json)",
     )
     parser.add_argument(
-        "--setting", default=default_setting,
+        "--setting",
+        default=default_setting,
         help="name of this run's setting; replaces the file's record of the same setting "
         "(default: derived from the arguments)",
     )
@@ -113,7 +117,9 @@ def main() -> None:
     if args.command == "add":
         run = json.loads(Path(args.run).read_text())
         device = (run.get("machine") or {}).get("device", "cpu")
-        path = add(results_path(args.benchmark), {"setting": args.setting, **stamp(run, device)}, args.benchmark)
+        path = add(
+            results_path(args.benchmark), {"setting": args.setting, **stamp(run, device)}, args.benchmark
+        )
         print(f"wrote record {args.setting!r} to {path}")
         return
     names = args.benchmarks or sorted(p.stem for p in RESULTS.glob("*.json"))

@@ -40,11 +40,14 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Qwen3MoeConfig
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_generate import _sync, machine_info
 from hf_sparse_verify._compat import CACHE_KWARG
-from hf_sparse_verify.attention import use_sparse_verify_attention
 from hf_sparse_verify.drivers.shapes import SHAPES
 from hf_sparse_verify.generation.engine.runner import ModelRunner
+from hf_sparse_verify.integrations import speculation_mode
 from hf_sparse_verify.step import Phase
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +199,7 @@ def step_sweep(
     model(input_ids=prompt, **{CACHE_KWARG: dyn_cache}, use_cache=True, logits_to_keep=1)
     runner = ModelRunner(model, 1, context + max_k + 1, ids.device)  # the loop's SpecCache + StepContext
     zero, at = torch.zeros(1, dtype=torch.long, device=ids.device), torch.tensor([context], device=ids.device)
-    with use_sparse_verify_attention(model):
+    with speculation_mode(model):
         runner.forward(prompt, zero, Phase.PREFILL, kv_len=context, logits_to_keep=1)
     records = []
     for k in sizes.step_ks:
@@ -210,7 +213,7 @@ def step_sweep(
         def theirs(new=new):
             model(input_ids=new, **{CACHE_KWARG: dyn_cache}, use_cache=True).logits.float()
 
-        with use_sparse_verify_attention(model):
+        with speculation_mode(model):
             ours_ms = time_ms(ours, device, sizes.step_warmups, sizes.step_repeats)
             experts = experts_per_layer(model, ours)
         theirs_ms = time_ms(
@@ -581,7 +584,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "cascade")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a CPU smoke run (< 3 min)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per prompt (default 1)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per workload (default 4, quick 2)")
@@ -641,16 +644,15 @@ def main() -> None:
     with tqdm(total=cases, desc="cascade", mininterval=5.0) as bar:
         if args.suite in ("steps", "all"):
             result["steps"] = suite_steps(args, sizes, dtype, bar)
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=1))  # kept if the e2e suite does not finish
+            _records.save(
+                args, result, args.device, setting=args.suite
+            )  # kept if the e2e suite does not finish
         if args.suite in ("e2e", "all"):
             records, traces = suite_e2e(args, sizes, dtype, bar)
             rows, targets = summarize_e2e(records)
             result.update(e2e_records=records, e2e=rows, targets=targets, traces=traces)
     result["runtime_s"] = time.perf_counter() - t0
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+    _records.save(args, result, args.device, setting=args.suite)
     lines = [f"wrote {args.json} in {result['runtime_s']:.0f} s (estimate {estimate:.0f} s)"]
     if "steps" in result:
         lines += step_table(result["steps"])

@@ -16,18 +16,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.drivers.shapes import kv_bytes, random_model, weight_bytes_per_step
 from hf_sparse_verify.drivers.step_bench import StepBenchArgs, _free, _ours
+from hf_sparse_verify.integrations import qkv_attention as attention_module
 from hf_sparse_verify.kernels._triton import set_pdl
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
-from hf_sparse_verify.integrations import qkv_attention as attention_module
 
 #: variant name -> StepBenchArgs fields, ``pdl``: whether our kernels launch with programmatic dependent launch, and
 #: optionally ``qkv_tiles``: `qkv_rope.kernel.TILES` entries set for that variant only. ``fused_attention_router`` is
@@ -76,7 +78,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "fused_modules")
     parser.add_argument(
         "--out-tiles", type=int, nargs=4, metavar=("N", "K", "WARPS", "STAGES"),
         help="row_linear (o_proj) tiles for every variant, e.g. the best of sweep_qkv_rope.py --kernel out",
@@ -129,10 +131,9 @@ def main() -> None:
         print(f"{r['shape']:>14} ctx {r['context']} new {r['new_tokens']:>2} {r['variant']:>16}: {r['ms']:7.3f} ms "
               f"{r['runs_ms']}  floor {r['floor_ms']:.3f}  x{r['over_floor']:.2f}")  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1),
+        _records.save(args, dict(machine=machine_info(device), copy_bandwidth_GBps=round(bandwidth / 1e9, 1),
                            method=__doc__.split("\n\n")[1].replace("\n", " "), records=records,
-                           tiles=dict(qkv_kernel.TILES, **args.out_tiles)), f, indent=1)  # fmt: skip
+                           tiles=dict(qkv_kernel.TILES, **args.out_tiles)), device, setting=" ".join(args.variants))  # fmt: skip
 
 
 if __name__ == "__main__":

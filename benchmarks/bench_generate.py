@@ -30,6 +30,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import machine_info as package_machine_info
 from hf_sparse_verify.drivers.shapes import SHAPES
 
@@ -237,7 +240,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--check-fp32", action="store_true")
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "generate")
     args = parser.parse_args()
     dtype = (
         getattr(torch, args.dtype)
@@ -249,9 +252,7 @@ def main() -> None:
         result["records"] += suite_fixtures(args, args.device, dtype)
     if args.suite in ("8b", "all"):
         result["records"] += suite_8b(args, args.device, dtype)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+    _records.save(args, result, args.device, setting=args.suite + ("_cpu" if args.device == "cpu" else ""))
     print(summarize(result))
 
 

@@ -11,10 +11,13 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info, median
 from hf_sparse_verify.kernels.bench_registry import load_all
 
@@ -70,7 +73,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "kernels")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     registry = load_all()
@@ -102,8 +105,7 @@ def main() -> None:
         records=records,
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting="quick" if args.quick else "all")
 
 
 if __name__ == "__main__":

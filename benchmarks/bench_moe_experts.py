@@ -28,10 +28,13 @@ import functools
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.drivers.profile import kernel_rows
@@ -190,7 +193,7 @@ def step(device, dtype, copy_bw: float, repeats: int, bar) -> list[dict]:
     )
     times = {}
     for experts_impl in ("hsv_fused", "batched_mm"):
-        # experts_for_decoding switches only transformers' default (grouped_mm): batched_mm set here is kept
+        # decoding_experts() switches only transformers' default (grouped_mm): batched_mm set here is kept
         model.set_experts_implementation("grouped_mm" if experts_impl == "hsv_fused" else "batched_mm")
         times[experts_impl], _, mode = _ours(model, 1024, 1, widths, args, device, bar)
     model.set_experts_implementation("grouped_mm")
@@ -219,16 +222,14 @@ def step(device, dtype, copy_bw: float, repeats: int, bar) -> list[dict]:
 def profile_steps(device, dtype, steps: int = 10) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    from hf_sparse_verify.attention import use_sparse_verify_attention
     from hf_sparse_verify.drivers.shapes import random_model
     from hf_sparse_verify.generation.engine.runner import ModelRunner
-    from hf_sparse_verify.integrations import use_fused_modules
-    from hf_sparse_verify.integrations import experts_for_decoding
+    from hf_sparse_verify.integrations import Mode, speculation_mode
     from hf_sparse_verify.step import Phase
 
     model = random_model("qwen3-30b-a3b", device, dtype)
     results = []
-    with use_sparse_verify_attention(model), experts_for_decoding(model), use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(fused=True)) as switched, switched.decoding_experts():
         runner = ModelRunner(model, 1, 1024 + 16, device, "triton")
         zero, at = torch.zeros(1, dtype=torch.long, device=device), torch.tensor([1000], device=device)
         runner.forward(torch.zeros(1, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
@@ -261,7 +262,7 @@ def main() -> None:
     parser.add_argument("--sections", nargs="*", default=["layer", "sweep", "step", "profile"])
     parser.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the layer floor")
     parser.add_argument("--repeats", type=int, default=10, help="step timing repeats")
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "moe_experts")
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     copy_bw = copy_bandwidth(device)
@@ -296,8 +297,7 @@ def main() -> None:
         if "profile" in args.sections:
             result["profile"] = profile_steps(device, dtype)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting=" ".join(args.sections))
 
 
 if __name__ == "__main__":

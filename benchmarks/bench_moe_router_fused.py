@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.kernels.moe_router import kernel
 from hf_sparse_verify.kernels.moe_router.bench import EXPERTS, HIDDEN, TOP_K, eager_router
 
@@ -130,7 +133,7 @@ def step(rounds: int, repeats: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "moe_router_fused")
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
@@ -149,12 +152,10 @@ def main() -> None:
         fused_split=dict(zip(("h_slice", "splits"), kernel.fused_split(EXPERTS, HIDDEN))),
         router=router(args.layers, args.replays, args.rounds),
     )
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+    _records.save(args, result, "cuda", setting="logits_in_kernel")
     if not args.no_step:
         result["step"] = step(args.step_rounds, args.step_repeats)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, "cuda", setting="logits_in_kernel")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ pdl_wait`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 from statistics import median
 
 import torch
@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import machine_info
 
 HIDDEN, LAYERS = 2048, 48
@@ -81,7 +83,7 @@ def _chain(kinds, mode, weights, norm_weight, buffers) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "pdl")
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -125,9 +127,8 @@ def main() -> None:
         print(f"{r['chain']:>10} {r['mode']:>13}: {r['us_per_graph']:8.1f} us per graph, "
               f"{r['us_per_kernel']:.2f} us per kernel, same result {r['same_result_as_first']}")  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_info(device), method=__doc__.split("\n\n")[1].replace("\n", " "),
-                           records=records), f, indent=1)  # fmt: skip
+        _records.save(args, dict(machine=machine_info(device), method=__doc__.split("\n\n")[1].replace("\n", " "),
+                           records=records), device, setting="chains")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ with grouped KV heads read in place (`DeviceView.is_chunk_causal`); ``--variants
 beside it (a boolean ``[B, 1, q, L]`` mask with the KV heads repeated to the query heads, which SDPA runs as
 memory-efficient attention), by switching `is_chunk_causal` off in this process. ``--padded`` left-pads the rows
 (row ``b`` by ``b / (2 B)`` of the context), which our engine attends to one row at a time over each row's real slots
-(`attention.reference._padded_chunk_attention`; switched off as well for ``mask``) and plain transformers with its
+(`attention.eager._padded_chunk_attention`; switched off as well for ``mask``) and plain transformers with its
 4D mask.
 
 - ``ours``: ``prefill_time_s`` of a ``generate`` call (K = 0, 1 new token; CUDA events around the prefill);
@@ -28,11 +28,15 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.attention import eager as reference
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.drivers.shapes import random_model
@@ -72,7 +76,7 @@ def main() -> None:
     parser.add_argument(
         "--padded", action="store_true", help="left-pad row b by b / (2 batch) of the context"
     )
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "prefill")
     args = parser.parse_args()
     device = torch.device("cuda")
     model = random_model(SHAPE, device, torch.bfloat16)
@@ -119,8 +123,12 @@ def main() -> None:
             same = (tokens["ours"] == tokens["mask"]).all(dim=1)
             records.append(dict(batch=batch, context=context, rows_same_tokens=int(same.sum()), rows=batch))
             print(json.dumps(records[-1]), flush=True)
-        with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_info(device), args=vars(args), records=records), f, indent=1)
+        _records.save(
+            args,
+            dict(machine=machine_info(device), args=vars(args), records=records),
+            device,
+            setting="padded" if args.padded else "equal_rows",
+        )
     bar.close()
 
 

@@ -28,14 +28,19 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
+from hf_sparse_verify.drivers.calibrate import calibrate
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
-from hf_sparse_verify.sparse.calibration import FILE_NAME, calibrate
+from hf_sparse_verify.sparse.calibration import FILE_NAME
 
 DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, shared schedule
 
@@ -291,7 +296,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--only", choices=("dense", "moe"), help="one model only")
     parser.add_argument("--settings", nargs="+", help="subset of settings by name")
-    parser.add_argument("--out", required=True)
+    _records.add_arguments(parser, "sparse_quality")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
@@ -316,9 +321,8 @@ def main() -> None:
         "new tokens; NLL under the plain dense model; FLOPs/bytes nominal from the setting's budgets",
         records=records,
     )
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    plot(records, os.path.splitext(args.out)[0] + ".png")
+    _records.save(args, result, device, setting="fixtures")
+    plot(records, os.path.splitext(args.json)[0] + ".png")
 
 
 if __name__ == "__main__":

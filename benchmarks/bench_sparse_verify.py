@@ -21,10 +21,13 @@ import functools
 import gc
 import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import machine_info, median, time_calls
 from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.kernels.sparse_ffn.bench import tau_for
@@ -88,15 +91,11 @@ def _anchors(layers: int):
 
 
 def _contexts(model, device):
-    from hf_sparse_verify.attention import use_sparse_verify_attention
-    from hf_sparse_verify.integrations import use_fused_modules
-    from hf_sparse_verify.integrations.experts import experts_for_decoding
+    from hf_sparse_verify.integrations import Mode, speculation_mode
 
     stack = contextlib.ExitStack()
-    stack.enter_context(use_sparse_verify_attention(model))
-    stack.enter_context(experts_for_decoding(model))
-    if device.type == "cuda":
-        stack.enter_context(use_fused_modules(model))
+    switched = stack.enter_context(speculation_mode(model, mode=Mode(fused=device.type == "cuda")))
+    stack.enter_context(switched.decoding_experts())
     return stack
 
 
@@ -190,7 +189,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmups", type=int, default=3)
-    parser.add_argument("--out", required=True)
+    _records.add_arguments(parser, "sparse_verify")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     records = []
@@ -208,8 +207,7 @@ def main() -> None:
         "step (CUDA graph), dense and sparse side by side in one process; bf16 random weights, random KV cache",
         records=records,
     )
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    _records.save(args, result, args.device, setting="cases")
 
 
 if __name__ == "__main__":

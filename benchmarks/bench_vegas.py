@@ -41,6 +41,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_generate import LLAMA_8B, ROOT, machine_info, random_model
 from hf_sparse_verify.generation.drafters.self_spec.selection import budget
 
@@ -504,7 +507,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "vegas")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run, < 3 min)")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--ratio", type=float, default=0.07)
@@ -558,9 +561,7 @@ def main() -> None:
         result["speed_summary"] = speed_summary(result["speed"])
         tables.append(speed_table(result["speed_summary"]))
     result["elapsed_s"] = time.perf_counter() - started
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+    _records.save(args, result, args.device, setting=args.suite + ("_cpu" if args.device == "cpu" else ""))
     print(f"wrote {args.json} in {result['elapsed_s'] / 60:.1f} min")
     print("\n\n".join(tables))
 

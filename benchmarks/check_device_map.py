@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
@@ -21,6 +23,9 @@ from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_generate import LLAMA_8B, machine_info
 
 CASES = (
@@ -72,7 +77,7 @@ def dispatched_random_model(config: LlamaConfig, dtype: torch.dtype, seed: int =
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "device_map")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument(
@@ -175,8 +180,7 @@ def main() -> None:
                 }
             )
             print(report["cases"][-1], flush=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
+    _records.save(args, report, "cuda" if torch.cuda.is_available() else "cpu")
     print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
 
 

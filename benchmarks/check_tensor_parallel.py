@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +28,9 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 import hf_sparse_verify as hsv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.check_device_map import CASES, prompts
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.drivers.shapes import shape_config
@@ -118,7 +122,7 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true", help="time K = 0 and K = 4 verify steps")
     parser.add_argument("--context", type=int, nargs="+", default=[1024])
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
-    parser.add_argument("--json", required=True)
+    _records.add_arguments(parser, "tensor_parallel")
     args = parser.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -167,8 +171,8 @@ def main() -> None:
         torch.manual_seed(0)
         report["steps"] = run_on(model, step_args, device, ranks=dist.get_world_size())
     if dist.get_rank() == 0:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        setting = f"{args.shape}_{'steps' if args.steps else 'equality'}"
+        _records.save(args, report, device, setting=setting)
         print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1)[:4000])
     dist.barrier()
     dist.destroy_process_group()

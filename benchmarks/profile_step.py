@@ -1,8 +1,8 @@
 """Where the time of one captured decode or verify step goes: torch.profiler over replays of our graph step
 (Llama-3.1-8B shape by default, random bf16 weights; MoE experts on the decoding implementation of
-`experts_for_decoding`, as in ``bench step``), CUDA kernels grouped by name, and the step's kernel count.
+``switched.decoding_experts()`` of `speculation_mode`, as in ``bench step``), CUDA kernels grouped by name, and the step's kernel count.
 
-``python benchmarks/diag_step_profile.py --context 1024 --new-tokens 1 --json out.json``; ``--batch 4 --context
+``python benchmarks/profile_step.py --context 1024 --new-tokens 1``; ``--batch 4 --context
 65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores);
 ``--context 65536 --new-tokens 16 --sparse attn_reuse_ffn75`` a LOSSY sparse verify step of one of
 `bench_sparse_verify`'s settings (set up as there). Run with ``HF_SPARSE_VERIFY_PDL=0`` to attribute time to kernels:
@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import sys
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hf_sparse_verify.attention import use_sparse_verify_attention
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from hf_sparse_verify.drivers.profile import kernel_rows
 from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.generation.engine.runner import ModelRunner
-from hf_sparse_verify.integrations import use_fused_modules
-from hf_sparse_verify.integrations.experts import experts_for_decoding
+from hf_sparse_verify.integrations import Mode, speculation_mode
 from hf_sparse_verify.step import Phase, ScoreCollection
 
 
@@ -58,12 +59,12 @@ def main() -> None:
         "--sparse", help="a setting of benchmarks/bench_sparse_verify.py (LOSSY sparse verify)"
     )
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "step_profile")
     args = parser.parse_args()
     device = torch.device("cuda")
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
-    with use_sparse_verify_attention(model), experts_for_decoding(model), use_fused_modules(model):
+    with speculation_mode(model, mode=Mode(fused=True)) as switched, switched.decoding_experts():
         batch = args.batch
         runner = ModelRunner(model, batch, args.context + 16, device, "triton")
         zero = torch.zeros(batch, dtype=torch.long, device=device)
@@ -106,8 +107,13 @@ def main() -> None:
     for r in rows[:25]:
         print(f"{r['us_per_step']:9.1f} us  {r['calls_per_step']:6.1f}x  {r['kernel']}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), kernels=count, gpu_ms=total / 1000, rows=rows), f, indent=1)
+        setting = f"{args.shape} {args.batch}x{args.context} new {args.new_tokens}"
+        _records.save(
+            args,
+            dict(args=vars(args), kernels=count, gpu_ms=total / 1000, rows=rows),
+            device,
+            setting=setting,
+        )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_cascade import FULL, WORKLOADS, Sizes, configurations, workloads
 from benchmarks.bench_generate import machine_info
 from hf_sparse_verify.config import SpeculationConfig
@@ -604,8 +606,13 @@ def plot(result: dict, out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
-    parser.add_argument("--fit", default=str(ROOT / "benchmarks/results/h200_cascade_e2e_b87bbb5.json"))
-    parser.add_argument("--json", default=None, help="write the results here (and a PNG beside it)")
+    parser.add_argument(
+        "--fit",
+        default=str(ROOT / "benchmarks/results/cascade.json"),
+        help="a bench_cascade.py results file (its --fit-setting record) or one run's JSON",
+    )
+    parser.add_argument("--fit-setting", default="e2e", help="the record of --fit to fit the cost model to")
+    _records.add_arguments(parser, "replay_cascade", default_setting="default")
     parser.add_argument("--seeds", type=int, default=20, help="noise seeds (0 .. n-1)")
     parser.add_argument("--repeats", type=int, default=None, help="default: the fit run's")
     parser.add_argument(
@@ -631,6 +638,8 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     fit = json.loads(Path(args.fit).read_text())
+    if "benchmark" in fit:  # a results file: the record of --fit-setting
+        fit = _records.records(args.fit, args.fit_setting)[-1]
     sizes = Sizes(**{**asdict(FULL), **fit["sizes"]})
     repeats = args.repeats or sizes.repeats
     max_k = max(*sizes.static_ks, sizes.utility_max_k)
@@ -660,7 +669,7 @@ def main() -> None:
         "machine": machine_info("cpu"),
         "commit": git_commit("HEAD"),
         "args": vars(args),
-        "fit_source": Path(args.fit).name,
+        "fit_source": f"{Path(args.fit).name}:{args.fit_setting}",
         "sizes": asdict(sizes),
         "repeats": repeats,
         "seeds": seeds,
@@ -702,11 +711,13 @@ def main() -> None:
                 f"{same['seeds_at_or_below_h200']}/{len(seeds)} seeds at or below)"
             )
     print("\n".join(lines))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1, default=lambda x: x.item()))  # numpy scalars
-        print(f"wrote {path} and {plot(result, path.with_suffix('.png'))} in {out['runtime_s']:.0f} s")
+    if not args.no_save:
+        out = json.loads(json.dumps(out, default=lambda x: x.item()))  # numpy scalars
+        path = _records.save(args, out, "cpu")
+        suffix = "" if args.setting == "default" else f"_{args.setting}"
+        print(
+            f"wrote {plot(result, path.with_name(path.stem + suffix + '.png'))} in {out['runtime_s']:.0f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ import functools
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels._triton import next_power_of_2
@@ -51,7 +54,7 @@ def _run(args, tiles, splits, scores):
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "sweep_decode_attention")
     parser.add_argument("--cases", nargs="*", default=[f"{b}x{c}" for b, c in CASES], help="batch x context")
     parser.add_argument("--widths", nargs="*", type=int, default=list(WIDTHS), help="new tokens per row")
     parser.add_argument("--stages", nargs="*", type=int, default=[2, 3])
@@ -102,8 +105,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     bar.close()
     if args.json:  # the raw timings first: the summary below must not lose them
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting="tiles")
     best: dict = {}
     for block_m in sorted({r["block_m"] for r in result["records"]}):
         for scores in (False, True):
@@ -141,8 +143,7 @@ def main() -> None:
     result["best"] = best
     print(json.dumps(best, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting="tiles")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,14 @@ import functools
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.qkv_rope import kernel as qkv_kernel
@@ -39,7 +42,7 @@ def _time(fn, device) -> float:
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "sweep_qkv_rope")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
     parser.add_argument(
@@ -122,8 +125,7 @@ def main() -> None:
             case, "best", tiles, t["cases_us"][case], "default", (result["default_per_case"] or {}).get(case)
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting=args.kernel)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ import argparse
 import contextlib
 import functools
 import importlib.util
-import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.sparse_ffn import kernel as ffn_kernel
@@ -119,7 +121,7 @@ def main() -> None:
         "'second' for VARIANTS_2",
     )
     parser.add_argument("--previous", help="a previous kernel.py to time side by side (see _load_old)")
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "sweep_sparse_ffn")
     parser.add_argument("--quick", action="store_true", help="small sizes, any device (smoke run)")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
@@ -179,9 +181,8 @@ def main() -> None:
                 flush=True,
             )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_info(device), tiles=dict(ffn_kernel.TILES),
-                           down_programs=ffn_kernel.DOWN_PROGRAMS, records=records), f, indent=1)  # fmt: skip
+        _records.save(args, dict(machine=machine_info(device), tiles=dict(ffn_kernel.TILES),
+                           down_programs=ffn_kernel.DOWN_PROGRAMS, records=records), device, setting="tiles")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ import functools
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_case
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.kernels.token_sparse import kernel as ts_kernel
@@ -43,7 +46,7 @@ def _run(inputs, tiles):
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "sweep_token_sparse")
     parser.add_argument("--cases", nargs="*", default=["4x65536", "16x16384"], help="batch x context")
     parser.add_argument("--q-len", type=int, default=1)
     parser.add_argument("--block-n", nargs="*", type=int, default=[32, 64, 128])
@@ -103,8 +106,7 @@ def main() -> None:
     )  # fmt: skip
     print(json.dumps(result["best"], indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _records.save(args, result, device, setting="tiles")
 
 
 if __name__ == "__main__":

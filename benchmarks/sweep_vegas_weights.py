@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
+import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks import _records
 from benchmarks.bench_kernels import time_layers
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.kernels.decode_attention import decode_attention
@@ -32,7 +35,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=["4x65536", "16x16384"])
     parser.add_argument("--block-n", nargs="*", type=int, default=[32, 64, 128, 256])
     parser.add_argument("--warps", nargs="*", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--json")
+    _records.add_arguments(parser, "sweep_vegas_weights")
     args = parser.parse_args()
     device = torch.device("cuda")
     default = dict(da_kernel.WEIGHTS_TILES)
@@ -87,8 +90,7 @@ def main() -> None:
     )  # fmt: skip
     print("best over the cases:", out["best"])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        _records.save(args, out, device, setting="tiles")
 
 
 if __name__ == "__main__":
