@@ -101,6 +101,21 @@ def records(path: str | Path, setting: str | None = None) -> list[dict]:
     return found
 
 
+def plot_input(doc: str, per_setting: bool = False) -> tuple[Path, dict]:
+    """Command line of the plot scripts: ``FILE --setting NAME`` (default: the file's last record). Returns the
+    record and the path its PNGs are named after: ``results/<benchmark>.json`` (``<benchmark>*.png`` beside it), or
+    ``results/<benchmark>_<setting>.json`` with ``per_setting``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("file", help="a results file (benchmarks/results/<benchmark>.json) or one run's JSON")
+    parser.add_argument("--setting", help="the record to draw (default: the file's last record)")
+    args = parser.parse_args()
+    record = records(args.file, args.setting)[-1]
+    path = Path(args.file)
+    if per_setting and record.get("setting"):
+        path = path.with_name(f"{path.stem}_{record['setting']}.json")
+    return path, record
+
+
 def main() -> None:
     """``python benchmarks/_records.py add BENCHMARK SETTING RUN.json``: add a run written by a command outside
     ``benchmarks/`` (``hf-sparse-verify bench step --json RUN.json``) to ``benchmarks/results/BENCHMARK.json``;

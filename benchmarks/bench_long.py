@@ -3,12 +3,12 @@ streaming and quest against our own K = 0 step on the Llama-3.1-8B shape (random
 the 16K-trained fixtures, and the projection that combines them; plain transformers ``generate`` beside it.
 
 Three parts, each writing its own JSON (so they can run in separate device commands), and an ``assemble`` step
-that joins them into ``benchmarks/results/h200_long.json`` (one record per case) and draws it:
+that joins them into the ``assembled`` record of ``benchmarks/results/long.json`` and draws ``long.png``:
 
     python benchmarks/bench_long.py acceptance --models models/ --out acc.json      # fixtures, GPU
     python benchmarks/bench_long.py speed --cases 16x16384 4x65536 --out speed.json   # 8B shape, GPU
     python benchmarks/bench_long.py transformers --cases 1x16384 --out hf.json        # plain generate, GPU
-    python benchmarks/bench_long.py assemble acc.json speed.json hf.json --out benchmarks/results/h200_long.json
+    python benchmarks/bench_long.py assemble acc.json speed.json hf.json
 
 Timings come from ``out.speculation`` of real ``generate`` calls (CUDA events around each stage of each step),
 averaged over the steps that ran the case's K. ``capture_first_s`` is the graph capture of the first call of a
@@ -37,7 +37,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import hf_sparse_verify as hsv
+from benchmarks import _records
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.drivers.syncs import count_syncs
@@ -342,7 +344,8 @@ def assemble(args) -> dict:
         acceptance=parts.get("acceptance", []),
         transformers=parts.get("transformers", []),
     )
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    # the record of setting "assembled" in the results file (machine: the speed parts'; each record keeps its commit)
+    _records.add(args.out, {"setting": "assembled", **result}, benchmark="long")
     _plot(result, Path(args.out).with_suffix(".png"))
     return result
 
@@ -394,8 +397,8 @@ _STRATEGY_LABEL = {"k0": "K = 0", "vegas": "vegas", "vegas_step": "vegas (`vegas
 
 
 def table(args) -> str:
-    """The README's markdown table of an assembled ``h200_long.json``."""
-    data = json.loads(Path(args.input).read_text())
+    """The README's markdown table of the assembled record of ``long.json``."""
+    data = _records.records(args.input, "assembled")[-1]
 
     def num(x, digits=2):
         return "" if x is None else f"{x:.{digits}f}"
@@ -464,12 +467,16 @@ def main() -> None:
     acc.add_argument("--out", required=True)
     asm = sub.add_parser("assemble")
     asm.add_argument("inputs", nargs="+")
-    asm.add_argument("--out", required=True)
+    asm.add_argument(
+        "--out",
+        default=str(_records.results_path("long")),
+        help="results file (default benchmarks/results/long.json)",
+    )
     asm.add_argument(
         "--vegas-variant", default="vegas", help="acceptance variant of the default vegas setting"
     )
-    tab = sub.add_parser("table", help="print the README table of an assembled JSON")
-    tab.add_argument("input")
+    tab = sub.add_parser("table", help="print the README table of an assembled record")
+    tab.add_argument("input", nargs="?", default=str(_records.results_path("long")))
     args = parser.parse_args()
     runner = dict(
         speed=run_speed,

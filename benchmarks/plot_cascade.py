@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import matplotlib
+
+from benchmarks import _records  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -239,9 +241,8 @@ def plot_trace(result: dict, out: Path) -> Path:
     return path
 
 
-def main(path: str) -> list[Path]:
-    result = json.loads(Path(path).read_text())
-    out = Path(path)
+def main() -> list[Path]:
+    out, result = _records.plot_input(__doc__)
     written = []
     if result.get("steps"):
         written.append(plot_steps(result, out))
@@ -253,5 +254,5 @@ def main(path: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in main(sys.argv[1]):
+    for p in main():
         print(p)

@@ -6,18 +6,19 @@ with the bandwidth floor as a line per group.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import matplotlib
+
+from benchmarks import _records  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot(path: Path) -> Path:
-    result = json.loads(path.read_text())
+def plot(path: Path, result: dict) -> Path:
     records = result["records"]
     shapes = list(dict.fromkeys(r["shape"] for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
@@ -48,5 +49,4 @@ def plot(path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        print(plot(Path(name)))
+    print(plot(*_records.plot_input(__doc__)))

@@ -5,20 +5,22 @@ python benchmarks/plot_generate.py benchmarks/results/h200_generate.json
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import matplotlib
+
+from benchmarks import _records  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(path: str) -> str:
-    result = json.loads(Path(path).read_text())
+def main() -> str:
+    path, result = _records.plot_input(__doc__)
     groups: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in result["records"]:
         if "tokens_per_s" not in r:
@@ -45,4 +47,4 @@ def main(path: str) -> str:
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1]))
+    print(main())

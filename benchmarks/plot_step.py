@@ -6,18 +6,19 @@ per context, and the decode-attention kernel's share of the copy bandwidth.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import matplotlib
+
+from benchmarks import _records  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_steps(path: Path) -> Path:
-    result = json.loads(path.read_text())
+def plot_steps(path: Path, result: dict) -> Path:
     contexts = sorted({r["context"] for r in result["records"]})
     fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4), squeeze=False)
     for ax, context in zip(axes[0], contexts):
@@ -42,8 +43,7 @@ def plot_steps(path: Path) -> Path:
     return out
 
 
-def plot_kernels(path: Path) -> Path:
-    result = json.loads(path.read_text())
+def plot_kernels(path: Path, result: dict) -> Path:
     rows = [r for r in result["records"] if r["op"] == "decode_attention" and "share_of_copy" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant, style in (("triton", "o-"), ("triton+scores", "s--"), ("sdpa", "^:")):
@@ -69,11 +69,11 @@ def plot_kernels(path: Path) -> Path:
 
 
 def main() -> None:
-    for name in sys.argv[1:]:
-        path = Path(name)
-        result = json.loads(path.read_text())
-        out = plot_kernels(path) if result["records"] and "op" in result["records"][0] else plot_steps(path)
-        print(out)
+    path, result = _records.plot_input(__doc__)
+    if result["records"] and "op" in result["records"][0]:  # a bench_kernels.py record: <file>_attention.png
+        print(plot_kernels(path, result))
+    else:  # a bench step record: <file>_<setting>.png
+        print(plot_steps(path.with_name(f"{path.stem}_{result.get('setting', 'step')}.json"), result))
 
 
 if __name__ == "__main__":

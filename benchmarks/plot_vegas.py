@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 import matplotlib
+
+from benchmarks import _records  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -170,19 +172,15 @@ def plot_speed(result: dict, out: Path) -> Path:
     return path
 
 
-def main(paths: list[str]) -> list[str]:
+def main() -> list[str]:
     written = []
-    for path in paths:
-        result = json.loads(Path(path).read_text())
-        out = Path(path)
-        if result.get("acceptance"):
-            written += [plot_positions(result, out), plot_acceptance(result, out)]
-        if result.get("speed_summary"):
-            written.append(plot_speed(result, out))
+    out, result = _records.plot_input(__doc__)
+    if result.get("acceptance"):
+        written += [plot_positions(result, out), plot_acceptance(result, out)]
+    if result.get("speed_summary"):
+        written.append(plot_speed(result, out))
     return [str(p) for p in written]
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: plot_vegas.py RESULT.json [RESULT.json ...]")
-    print("\n".join(main(sys.argv[1:])))
+    print("\n".join(main()))
