@@ -19,7 +19,7 @@ Suites:
 Targets (issue 5): ``utility`` is never more than 5% slower than no speculation (the faster of plain generate
 and our K = 0 path) on any workload, and on the mix at least as fast as the best static K.
 
-    PYTHONPATH=. python benchmarks/bench_cascade.py --json benchmarks/results/h200_cascade.json
+    PYTHONPATH=. python benchmarks/bench_cascade.py --suite all   # record "all" of results/cascade.json
     PYTHONPATH=. python benchmarks/bench_cascade.py --quick --device cpu --json /tmp/cascade_quick.json
 """
 

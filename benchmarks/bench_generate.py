@@ -13,7 +13,7 @@ Suites:
 Each configuration runs once to warm up, then ``--repeats`` times; the median is reported. JSON goes to
 ``--json`` with the machine, versions and commit.
 
-    python benchmarks/bench_generate.py --suite fixtures --device cpu --json benchmarks/results/cpu_fixtures.json
+    python benchmarks/bench_generate.py --suite fixtures --device cpu    # record "fixtures_cpu" of results/generate.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Time every kernel in the benchmark registry (`hf_sparse_verify.kernels.bench_registry`) against the measured copy
 bandwidth: achieved GB/s = bytes_moved / median time, and its share of the copy bandwidth.
 
-Run on a GPU: ``python benchmarks/bench_kernels.py --json benchmarks/results/h200_kernels.json``; ``--quick`` for a
+Run on a GPU: ``python benchmarks/bench_kernels.py`` (record ``all`` of ``results/kernels.json``); ``--quick`` for a
 smoke run of small sizes (also on CPU under ``TRITON_INTERPRET=1``).
 """
 

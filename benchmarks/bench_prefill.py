@@ -18,7 +18,7 @@ memory-efficient attention), by switching `is_chunk_causal` off in this process.
 Each variant runs ``--repeats`` times per case (median). Greedy tokens of a few new tokens are compared between
 the variants (bf16: the two attention kernels round differently, so a mismatch is reported, not asserted).
 
-    python benchmarks/bench_prefill.py --cases 4x65536 16x16384 1x65536 --json benchmarks/results/h200_prefill.json
+    python benchmarks/bench_prefill.py --cases 4x65536 16x16384 1x65536
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ dense verification and the setting, greedy, ``--new-tokens`` tokens. Per setting
   ``row_experts`` experts per layer, expert bytes counted per distinct expert a step reads under uniform routing),
   each with the dense figure.
 
-Writes ``--out`` (benchmarks/results/sparse_verify_quality.json: records with model, context, setting,
+Writes the ``fixtures`` record of ``--json`` (default benchmarks/results/sparse_quality.json: records with model, context, setting,
 token_agreement, acceptance_ratio, ...) and a PNG of quality against verify time next to it.
 
-    python benchmarks/bench_sparse_quality.py --models ../shared/models --out benchmarks/results/sparse_verify_quality.json
+    python benchmarks/bench_sparse_quality.py --models ../shared/models
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ dense (no slot) and with the setting's `SparseVerifyState` (block summaries buil
 timed side by side in one process (median of ``--repeats`` synchronized calls after warm-ups); the plain decode step
 (1 token, dense) is timed too, for the MoE target ("verify with expert skipping <= 1.3x our decode").
 
-Writes ``--out`` (benchmarks/results/h200_sparse_verify.json) with one record per case: shape, batch, context,
+Writes the ``cases`` record of ``--json`` (default benchmarks/results/sparse_verify.json) with one record per case: shape, batch, context,
 new_tokens, setting, dense_verify_ms, sparse_verify_ms, speedup, decode_ms, sparse_over_decode.
 
     python benchmarks/bench_sparse_verify.py --cases llama-3.1-8b:1x65536 llama-3.1-8b:8x32768 \
-        --settings attn attn_exact attn_approx attn_ffn --out benchmarks/results/h200_sparse_verify.json
+        --settings attn attn_exact attn_approx attn_ffn
 """
 
 from __future__ import annotations

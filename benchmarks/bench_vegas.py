@@ -23,7 +23,7 @@ measured the same way for plain ``generate`` and ours, with no streamer attached
 path with a streamer, which an earlier version of this script used and which penalised plain ``generate``). One
 warm-up per (model, case), at the first context; JSON with the machine, versions and commit; a table last.
 
-    PYTHONPATH=. python benchmarks/bench_vegas.py --suite all --device cuda --json benchmarks/results/h200_vegas.json
+    PYTHONPATH=. python benchmarks/bench_vegas.py --suite all --device cuda   # record "all" of results/vegas.json
     PYTHONPATH=. python benchmarks/bench_vegas.py --suite all --device cpu --quick --json /tmp/quick_vegas.json
 """
 

@@ -4,9 +4,9 @@
 Random float32 weights (equality is tested in float32, see the README), or a trained checkpoint (``--model``).
 ``--max-memory`` forces a split, e.g. CPU offload on one GPU. Writes a JSON report.
 
-    python benchmarks/check_device_map.py --json benchmarks/results/h200x2_device_map.json
+    python benchmarks/check_device_map.py --setting x2_8b_fp32
     python benchmarks/check_device_map.py --model ../shared/models/code-target --max-memory '{"0": "20MiB", "cpu": "4GiB"}' \
-        --json benchmarks/results/h200_offload_device_map.json
+        --setting offload_8b
 """
 
 from __future__ import annotations

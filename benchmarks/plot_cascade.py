@@ -6,7 +6,7 @@
 - ``<stem>_trace.png``: the ``utility`` policy over one request (like Cascade's Fig. 15): K per step and the
   measured utility per step over time, phases shaded.
 
-    python benchmarks/plot_cascade.py benchmarks/results/h200_cascade.json
+    python benchmarks/plot_cascade.py benchmarks/results/cascade.json --setting e2e
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Draw a ``bench_fused_modules.py`` JSON: step time of each variant per shape and new-token count, as grouped bars
 with the bandwidth floor as a line per group.
 
-``python benchmarks/plot_fused_modules.py benchmarks/results/h200_pdl_modules.json``
+``python benchmarks/plot_fused_modules.py benchmarks/results/fused_modules.json --setting ab_s12``
 """
 
 from __future__ import annotations

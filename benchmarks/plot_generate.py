@@ -1,6 +1,6 @@
 """Draw a bench_generate.py JSON as a bar chart of tokens/s (plain generate vs each case, per model/context).
 
-python benchmarks/plot_generate.py benchmarks/results/h200_generate.json
+python benchmarks/plot_generate.py benchmarks/results/generate.json --setting all
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Draw ``bench step`` and ``bench_kernels.py`` results: step time vs new tokens (ours, transformers eager, floor)
 per context, and the decode-attention kernel's share of the copy bandwidth.
 
-``python benchmarks/plot_step.py benchmarks/results/h200_step_8b.json benchmarks/results/h200_kernels.json``
+``python benchmarks/plot_step.py benchmarks/results/step.json --setting 8b``, ``python benchmarks/plot_step.py benchmarks/results/kernels.json``
 """
 
 from __future__ import annotations

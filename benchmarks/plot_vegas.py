@@ -6,7 +6,7 @@
 - ``<stem>_speed.png``: decode tokens/s per case, one panel per (model, context), with the per-step split
   (draft / verify / other) of the speculative cases beside it.
 
-    python benchmarks/plot_vegas.py benchmarks/results/h200_vegas.json [more.json ...]
+    python benchmarks/plot_vegas.py benchmarks/results/vegas.json --setting all
 """
 
 from __future__ import annotations

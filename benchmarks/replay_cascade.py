@@ -17,7 +17,7 @@ is then replayed under any K policy exactly as `speculative_decode` runs it:
   benchmark's order (one warm-up request on the first ``good`` prompt, then every workload's prompts, per repeat).
 
 Step times: a per-model cost model fitted to the H200 run (``--fit``, default
-``results/h200_cascade_e2e_b87bbb5.json``): the timed cost of a speculative step as a function of its trimmed k
+the ``e2e`` record of ``results/cascade.json``): the timed cost of a speculative step as a function of its trimmed k
 (robust linear fit over the traced steps with k >= 1; the median of the traced steps trimmed to k = 0), the timed
 cost of a plain step, an untimed overhead per step and a fixed cost per request (prefill, setup) from a least-squares
 fit of every K = 0 and static-K request's wall time (static requests whose replayed step count equals the H200
@@ -31,7 +31,7 @@ prompt the median over repeats), as in ``bench_cascade.summarize_e2e``. Determin
 same numbers.
 
     PYTHONPATH=. python benchmarks/replay_cascade.py --steep 3 5 --compare-rev f91268a \\
-        --json benchmarks/results/replay_cascade.json  # ~1 min; --compare-rev: also the policy of a git revision
+          # ~1 min, record "default" of results/replay_cascade.json; --compare-rev: also the policy of a git revision
 """
 
 from __future__ import annotations

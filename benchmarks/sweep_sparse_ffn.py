@@ -5,7 +5,7 @@ at the measured copy bandwidth. Each setting changes a few of `kernel.TILES`; ea
 (gate and mask, channel list, up, down) is timed alone and the whole, and the best per case is printed;
 `kernel.TILES` is set by hand from it. ``--previous FILE`` times an earlier ``kernel.py`` beside it.
 
-``python benchmarks/sweep_sparse_ffn.py --json benchmarks/results/sweeps/h200_sparse_ffn_tiles.json``
+``python benchmarks/sweep_sparse_ffn.py`` (record ``tiles`` of ``results/sweep_sparse_ffn.json``)
 """
 
 from __future__ import annotations
