@@ -7,8 +7,7 @@ sharded by every rank. Equality is checked in float32 (see the README); steps ar
 tensor parallelism our steps run eagerly (no CUDA graphs) and without our fused module replacements (see
 `hf_sparse_verify.placement`). Rank 0 writes the JSON.
 
-    torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --layers 4 \\
-           # record "<shape>_equality" of results/tensor_parallel.json
+    torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --layers 4  # record "<shape>_equality" of results/tensor_parallel.json
     torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --dtype bfloat16 \\
         --steps --no-equality --context 1024 --json step.json
 """

@@ -30,8 +30,8 @@ curves where a K = 8 step costs 3x, 5x a plain step (a large MoE). Tokens/s = to
 prompt the median over repeats), as in ``bench_cascade.summarize_e2e``. Deterministic: the same seeds give the
 same numbers.
 
-    PYTHONPATH=. python benchmarks/replay_cascade.py --steep 3 5 --compare-rev f91268a \\
-          # ~1 min, record "default" of results/replay_cascade.json; --compare-rev: also the policy of a git revision
+    PYTHONPATH=. python benchmarks/replay_cascade.py --steep 3 5 --compare-rev f91268a
+    # ~1 min, record "default" of results/replay_cascade.json; --compare-rev: also the policy of a git revision
 """
 
 from __future__ import annotations
