@@ -3,26 +3,42 @@
 >>> import hf_sparse_verify
 >>> out = model.generate(**inputs, custom_generate=hf_sparse_verify.generate,
 ...                      speculation={"strategy": "prompt_lookup", "num_draft_tokens": 4})
+
+The public names load on first use (PEP 562), so ``import hf_sparse_verify`` and the command line's ``--help`` do
+not pay for torch and transformers until they are needed.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
-from ._compat import check_transformers_version
-from ._version import __version__
-from .config import SpeculationConfig
-from .generation import (
-    SpeculationStats,
-    SpeculativeDecoderOnlyOutput,
-    clear_graph_cache,
-    generate,
-    generate_from_arguments,
-    set_graph_cache_size,
-)
+from ._version import __version__, check_transformers_version
 
 check_transformers_version()
 
+#: public name -> the module that defines it
+_LAZY = {
+    "SpeculationConfig": "hf_sparse_verify.config",
+    "SpeculationStats": "hf_sparse_verify.generation",
+    "SpeculativeDecoderOnlyOutput": "hf_sparse_verify.generation",
+    "clear_graph_cache": "hf_sparse_verify.generation",
+    "generate": "hf_sparse_verify.generation",
+    "generate_from_arguments": "hf_sparse_verify.generation",
+    "set_graph_cache_size": "hf_sparse_verify.generation",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_sparse_verify' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def custom_generate_path() -> str:

@@ -53,8 +53,7 @@ from transformers.modeling_utils import PreTrainedModel
 
 #: the import check refuses versions outside [MIN, MAX): below MIN is known not to work, and 6 may break the API;
 #: pyproject.toml pins the narrower range CI has tested (to 5.24), which the import check does not enforce
-TRANSFORMERS_MIN = Version("5.17.0")
-TRANSFORMERS_MAX = Version("6.0.0")
+from ._version import TRANSFORMERS_MAX, TRANSFORMERS_MIN, check_transformers_version  # noqa: F401
 
 #: the name of the cache argument of model forwards and of ``generate``'s prepared model inputs
 CACHE_KWARG = "cache" if Version(version("transformers")) >= Version("5.24.0") else "past_key_values"
@@ -116,14 +115,6 @@ _HYBRID_CONFIG_FIELDS = (
     "linear_num_key_heads",
     "linear_conv_kernel_dim",
 )
-
-
-def check_transformers_version() -> None:
-    current = Version(version("transformers"))
-    if not TRANSFORMERS_MIN <= current < TRANSFORMERS_MAX:
-        raise ImportError(
-            f"hf_sparse_verify needs transformers >= {TRANSFORMERS_MIN}, < {TRANSFORMERS_MAX}; found {current}"
-        )
 
 
 def check_architecture(model) -> None:

@@ -86,12 +86,12 @@ class SpeculationConfig:
             is lossless. Measured on an H200 (bf16 8B heads, 7-token verify, us per layer): no scores 298, step
             364, carried 341; code-target acceptance (fp32, 12 prompts, K = 6) step 6.26 / 6.37, carried 6.24 /
             6.21 at 8K / 16K. The saving does not pay for the acceptance lost, so ``"step"`` stays the default
-            (benchmarks/results/h200_diag_vegas_lse.json).
+            (a one-off diagnostic, kept in git history as benchmarks/results/h200_diag_vegas_lse.json).
         vegas_recent_share: share of the ``vegas`` budget always given to the most recent prefix tokens (the
             rest goes to the top-scoring ones); 0 is plain top-k. Default 0.875: measured on an H200 with
             code-target (fp32, 12 held-out prompts, K = 6, ratio 0.07, min_tokens 256), mean acceptance 5.61 /
             5.72 (plain top-k), 5.97 / 5.94 (0.5), 5.97 / 6.09 (0.75), 6.09 / 6.12 (0.875) at 8K / 16K context
-            (benchmarks/results/h200_long.json).
+            (benchmarks/results/long.json).
         vegas_pool: width of the max-pooling of the ``vegas`` scores over neighbouring prefix slots before the
             top-k (odd; 1: none), so the top-k keeps short spans around important tokens (SnapKV-style). Default
             7: on code-target (fp32, CPU, 12 held-out prompts, K = 6, ratio 0.07) mean acceptance 6.26 / 6.37 at

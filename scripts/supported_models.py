@@ -1,7 +1,7 @@
 """Survey every causal LM in transformers' registry (as ``tests/test_architectures.py`` does) and write the
 README's supported-model table between ``<!-- supported-models:start -->`` and ``<!-- supported-models:end -->``.
 
-Usage: ``OMP_NUM_THREADS=1 python scripts/supported_models.py [--readme README.md] [--json out.json]``
+Usage: ``OMP_NUM_THREADS=1 python scripts/supported_models.py [--readme docs/models.md] [--json out.json]``
 (about a minute on one CPU thread).
 """
 
@@ -44,7 +44,7 @@ def table(outcomes) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--readme", type=Path, default=ROOT / "docs" / "models.md")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     outcomes = []

@@ -1,4 +1,4 @@
-"""Calibration of the sparse FFN (papers/000 §3.4): per-layer thresholds ``tau`` on ``|silu(gate(x))|`` such that a
+"""Calibration of the sparse FFN (the sparse-verification paper §3.4): per-layer thresholds ``tau`` on ``|silu(gate(x))|`` such that a
 chosen share of the channel activations falls under them on calibration prompts.
 
 `FFNStats` hooks each replaceable MLP's ``gate_proj`` (a forward hook on the ``nn.Linear``, so it also sees MLPs

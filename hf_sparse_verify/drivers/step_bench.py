@@ -216,19 +216,26 @@ def run_on(model, args: StepBenchArgs, device: torch.device, ranks: int = 1) -> 
     )
 
 
+def _cell(value, width: int) -> str:
+    """A number to two decimals, or ``n/a`` where it was not measured."""
+    if value is None or value != value:  # None or NaN
+        return f"{'n/a':>{width}}"
+    return f"{value:>{width}.2f}"
+
+
 def table(result: dict) -> str:
-    """A plain-text table of the records."""
+    """A plain-text table of the records (``n/a`` where a figure was not measured: floors need a CUDA device)."""
+    bandwidth = result["copy_bandwidth_GBps"]
     lines = [
         f"{result['shape']} {result['dtype']} on {result['machine']['gpu'] or result['machine']['device']}, "
-        f"copy {result['copy_bandwidth_GBps']} GB/s",
+        f"copy {'n/a (CUDA only)' if bandwidth is None else f'{bandwidth} GB/s'}",
         "context  batch  new  ours_ms  mode   transformers_ms  floor_ms  ours/floor  theirs/ours  ours/decode",
     ]
     for r in result["records"]:
         lines.append(
             f"{r['context']:>7}  {r['batch']:>5}  {r['new_tokens']:>3}  {r['ours_ms']:>7.2f}  {r['ours_mode']:<5}  "
-            f"{r['transformers_ms'] or float('nan'):>15.2f}  {r['floor_ms'] or float('nan'):>8.2f}  "
-            f"{r.get('ours_over_floor', float('nan')):>10.2f}  {r.get('transformers_over_ours', float('nan')):>11.2f}  "
-            f"{r.get('ours_over_our_decode', float('nan')):>11.2f}"
+            f"{_cell(r['transformers_ms'], 15)}  {_cell(r['floor_ms'], 8)}  {_cell(r.get('ours_over_floor'), 10)}  "
+            f"{_cell(r.get('transformers_over_ours'), 11)}  {_cell(r.get('ours_over_our_decode'), 11)}"
         )
     return "\n".join(lines)
 

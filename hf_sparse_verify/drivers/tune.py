@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import SpeculationConfig
+from ..registry import DRAFTERS, resolve
 
-RATIO_STRATEGIES = ("vegas", "streaming", "quest")
 DEFAULT_RATIOS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
 DEFAULT_KS = (2, 3, 4, 5, 6, 8, 10, 12)
 DEFAULT_K_LARGE = 8
@@ -35,6 +36,11 @@ MIN_GAIN = 0.02
 STEP_NAMES = ("1_ratio_at_large_k", "2_k_at_ratio", "3_refine_ratio")
 MEASUREMENTS_NAME = "tune_measurements.json"
 PLOT_NAME = "tune_sweep.png"
+
+
+def ratio_strategies() -> list[str]:
+    """The registered strategies with a KV-selection ratio to tune (`Drafter.tunes_ratio`)."""
+    return sorted(name for name in DRAFTERS if resolve(DRAFTERS, name).tunes_ratio)
 
 
 @dataclass(frozen=True)
@@ -335,14 +341,17 @@ def plot_sweep(result: TuneResult, path: str, title: str = "") -> str:
 def save_results(
     result: TuneResult, config: SpeculationConfig, out_dir: str, meta: dict | None = None, title: str = ""
 ) -> dict[str, str]:
-    """Write ``speculation_config.json``, ``tune_measurements.json`` and ``tune_sweep.png`` into ``out_dir``."""
+    """Write ``speculation_config.json``, ``tune_measurements.json`` and ``tune_sweep.png`` into ``out_dir`` (the
+    plot only where matplotlib is installed: ``pip install hf-sparse-verify[bench]``; ``paths["plot"]`` is None
+    otherwise)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"config": config.save_pretrained(out_dir)}
     paths["measurements"] = os.path.join(out_dir, MEASUREMENTS_NAME)
     with open(paths["measurements"], "w", encoding="utf-8") as f:
         json.dump({"meta": meta or {}, "config": config.to_dict(), **result.to_dict()}, f, indent=2)
         f.write("\n")
-    paths["plot"] = plot_sweep(result, os.path.join(out_dir, PLOT_NAME), title)
+    have_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    paths["plot"] = plot_sweep(result, os.path.join(out_dir, PLOT_NAME), title) if have_matplotlib else None
     return paths
 
 
@@ -388,8 +397,8 @@ def tune(
     """
     from tqdm.auto import tqdm
 
-    if strategy not in RATIO_STRATEGIES:
-        raise ValueError(f"tune sweeps the ratio of {RATIO_STRATEGIES}; got strategy {strategy!r}")
+    if strategy not in ratio_strategies():
+        raise ValueError(f"tune sweeps the ratio of {ratio_strategies()}; got strategy {strategy!r}")
     user = (SpeculationConfig.coerce(base_config) or SpeculationConfig()).replace(
         strategy=strategy, k_policy="constant"
     )

@@ -75,21 +75,27 @@ def resolve_config(speculation, generation_config, model) -> SpeculationConfig:
     return config
 
 
+#: what ``strategy="auto"`` picks: a strategy that drafts with the given draft model, else prompt lookup
+AUTO_WITH_DRAFT_MODEL, AUTO_WITHOUT = "draft_model", "prompt_lookup"
+
+
 def _strategy(config: SpeculationConfig, draft_model) -> str:
     if config.strategy != "auto":
         return config.strategy
-    return "draft_model" if (draft_model is not None or config.draft_model is not None) else "prompt_lookup"
+    given = draft_model is not None or config.draft_model is not None
+    return AUTO_WITH_DRAFT_MODEL if given else AUTO_WITHOUT
 
 
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
-    if draft_model is not None and strategy != "draft_model":
+    cls = resolve(DRAFTERS, strategy)
+    if draft_model is not None and not cls.takes_draft_model:
+        takers = sorted(name for name in DRAFTERS if resolve(DRAFTERS, name).takes_draft_model)
         raise ValueError(
-            f"a draft_model was passed but the strategy is {strategy!r}; use strategy='draft_model' (or 'auto'), "
-            "or pass no draft_model / assistant_model"
+            f"a draft_model was passed but the strategy {strategy!r} drafts without one; use strategy="
+            f"{' or '.join(map(repr, [*takers, 'auto']))}, or pass no draft_model / assistant_model"
         )
     if draft_model is not None:  # the draft runs through the same attention and cache as the target
         _compat.check_architecture(draft_model)
-    cls = resolve(DRAFTERS, strategy)
     return cls.from_config(config, target=model, draft_model=draft_model)
 
 
@@ -125,16 +131,12 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
         raise ValueError(f"unsupported model inputs for hf_sparse_verify.generate: {unexpected}")
 
 
-#: strategies whose draft steps read a selection of the cache (the ``triton`` / ``token_sparse`` backends gather it)
-SELF_SPECULATIVE = frozenset({"vegas", "streaming", "quest"})
-
-
 def _backend(config: SpeculationConfig, model) -> str:
     """``"auto"``: ``triton`` where the steps run on CUDA graphs; where they run eagerly on a GPU (``cuda_graphs=False``,
     or a model over several GPUs, offloaded or tensor-parallel) ``reference`` for the strategies that draft without
     reading the target's cache, since an eager step pays every launch's host cost and the Triton path launches more
     (one H200, 8B shape, bf16, 64 new tokens, prompt lookup, eager: 25.0 against 43.3 ms per step at batch 1, 33.7
-    against 62.9 at batch 3; `results/h200_eager_backends.json`); ``reference`` off CUDA."""
+    against 62.9 at batch 3; `results/device_map.json (record eager_backends)`); ``reference`` off CUDA."""
     if config.attention_backend != "auto":
         return config.attention_backend
     if model.get_input_embeddings().weight.device.type != "cuda":
@@ -142,7 +144,8 @@ def _backend(config: SpeculationConfig, model) -> str:
     if not HAVE_TRITON:
         return "token_sparse"
     eager = config.cuda_graphs is False or graph_obstacle(model) is not None
-    return "reference" if eager and config.strategy not in SELF_SPECULATIVE else "triton"
+    reads_cache = config.strategy != "auto" and resolve(DRAFTERS, config.strategy).reads_target_cache
+    return "reference" if eager and not reads_cache else "triton"
 
 
 def _settings(config: SpeculationConfig, generation_config, model, prompt_len: int) -> LoopSettings:
@@ -201,11 +204,16 @@ def _run(
     config = resolve_config(speculation, generation_config, model)
     strategy = _strategy(config, draft_model)
     sparse = config.lossy_sparse_verify
-    if sparse is not None and sparse.attention is not None and strategy == "vegas":
+    if (
+        sparse is not None
+        and sparse.attention is not None
+        and resolve(DRAFTERS, strategy).needs_dense_verify_attention
+    ):
+        fine = sorted(name for name in DRAFTERS if not resolve(DRAFTERS, name).needs_dense_verify_attention)
         raise ValueError(
-            "strategy='vegas' ranks cached tokens by the verify pass's attention over the whole cache, which "
-            "lossy_sparse_verify.attention skips: use strategy='streaming', 'quest', 'prompt_lookup' or "
-            "'draft_model' with sparse attention, or set lossy_sparse_verify.attention=None"
+            f"strategy={strategy!r} ranks cached tokens by the verify pass's attention over the whole cache, which "
+            f"lossy_sparse_verify.attention skips: use one of {fine} with sparse attention, or set "
+            "lossy_sparse_verify.attention=None"
         )
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     drafter = build_drafter(config, strategy, model, draft_model)

@@ -12,7 +12,7 @@ Experts modules the fused op does not compute exactly (biases, interleaved gate/
 norm, expert parallelism) fall back to transformers' ``batched_mm``. The attributes read here are the ones
 ``use_experts_implementation`` sets (checked on transformers 5.17).
 
-Expert skipping (lossy sparse verification, papers/000 §3.5): in a verify step whose `VerifySparsity` slot gives
+Expert skipping (lossy sparse verification, the sparse-verification paper §3.5): in a verify step whose `VerifySparsity` slot gives
 the module's layer a `MoESkip`, each token keeps only its ``n_active`` highest-weight experts
 (`hf_sparse_verify.kernels.expert_skip.naive.skip_counts`), or under ``"row_union"`` its experts in its row's shared set
 (`hf_sparse_verify.kernels.expert_skip.naive.row_union`); the kept weights are not renormalised. Experts modules carry no layer

@@ -1,5 +1,5 @@
 """`GatedMLP`: the Llama-family gated MLP ``down(silu(gate(x)) * up(x))`` on the kernels of
-`hf_sparse_verify.kernels.sparse_ffn`, with the sparse FFN of verification (papers/000 §3.4).
+`hf_sparse_verify.kernels.sparse_ffn`, with the sparse FFN of verification (the sparse-verification paper §3.4).
 
 Per forward, from the running step (`hf_sparse_verify.step.current_step`):
 
@@ -39,7 +39,7 @@ REPLACEABLE = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen
 #: the sparse FFN kernels run for verify steps of at most this many batch rows; larger batches compute the same
 #: masked MLP with dense reads (torch matmuls, the skipped channels zeroed). The kernels read the union of the rows'
 #: kept channels, and with a few rows that union is almost every channel: on an H200 (8B MLP, 16 verify tokens per
-#: row, 50% of each row's channels skipped; `benchmarks/sweep_sparse_ffn.py`, `results/sweeps/h200_sparse_ffn_tiles.json`)
+#: row, 50% of each row's channels skipped; `benchmarks/sweep_sparse_ffn.py`, `results/sweep_sparse_ffn.json (record tiles)`)
 #: 8 rows keep 14290 of 14336 channels between them and the kernels took 202-298 us against 113 us for the dense MLP,
 #: while one row took 80-95 us against 89.
 SPARSE_KERNEL_MAX_BATCH = 1

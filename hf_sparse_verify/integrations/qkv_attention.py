@@ -27,8 +27,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..attention.cache import SpecCache
 from ..kernels._triton import compiled_on
 from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, rope_qk_cache, row_linear
-from ..kernels.qkv_rope.kernel import linear_block_n, proj_block_n
 from ..kernels.qkv_rope.naive import rotate_half
+from ..kernels.qkv_rope.tiles import linear_block_n, proj_block_n
 from .gptj import _no_eager
 
 #: ``o_proj`` of fused steps on the Triton `row_linear` (one launch, overlapping its neighbours through programmatic

@@ -14,7 +14,7 @@ Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
     ...     num_attention_heads=2, vocab_size=50))
-    >>> with speculation_mode(model, Mode(attention=False, sparse_ffn=True)) as switched:
+    >>> with speculation_mode(model, mode=Mode(attention=False, sparse_ffn=True)) as switched:
     ...     print(switched.counts, type(model.model.layers[0].mlp).__name__)
     {'GatedMLP': 2} GatedMLP
     >>> type(model.model.layers[0].mlp).__name__
@@ -283,6 +283,8 @@ def _swapped(swaps: list[Swap]) -> Iterator[None]:
 def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **fields) -> Iterator[Switched]:
     """Put ``models`` into hf_sparse_verify's mode (`Mode`, or its fields as keywords) for the block; yields a
     `Switched`. Every change is logged at INFO and undone on exit, in reverse order, also on errors."""
+    if not all(isinstance(m, torch.nn.Module) for m in models):
+        raise TypeError("speculation_mode takes models as positional arguments and the Mode as mode=Mode(...)")
     mode = mode if mode is not None else Mode(**fields)
     swaps = [swap for model in models for swap in plan_swaps(model, mode)]
     counts = dict(Counter(type(new).__name__ for _, _, _, new in swaps))

@@ -91,7 +91,7 @@ def dot_in_float32(dtype: torch.dtype) -> bool:
 # running; it waits inside (``griddepcontrol.wait``) for that kernel to finish and flush its writes. The launch and
 # the first instructions of each kernel then overlap the tail of the previous one, inside CUDA graphs too. Measured
 # on an H200 (graph of 48 one-program RMSNorms: 1.16-1.34 against 1.01 us per kernel; `benchmarks/bench_pdl.py`,
-# `benchmarks/results/h200_pdl.json`).
+# `benchmarks/results/pdl.json`).
 
 _PDL = {"enabled": os.environ.get("HF_SPARSE_VERIFY_PDL", "1") not in ("", "0")}
 

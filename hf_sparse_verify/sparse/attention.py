@@ -1,4 +1,4 @@
-"""Block-sparse verify attention (LOSSY): papers/000 §3.1-3.3 with papers/003's grouped schedules.
+"""Block-sparse verify attention (LOSSY): the sparse-verification paper §3.1-3.3 with the SSV paper's grouped schedules.
 
 Per verify step and layer, each (row, KV head) attends to a set of KV blocks of `SparseAttention.block_size` slots:
 

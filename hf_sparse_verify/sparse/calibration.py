@@ -2,7 +2,7 @@
 JSON (``sparse_verify_calibration.json``, never pickle) next to the model and loadable from a folder, a file or the
 Hub.
 
-- attention: the mean Jaccard similarity of each layer's selected-block mask to the previous layer's (papers/000
+- attention: the mean Jaccard similarity of each layer's selected-block mask to the previous layer's (the sparse-verification paper
   Eq. 7, layer 0 scores 0), from which the anchor layers are the least similar ones (Eq. 8);
 - ffn: per-layer activation thresholds for a grid of channel sparsities (`FFN_LEVELS`);
 - moe: per-layer threshold maps ``beta_1 .. beta_{k-1}`` and weight budgets, with the damage each setting did.

@@ -1,7 +1,7 @@
 """Settings of lossy sparse verification (`SpeculationConfig.lossy_sparse_verify`).
 
 Sparse verification skips work in the target's verify pass: KV blocks in attention, FFN channels, routed experts
-(papers/000, with the grouped schedules of papers/003). It is LOSSY: the verify pass no longer computes the
+(the sparse-verification paper, with the grouped schedules of the SSV paper). It is LOSSY: the verify pass no longer computes the
 model's exact distribution, so greedy output can differ from plain ``generate``. It is off unless asked for;
 `benchmarks/bench_sparse_quality.py` measures what each setting costs in quality.
 
@@ -39,7 +39,7 @@ def _int(name: str, value: Any, low: int) -> None:
 
 @dataclass(frozen=True)
 class SparseAttention:
-    """Block-sparse verify attention (papers/000 §3.1-3.3, papers/003's grouped schedules).
+    """Block-sparse verify attention (the sparse-verification paper §3.1-3.3, the SSV paper's grouped schedules).
 
     Each verify step of layer ``l`` attends to the sink block, the last ``local_blocks`` blocks before the new
     tokens, the blocks holding the new tokens, and the top-scoring other blocks; a block's score is the query
@@ -100,7 +100,7 @@ class SparseAttention:
 
 @dataclass(frozen=True)
 class SparseFFN:
-    """Sparse FFN in verify (papers/000 §3.4): channels ``i`` whose activation ``|act(gate(x))_i|`` is under
+    """Sparse FFN in verify (the sparse-verification paper §3.4): channels ``i`` whose activation ``|act(gate(x))_i|`` is under
     ``tau`` for every verify token of the row are skipped in ``up`` and ``down`` (one channel mask per row, so the
     saving survives batching).
 
@@ -121,7 +121,7 @@ class SparseFFN:
 
 @dataclass(frozen=True)
 class SparseMoE:
-    """Expert skipping in verify (papers/000 §3.5). Rules:
+    """Expert skipping in verify (the sparse-verification paper §3.5). Rules:
 
     - ``"threshold"``: per-layer threshold maps ``beta_m`` (m = 1 .. k-1, the median over calibration tokens of the
       share of routing weight held by a token's ``m`` lowest-weight experts); a token skips its ``i`` lowest-weight

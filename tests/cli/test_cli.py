@@ -141,21 +141,21 @@ def test_cuda_device_without_cuda(capsys, no_model_loads):
         ),
         (
             ["tune", "--prompt-file", "p.jsonl", "--strategy", "draft_model"],
-            "argument --strategy: invalid choice",
+            "--strategy draft_model has no KV-selection ratio to tune: use one of ['quest', 'streaming', 'vegas']",
         ),
         (["tune"], "the following arguments are required: --prompt-file"),
         (
             ["tune", "--prompt-file", "p.jsonl", "--prompt-len", "1", "--draft-model", "org/draft"],
             "--draft-model: vegas drafts with the target itself; drop --draft-model",
         ),
-        (["bench", "step", "--shape", "gpt-5"], "argument --shape: invalid choice: 'gpt-5'"),
+        (["bench", "step", "--shape", "gpt-5"], "--shape 'gpt-5' is not a preset: use one of ["),
         (
             ["bench", "step", "--shape", "tiny-llama", "--new-tokens", "40"],
             "--new-tokens takes values in 1..32",
         ),
         (
             ["frobnicate"],
-            "invalid choice: 'frobnicate' (choose from 'generate', 'tune', 'bench', 'calibrate')",
+            "invalid choice: 'frobnicate' (choose from 'generate', 'tune', 'calibrate', 'bench')",
         ),
     ],
 )
@@ -249,8 +249,10 @@ def test_top_level_help_names_every_command_without_markup(capsys):
 
 
 def test_docstring_examples():
-    result = doctest.testmod(hf_sparse_verify.cli)
-    assert result.attempted >= 2 and result.failed == 0
+    import hf_sparse_verify.cli._common as common
+
+    results = [doctest.testmod(module) for module in (hf_sparse_verify.cli, common)]
+    assert sum(r.attempted for r in results) >= 2 and sum(r.failed for r in results) == 0
 
 
 def test_entry_point_process_exits_2_without_traceback(tmp_path):

@@ -155,7 +155,7 @@ def test_fused_mode_keeps_cpu_mlps():
     with speculation_mode(model, mode=Mode(attention=False, fused=True)):
         assert not any(isinstance(m, GatedMLP) for m in model.modules())
     with speculation_mode(model, mode=Mode(attention=False, fused=True, sparse_ffn=True)) as switched:
-        assert switched.counts == {"GatedMLP": 2}
+        assert switched.counts["GatedMLP"] == 2
     assert not any(isinstance(m, GatedMLP) for m in model.modules())
 
 

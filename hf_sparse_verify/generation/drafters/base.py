@@ -10,7 +10,7 @@ and :meth:`Drafter.on_verify` (host bookkeeping, after it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
@@ -61,6 +61,16 @@ class Drafter(CandidateGenerator):
     #: (a self-speculative selection whose prefix end falls behind attends the tokens after it in full), so a K
     #: policy that switches speculation off pays what our K = 0 path pays
     idle_at_k0: bool = False
+    #: drafts with a second model (``draft_model=`` / transformers' ``assistant_model=``); other drafters refuse one
+    takes_draft_model: ClassVar[bool] = False
+    #: draft steps read a selection of the target's own cache (self-speculation): the attention backends that gather
+    #: a selection (``triton`` / ``token_sparse``) serve them, also where steps run eagerly
+    reads_target_cache: ClassVar[bool] = False
+    #: ranks cached tokens by the verify pass's attention over the whole cache, which lossy sparse verify attention
+    #: skips: the two cannot be combined
+    needs_dense_verify_attention: ClassVar[bool] = False
+    #: has a KV-selection ``ratio`` that ``hf-sparse-verify tune`` searches (with K)
+    tunes_ratio: ClassVar[bool] = False
 
     def session_key(self) -> tuple:
         """What decides the graphs and buffers this drafter keeps in a session (with the target's key)."""

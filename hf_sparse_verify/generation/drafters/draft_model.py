@@ -31,6 +31,8 @@ def load_draft_model(name_or_path: str, dtype: torch.dtype, device: str):
 class DraftModelDrafter(Drafter):
     """Drafts with a separate (smaller) causal LM sharing the target's vocabulary."""
 
+    takes_draft_model = True
+
     def __init__(self, model, target_vocab_size: int | None = None, max_k: int = 16):
         draft_vocab = model.get_output_embeddings().weight.shape[0]
         if target_vocab_size is not None and draft_vocab != target_vocab_size:

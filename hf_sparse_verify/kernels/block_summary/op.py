@@ -2,9 +2,9 @@
 incrementally after every forward), block scores against one query row, and top-n block selection.
 
 Scoring follows Eq. 5 of "Accelerate Speculative Decoding with Sparse Computation in Verification"
-(papers/000): ``s_{h,b} = q_0 . mean(k_{h,b})`` with ``q_0`` the query of the first draft token. Blocks belong
+(the sparse-verification paper): ``s_{h,b} = q_0 . mean(k_{h,b})`` with ``q_0`` the query of the first draft token. Blocks belong
 to KV heads, so the query heads of a GQA group must agree on one score per block: we take the SUM over the
-group (as NSA does for its shared GQA selection, cited by SSV, papers/003). The sum is linear in the queries, so
+group (as NSA does for its shared GQA selection, cited by SSV, the SSV paper). The sum is linear in the queries, so
 it equals the dot product of the summed group query with the mean key, i.e. it ranks blocks by the group's
 total (unnormalised) attention logit mass; a max would let one head with a large query norm decide alone.
 

@@ -11,7 +11,7 @@ Two paths (`launch`'s ``logits_in_kernel``, default `LOGITS_IN_KERNEL`, for at m
   ``hidden.dtype``, routes every row from those rounded logits and resets the counter to 0 (CUDA-graph replays
   start from 0 again). A first version read the whole ``[E, H]`` weight in one program per row: 52 us per layer.
   H200, Qwen3-30B-A3B router (bf16), graphs of 48 calls: 4.99 / 6.08 / 6.55 us per call at T = 1 / 8 / 16 against
-  7.11 / 7.36 / 7.62 us for the path below; decode step 3.71 vs 3.82 ms (benchmarks/results/h200_moe_router_fused.json).
+  7.11 / 7.36 / 7.62 us for the path below; decode step 3.71 vs 3.82 ms (benchmarks/results/moe_router_fused.json).
 - ``_moe_router_kernel`` (logits from ``F.linear``, i.e. cuBLAS): one routing program per row after the GEMM.
 
 Counter assumption: one int32 counter per device (`_counter`), so two launches of the fused path must never run

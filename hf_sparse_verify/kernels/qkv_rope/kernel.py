@@ -21,24 +21,7 @@ import triton
 import triton.language as tl
 
 from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
-
-#: tile settings (``proj_n`` also has to divide the projections' widths; see `proj_block_n`). From the H200 sweep
-#: of 144 settings (`benchmarks/sweep_qkv_rope.py --wide`, `results/sweeps/h200_qkv_proj_tiles.json`, PDL on, us per
-#: call): best sum over Qwen3-30B-A3B and Llama-3.1-8B at 1 and 16 rows, 42.75 against 50.75 for the earlier
-#: 4 warps / 3 stages (one row: 6.50 against 7.48 and 14.08 against 17.70)
-TILES = {
-    "proj_n": 32,
-    "proj_k": 128,
-    "num_warps": 2,
-    "num_stages": 4,
-    # the single-weight `row_linear_launch` (attention output projection): best sum of the H200 sweep of 54
-    # settings (`sweep_qkv_rope.py --kernel out`, `results/sweeps/h200_o_proj_tiles.json`), 30.49 us over both
-    # shapes at 1 and 16 rows
-    "out_n": 16,
-    "out_k": 512,
-    "out_warps": 2,
-    "out_stages": 4,
-}
+from .tiles import TILES, linear_block_n, proj_block_n  # noqa: F401 - sweeps set TILES here
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -183,15 +166,6 @@ def _dot(dtype: torch.dtype):
     return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"  # tf32 only matters for float32 operands
 
 
-def proj_block_n(n_q: int, n_kv: int) -> int | None:
-    """Output columns per program: the largest power of two up to ``TILES["proj_n"]`` dividing both widths, or None
-    when that is below 16 (``tl.dot``'s smallest tile; the caller then uses ``F.linear``)."""
-    block = TILES["proj_n"]
-    while block >= 16 and (n_q % block or n_kv % block):
-        block //= 2
-    return block if block >= 16 else None
-
-
 @on_input_device
 def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x`` ``[T, H]`` (unit last stride), ``w_*`` ``[N_*, H]`` (unit last stride; `proj_block_n` not None),
@@ -218,14 +192,6 @@ def qkv_proj_launch(x, w_q, w_k, w_v, b_q, b_k, b_v) -> tuple[torch.Tensor, torc
         **pdl_launch(x.device),
     )  # fmt: skip
     return q, k, v
-
-
-def linear_block_n(n_out: int) -> int | None:
-    """Output columns per program of `row_linear_launch` (as `proj_block_n`, for one width)."""
-    block = TILES["out_n"]
-    while block >= 16 and n_out % block:
-        block //= 2
-    return block if block >= 16 else None
 
 
 @on_input_device

@@ -1,5 +1,5 @@
 """Gated MLP of decode and verify steps: the fused dense ``silu(gate) * up`` (`gated_act`) and the sparse FFN of
-verification (papers/000 §3.4: `sparse_ffn`, or its halves `sparse_gate_up` + `masked_down`, reading only the rows of
+verification (the sparse-verification paper §3.4: `sparse_ffn`, or its halves `sparse_gate_up` + `masked_down`, reading only the rows of
 up and down that some row keeps)."""
 
 from .naive import (

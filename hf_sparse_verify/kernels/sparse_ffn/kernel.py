@@ -4,7 +4,7 @@
   owns a tile of ``BLOCK_N`` channels and reads its gate and up rows in the same pass over ``H``; for ``T <=
   BLOCK_M`` (every decode and verify step: up to 64 rows) each weight is read exactly once, GEMV-style. Products
   accumulate in float32; gate, up, ``silu(gate)`` and the product are rounded to ``x.dtype`` where eager rounds them.
-- the sparse FFN of a verify step (papers/000 §3.4), for ``B`` batch rows of ``q`` tokens:
+- the sparse FFN of a verify step (the sparse-verification paper §3.4), for ``B`` batch rows of ``q`` tokens:
   - ``_gate_keep_kernel``, grid ``(B / BLOCK_B, I / BLOCK_N)``: ``act = silu(x @ w_gate^T)`` for every channel, the
     row mask ``keep[b, i]`` (``|act|`` of one of row ``b``'s tokens reaches ``tau``), and ``h = act`` where the row
     keeps the channel, 0 where it does not.
@@ -37,7 +37,7 @@ from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_laun
 
 #: tile settings of the dense ``gated_act`` (chosen for decode/verify row counts) and of the sparse kernels, from
 #: three H200 sweeps (`benchmarks/sweep_sparse_ffn.py`, 8B MLP, one row of 16 verify tokens, 50% / 75% of the channels
-#: skipped, us per launch; `results/sweeps/h200_sparse_ffn_compact.json`). Gate: 30.7 with 32 channels and 4 warps
+#: skipped, us per launch; `results/sweep_sparse_ffn.json (record compact)`). Gate: 30.7 with 32 channels and 4 warps
 #: (8 warps 54.9, 4 stages 43.2, 256-wide steps 33.9). List: 4.4-4.6 in one 16384-channel chunk with 8 warps (6.6 in
 #: 4096-channel chunks with 4; 42 in one chunk with 4). Up: 21.5 / 13.8 with two hidden splits (22.9 / 15.8 unsplit,
 #: 25.4 / 15.3 with four; 16- or 64-channel tiles, 256- or 512-wide steps and more stages were no better). Down: 23.4

@@ -1,4 +1,4 @@
-"""Reference sparse FFN (papers/000 §3.4) in plain PyTorch, float64-capable: the definitions the Triton kernels of
+"""Reference sparse FFN (the sparse-verification paper §3.4) in plain PyTorch, float64-capable: the definitions the Triton kernels of
 this folder are tested against.
 
 A gated MLP computes ``y = down(silu(gate(x)) * up(x))``. Sparse verification keeps, per batch row, the channels

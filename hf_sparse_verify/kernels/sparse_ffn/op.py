@@ -11,8 +11,8 @@ from .naive import gated_act_naive, masked_down_naive, sparse_gate_up_naive
 #: `hf_sparse_verify.integrations.mlp.GatedMLP` runs the fused ``silu(gate) * up`` kernel for steps of at most this many token rows (batch x new tokens); larger
 #: steps use torch's matmuls. Measured on an H200 (8B shape), in separate runs, not side by side: fused is faster at 1
 #: and 16 rows (decode 6.13 -> 5.81 ms at 1K, a 16-token verify 6.57 -> 6.27 ms), slower from 80 rows (16 x 16K
-#: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/h200_step_16k_b16_vegas_scores.json`; 16.9 /
-#: 18.4 / 20.1 ms fused, `results/h200_step_16k_b16_vegas_scores_rowdot.json`).
+#: verify of 5 / 7 / 9 tokens: 16.0 / 16.3 / 17.1 ms unfused, `results/step.json (record 8b_16x16k_vegas_scores)`; 16.9 /
+#: 18.4 / 20.1 ms fused, `results/step.json (record 8b_16x16k_vegas_scores_rowdot)`).
 FUSED_MAX_ROWS = 16
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -130,7 +130,7 @@ def gated_act(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torc
 def sparse_gate_up(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tau: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """First half of the sparse FFN of a verify step (papers/000 §3.4): gate activations, one channel mask per batch
+    """First half of the sparse FFN of a verify step (the sparse-verification paper §3.4): gate activations, one channel mask per batch
     row, and ``h = silu(gate) * up`` over the kept channels, reading only the rows of ``w_up`` that some row keeps.
 
     Args:
@@ -213,7 +213,7 @@ def masked_down(h: torch.Tensor, w_down_t: torch.Tensor, keep: torch.Tensor) -> 
 def sparse_ffn(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, tau: torch.Tensor
 ) -> torch.Tensor:
-    """The sparse gated MLP of a verify step (papers/000 §3.4): dense gate activations, one channel mask per batch
+    """The sparse gated MLP of a verify step (the sparse-verification paper §3.4): dense gate activations, one channel mask per batch
     row (channel kept when its ``|silu(gate)|`` reaches ``tau`` for one of the row's tokens), up and down over the
     channels some row keeps only. On the GPU: the gate pass writes the masks, one program lists the kept channels
     (no host sync), and up and down loop over that list, so a skipped channel costs neither a read nor a step (four

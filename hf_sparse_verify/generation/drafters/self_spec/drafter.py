@@ -55,6 +55,8 @@ class SelfSpecDrafter(Drafter):
 
     #: the strategy name (configuration and session key)
     policy = "self_spec"
+    reads_target_cache = True
+    tunes_ratio = True
     #: verify and prefill steps write attention scores for the selection (Vegas)
     collects_scores = False
 
@@ -293,6 +295,7 @@ class VegasDrafter(SelfSpecDrafter):
 
     policy = "vegas"
     collects_scores = True
+    needs_dense_verify_attention = True
     idle_at_k0 = True
 
     def _fill(self, group, layers, pad, recent, count) -> None:

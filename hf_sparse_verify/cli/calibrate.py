@@ -1,0 +1,118 @@
+"""``hf-sparse-verify calibrate``: calibration of LOSSY sparse verification (anchor layers, FFN thresholds, expert
+skipping) for one model, written as ``sparse_verify_calibration.json``."""
+
+from __future__ import annotations
+
+from . import _common as common
+from ._common import UsageError
+
+#: where ``calibrate`` writes without ``--out`` (never into the model's folder, which may be an installed package)
+DEFAULT_OUT = "calibration"
+
+
+def add_parser(sub, parents) -> None:
+    cal = sub.add_parser(
+        "calibrate",
+        parents=parents,
+        help="calibrate LOSSY sparse verification (anchor layers, FFN thresholds, expert skipping) for a model",
+        description="Runs the prompts through the model (prefill, then one dense verify step of the last "
+        "--verify-tokens tokens each) and writes sparse_verify_calibration.json: per-layer block-selection "
+        "similarities (anchor layers), FFN activation thresholds for channel sparsities 0.05..0.95, and for MoE "
+        "models expert-skipping threshold maps, refusing a setting whose NLL damage passes --moe-max-damage.",
+    )
+    cal.add_argument("--model", help="model folder or Hub id (default: the embedded demo target)")
+    cal.add_argument(
+        "--prompt-file", required=True, metavar="FILE", help='text file or .jsonl with {"text": ...}'
+    )
+    cal.add_argument(
+        "--prompt-len", type=common.positive_int, help="keep only .jsonl lines whose 'len' equals this"
+    )
+    cal.add_argument("--max-prompts", type=common.positive_int, default=16, help="(default: 16)")
+    cal.add_argument(
+        "--max-tokens",
+        type=common.positive_int,
+        default=8192,
+        help="cut prompts to this many tokens (default: 8192)",
+    )
+    cal.add_argument(
+        "--verify-tokens", type=common.positive_int, default=8, help="verify tokens per prompt (default: 8)"
+    )
+    cal.add_argument(
+        "--block-size", type=common.positive_int, default=64, help="attention block size (default: 64)"
+    )
+    cal.add_argument("--rho", type=common.probability, default=0.1, help="attention rho (default: 0.1)")
+    cal.add_argument("--dense-below", type=int, default=4096, help="attention L0 (default: 4096)")
+    cal.add_argument("--no-ffn", action="store_true", help="skip the FFN thresholds")
+    cal.add_argument(
+        "--moe-rule",
+        default="threshold",
+        choices=("threshold", "budget", "row_union"),
+        help="(default: threshold)",
+    )
+    cal.add_argument(
+        "--moe-row-experts",
+        type=common.positive_int,
+        help="experts per verify row for --moe-rule row_union (e.g. 8)",
+    )
+    cal.add_argument(
+        "--moe-max-skip", type=common.positive_int, default=1, help="experts skipped at most (default: 1)"
+    )
+    cal.add_argument(
+        "--moe-max-damage", type=common.positive_float, default=0.05, help="NLL bound (default: 0.05)"
+    )
+    cal.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
+    cal.add_argument("--dtype", choices=common.DTYPES, help="(default: float32 on CPU, bfloat16 on GPU)")
+    cal.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"output folder (default: ./{DEFAULT_OUT}); pass it as lossy_sparse_verify.calibration",
+    )
+
+
+def run(args) -> int:
+    prompts = common.tuning_prompts(args)
+    common.check_model("--model", args.model)
+    device = common.device(args.device)
+
+    from ..drivers.calibrate import calibrate
+    from ..integrations import replaceable_mlp
+    from ..sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
+
+    dtype_name = common.default_dtype(args.dtype, device)
+    model_path = args.model or common.demo_model("target")
+    out = args.out
+
+    tokenizer, model = common.load_model("--model", model_path, dtype_name, device)
+    ids = [tokenizer(p, return_tensors="pt")["input_ids"][0, : args.max_tokens] for p in prompts]
+    ids = [t for t in ids if t.numel() > args.verify_tokens]
+    if not ids:
+        raise UsageError(f"--prompt-file: no prompt longer than --verify-tokens={args.verify_tokens} tokens")
+    is_moe = getattr(model.config.get_text_config(), "num_experts_per_tok", None) is not None
+    has_ffn = any(replaceable_mlp(m) for m in model.modules())
+    try:
+        cfg = LossySparseVerify(
+            attention=SparseAttention(block_size=args.block_size, rho=args.rho, dense_below=args.dense_below),
+            ffn=SparseFFN() if has_ffn and not args.no_ffn else None,
+            moe=SparseMoE(
+                rule=args.moe_rule,
+                max_skip=args.moe_max_skip,
+                row_experts=args.moe_row_experts,
+                max_damage=args.moe_max_damage,
+            )
+            if is_moe
+            else None,
+        )
+        result = calibrate(model, ids, cfg, verify_tokens=args.verify_tokens)
+    except ValueError as err:
+        raise UsageError(common.one_line(err)) from err
+    path = result.save(out)
+    anchors = result.anchor_layers(cfg.attention)
+    print(f"{len(ids)} prompt(s), {model_path}, {device} {dtype_name}")
+    print(f"anchor layers (a quarter of {result.num_layers}): {anchors}")
+    if result.ffn:
+        taus = result.ffn_thresholds(SparseFFN(sparsity=0.5))
+        print("ffn tau at sparsity 0.5: " + " ".join(f"{t:.3g}" for t in taus if t is not None))
+    if result.moe:
+        print(f"moe damage: {result.moe.get('damage')}")
+    print(f"saved {path}; use it with lossy_sparse_verify={{..., 'calibration': {out!r}}}")
+    return 0
