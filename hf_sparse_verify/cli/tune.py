@@ -159,5 +159,13 @@ def run(args) -> int:
         f"mean acceptance length {best.mean_acceptance_length:.3f}); step 1 stopped at ratio={result.ratio_step1:g}"
     )
     print(json.dumps(config.to_dict(), indent=2, sort_keys=True))
-    print(f"saved {args.out}/speculation_config.json, tune_measurements.json, tune_sweep.png")
+    import importlib.util
+
+    plotted = importlib.util.find_spec("matplotlib") is not None
+    print(
+        f"saved {args.out}/speculation_config.json, tune_measurements.json"
+        + (", tune_sweep.png" if plotted else "")
+    )
+    if not plotted:
+        print("no tune_sweep.png: matplotlib is not installed (pip install 'hf-sparse-verify[bench]')")
     return 0

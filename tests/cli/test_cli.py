@@ -335,3 +335,13 @@ def test_calibrate_row_union_on_the_moe_fixture(tmp_path, capsys, shared_models)
     capsys.readouterr()
     assert main([*argv[:-1], "--moe-max-skip", "3"]) == 2  # row_union without --moe-row-experts
     assert "needs row_experts" in capsys.readouterr().err
+
+
+def test_unreachable_hub_id_is_one_line_without_retries(monkeypatch, capsys, no_model_loads):
+    """A Hub id that is neither cached nor reachable fails before anything loads (no download retries)."""
+    import hf_sparse_verify.cli._common as common
+
+    monkeypatch.setattr(common, "_cached_on_hub", lambda repo_id: False)
+    monkeypatch.setattr(common, "_hub_unreachable", lambda: "no connection to huggingface.co: test")
+    status, _, err = _run(["generate", "--model", "someorg/some-model"], capsys)
+    _assert_one_line_error(status, err, "is not in the Hugging Face cache, and the Hub cannot be reached")
