@@ -9,7 +9,7 @@ dense verification and the setting, greedy, ``--new-tokens`` tokens. Per setting
 - ``nll_dense_model``: the dense model's mean NLL of the setting's continuation (teacher-forced plain forward), next
   to that of the dense continuation (``nll_dense_output``);
 - ``verify_ms``: mean verify time per step as the loop measured it (``out.speculation``), dense and sparse;
-- ``verify_flops`` / ``verify_bytes``: the verify pass's FLOPs and bytes per step (papers/000 Table 1), computed from
+- ``verify_flops`` / ``verify_bytes``: the verify pass's FLOPs and bytes per step (the sparse-verification paper Table 1), computed from
   the shapes and the setting's NOMINAL budgets (attention: the budget rule at this context; FFN: the calibrated
   channel sparsity; MoE: per-token rules skip half their ``max_skip`` on average, ``row_union`` reads at most
   ``row_experts`` experts per layer, expert bytes counted per distinct expert a step reads under uniform routing),

@@ -5,10 +5,10 @@ Per held-out prompt (same trimming as `bench_sparse_quality.py`) the dense model
 then every window of ``--k + 1`` continuation tokens is verified over the cache of everything before it, once
 densely and once per rule, in plain PyTorch (float32, CPU is fine). Every layer and KV head attends to the sink
 block, the ``local_blocks`` blocks before the window, the window itself and its top-scoring other blocks, up to the
-budget of `SparseAttention` (papers/000 §3.2); the rules differ only in the block scores:
+budget of `SparseAttention` (the sparse-verification paper §3.2); the rules differ only in the block scores:
 
 - ``mean``: the first window query against the block's mean key, summed over the KV head's query heads (what the
-  library does: papers/000 Eq. 5);
+  library does: the sparse-verification paper Eq. 5);
 - ``bound``: Quest's upper bound of that dot product from the block's per-channel key min and max;
 - ``oracle_first``: the first window query's true softmax mass in the block (what ``mean`` approximates);
 - ``oracle_all``: the true mass of every window query (an upper bound for one shared selection).

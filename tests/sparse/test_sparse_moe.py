@@ -1,4 +1,4 @@
-"""Expert skipping (papers/000 §3.5): hand-made `skip_counts` cases for both rules, the calibration statistics, the
+"""Expert skipping (the sparse-verification paper §3.5): hand-made `skip_counts` cases for both rules, the calibration statistics, the
 ``"hsv_fused"`` experts under a verify step's `MoESkip` against a plain reference, and the NLL damage check."""
 
 from __future__ import annotations
