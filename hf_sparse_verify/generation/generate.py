@@ -90,9 +90,10 @@ def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) 
     cls = resolve(DRAFTERS, strategy)
     if draft_model is not None and not cls.takes_draft_model:
         takers = sorted(name for name in DRAFTERS if resolve(DRAFTERS, name).takes_draft_model)
+        use = " or ".join(f"strategy={name!r}" for name in takers)
         raise ValueError(
-            f"a draft_model was passed but the strategy {strategy!r} drafts without one; use strategy="
-            f"{' or '.join(map(repr, [*takers, 'auto']))}, or pass no draft_model / assistant_model"
+            f"a draft_model was passed but the strategy is {strategy!r}; use {use} (or 'auto'), or pass no "
+            "draft_model / assistant_model"
         )
     if draft_model is not None:  # the draft runs through the same attention and cache as the target
         _compat.check_architecture(draft_model)

@@ -133,9 +133,9 @@ def test_cuda_graphs_switch_is_validated():
 
 
 def test_graphs_on_cpu_silent_by_default_warn_once_when_asked(monkeypatch):
-    from hf_sparse_verify.generation.engine import graphs
+    from hf_sparse_verify import _logging
 
-    monkeypatch.setattr(graphs, "_warned", set())
+    monkeypatch.setattr(_logging, "_warned", set())
     model = make_model("llama")
     ids, mask = ragged_batch(1)
     with warnings.catch_warnings():
@@ -203,11 +203,11 @@ def test_capture_failure_falls_back_with_one_warning(monkeypatch):
     """Where capture fails (here: no CUDA) the loop warns once and decodes eagerly, with the self-speculative
     drafter's selections already moved into the fixed index buffers a captured draft step would read; the
     output is still the plain greedy output."""
-    from hf_sparse_verify.generation.engine import graphs
+    from hf_sparse_verify import _logging
     from hf_sparse_verify.generation.engine.runner import ModelRunner
 
     monkeypatch.setattr(ModelRunner, "can_capture", lambda self: True)
-    monkeypatch.setattr(graphs, "_warned", set())
+    monkeypatch.setattr(_logging, "_warned", set())
     model = make_model("llama")
     ids, mask = ragged_batch(3)
     expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)

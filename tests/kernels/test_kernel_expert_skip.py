@@ -65,7 +65,7 @@ def test_bad_input():
     index, weights = torch.zeros(2, 4, dtype=torch.long), torch.rand(2, 4)
     with pytest.raises(ValueError, match="one shape"):
         expert_skip(index, weights[:, :3], MoESkip("budget", 1, torch.tensor(0.5)))
-    with pytest.raises(ValueError, match="unknown MoESkip rule"):
+    with pytest.raises(ValueError, match="unknown skip rule"):
         expert_skip(index, weights, MoESkip("median", 1, torch.tensor(0.5)))
     with pytest.raises(ValueError, match="at least 2 values"):
         expert_skip(index, weights, MoESkip("threshold", 2, torch.tensor([0.1])))
