@@ -137,7 +137,8 @@ def test_config_stored_in_model_repo_needs_no_code_at_call_site(pair, tmp_path):
 def test_pipeline(pair, batched):
     model, draft = pair
     tok = char_tokenizer()
-    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    # device= keeps the pipeline from moving the module's shared model to a GPU (later tests use it on the CPU)
+    pipe = pipeline("text-generation", model=model, tokenizer=tok, device=model.device)
     prompts = ["abcdefg", "xyz!?", "hello world"] if batched else "abcdefg"
     kwargs = dict(max_new_tokens=MAX_NEW, do_sample=False, return_full_text=False)
     expected = pipe(prompts, **kwargs, batch_size=3)
