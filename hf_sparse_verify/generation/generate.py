@@ -21,7 +21,7 @@ from ..config import SpeculationConfig
 from ..integrations import Mode, speculation_mode
 from ..kernels._triton import HAVE_TRITON
 from ..placement import graph_obstacle
-from ..registry import DRAFTERS, resolve
+from ..registry import AUTO, DRAFTERS, resolve
 from ..sparse.calibration import find_calibration
 from .drafters.base import Drafter
 from .engine.loop import LoopSettings, speculative_decode
@@ -75,15 +75,12 @@ def resolve_config(speculation, generation_config, model) -> SpeculationConfig:
     return config
 
 
-#: what ``strategy="auto"`` picks: a strategy that drafts with the given draft model, else prompt lookup
-AUTO_WITH_DRAFT_MODEL, AUTO_WITHOUT = "draft_model", "prompt_lookup"
-
-
 def _strategy(config: SpeculationConfig, draft_model) -> str:
     if config.strategy != "auto":
         return config.strategy
     given = draft_model is not None or config.draft_model is not None
-    return AUTO_WITH_DRAFT_MODEL if given else AUTO_WITHOUT
+    with_draft_model, otherwise = AUTO
+    return with_draft_model if given else otherwise
 
 
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
