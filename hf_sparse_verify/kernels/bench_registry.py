@@ -56,6 +56,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.moe_router.bench",
     "hf_sparse_verify.kernels.expert_skip.bench",
     "hf_sparse_verify.kernels.topk_slots.bench",
+    "hf_sparse_verify.kernels.ngram_lookup.bench",
 )
 
 

@@ -11,9 +11,9 @@ from hf_sparse_verify.generation.drafters.prompt_lookup import (
     NgramIndex,
     PromptLookupDrafter,
     lookup_ngram,
-    lookup_ngram_batched,
 )
 from hf_sparse_verify.generation.engine.state import DecodeState
+from hf_sparse_verify.kernels.ngram_lookup import ngram_lookup
 
 
 @pytest.mark.parametrize("vocab", [3, 8, 50])
@@ -51,7 +51,7 @@ def test_batched_device_search_matches_the_scan():
     tokens = torch.from_numpy(rng.integers(0, 6, size=(batch, width)))
     pad = torch.tensor([0, 3, 10, 0, 7])
     committed = torch.tensor([120, 90, 60, 17, 100])
-    drafts, counts = lookup_ngram_batched(tokens, committed, pad, 4, 3, 1)
+    drafts, counts = ngram_lookup(tokens, committed, pad, 4, 3, 1)  # the drafter's device search
     for row in range(batch):
         expected = lookup_ngram(tokens[row, pad[row] : committed[row]].numpy(), 4, 3, 1).tolist()
         assert counts[row].item() == len(expected)

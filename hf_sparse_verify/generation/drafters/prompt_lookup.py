@@ -5,7 +5,8 @@ row's earlier history; the tokens that followed the most recent earlier occurren
 (else the earliest occurrence, which has the longest continuation) become the draft. Rows with no match propose
 nothing. Small batches search the host mirror of the history through an incremental n-gram index per row
 (`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows
-the search runs on the device, all rows at once, so the host cost no longer grows with the batch. Gives no
+the search runs on the device, all rows at once, so the host cost no longer grows with the batch
+(`hf_sparse_verify.kernels.ngram_lookup`: one Triton launch per step where Triton runs). Gives no
 probabilities: sampling verification then samples from the target at every position.
 """
 
@@ -16,12 +17,16 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
+from ...kernels.ngram_lookup import ngram_lookup
 from ..engine.state import DecodeState
 from .base import Draft, Drafter
 
 #: rows from which the n-gram search runs on the device (measured on an H200 with code-target: batch 32 spent
 #: 0.42 s of a 128-token call searching on the host)
 DEVICE_SEARCH_MIN_BATCH = 4
+#: the device search on the Triton kernel (None: where Triton runs) or the PyTorch reference (False); benchmarks
+#: switch it for A/B runs
+DEVICE_SEARCH_KERNEL: bool | None = None
 
 
 def lookup_ngram(history: np.ndarray, num_tokens: int, max_ngram: int, min_ngram: int) -> np.ndarray:
@@ -50,51 +55,6 @@ def lookup_ngram(history: np.ndarray, num_tokens: int, max_ngram: int, min_ngram
             start = int(full[-1] if full.size else hits[0]) + n
             return history[start : start + num_tokens]
     return history[:0]
-
-
-def lookup_ngram_batched(
-    tokens: torch.Tensor,
-    committed: torch.Tensor,
-    pad: torch.Tensor,
-    num_tokens: int,
-    max_ngram: int,
-    min_ngram: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`lookup_ngram` for every row at once, on the device of ``tokens``.
-
-    Args:
-        tokens: ``[B, C]`` histories; row ``b`` holds its history in ``[pad[b], committed[b])``.
-        committed, pad: ``[B]`` int64.
-
-    Returns:
-        ``drafts [B, num_tokens]`` (positions past a row's count hold stale tokens) and ``counts [B]``.
-
-    Example:
-        >>> t = torch.tensor([[0, 5, 6, 7, 8, 5, 6]])
-        >>> d, c = lookup_ngram_batched(t, torch.tensor([7]), torch.tensor([1]), 3, 2, 1)
-        >>> d.tolist(), c.tolist()
-        ([[7, 8, 5]], [3])
-    """
-    batch, capacity = tokens.shape
-    device = tokens.device
-    source = torch.full((batch,), -1, dtype=torch.long, device=device)  # first slot of the continuation
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if n >= capacity:
-            continue
-        pattern = tokens.gather(1, (committed[:, None] - n + torch.arange(n, device=device)).clamp_min(0))
-        windows = tokens.unfold(1, n, 1)  # [B, P, n]: window p covers slots p .. p + n - 1
-        p = torch.arange(windows.shape[1], device=device)[None, :]
-        hit = (windows == pattern[:, None, :]).all(dim=-1)
-        hit &= (p >= pad[:, None]) & (p + n <= committed[:, None] - 1)  # earlier occurrences only
-        full = hit & (p + n + num_tokens <= committed[:, None])
-        latest_full = torch.where(full, p, -1).amax(dim=1)
-        earliest = torch.where(hit, p, capacity).amin(dim=1)
-        start = torch.where(latest_full >= 0, latest_full, torch.where(earliest < capacity, earliest, -1))
-        source = torch.where((source < 0) & (start >= 0), start + n, source)
-    found = source >= 0
-    counts = torch.where(found, (committed - source).clamp(max=num_tokens), 0)
-    slots = (source.clamp_min(0)[:, None] + torch.arange(num_tokens, device=device)).clamp_max(capacity - 1)
-    return tokens.gather(1, slots), counts
 
 
 class NgramIndex:
@@ -156,8 +116,14 @@ class PromptLookupDrafter(Drafter):
 
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         if state.batch_size >= DEVICE_SEARCH_MIN_BATCH:
-            drafts, counts = lookup_ngram_batched(
-                state.tokens, state.committed_t, state.pad_t, num_tokens, self.max_ngram, self.min_ngram
+            drafts, counts = ngram_lookup(
+                state.tokens,
+                state.committed_t,
+                state.pad_t,
+                num_tokens,
+                self.max_ngram,
+                self.min_ngram,
+                kernel=DEVICE_SEARCH_KERNEL,
             )
             return Draft(drafts, counts * state.active_t, None, None)
         indexes = self._row_indexes(state)
