@@ -51,6 +51,14 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _generated(new: torch.Tensor, eos) -> int:
+    """New tokens of plain ``generate``'s ``[B, T]`` output: each row up to and including its first EOS."""
+    eos = torch.tensor(eos if isinstance(eos, list) else [eos], device=new.device)
+    stop = torch.isin(new, eos)
+    first = torch.where(stop.any(dim=1), stop.int().argmax(dim=1) + 1, new.shape[1])
+    return int(first.sum())
+
+
 def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
     """One warm-up call and one timed call of ``case``; the record's measured fields."""
     name, _, k = case.partition(":")
@@ -66,7 +74,7 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
             out = target.generate(**common)
             _sync(device)
         wall = time.perf_counter() - start
-        generated = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        generated = _generated(out[:, ids.shape[1] :], target.generation_config.eos_token_id)
         return dict(strategy="transformers", k_policy=None, call_tokens_per_s=generated / wall, wall_s=wall)
     if strategy == "k0":
         spec, strategy, k_policy = dict(strategy="prompt_lookup", k_policy="plain"), "k0", "plain"
