@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from ..registry import DRAFTERS, K_POLICIES, summary
+from ..config import SpeculationConfig
+from ..registry import DRAFTERS, K_POLICIES, resolve, summary
 from . import _common as common
 from ._common import UsageError
 
@@ -145,8 +146,6 @@ def _prompts(args) -> list[str]:
 def _check(args):
     """Everything about the arguments that can be checked without a model: the prompts, the sampling settings
     and the speculation config."""
-    from ..config import SpeculationConfig
-
     prompts = _prompts(args)
     sampling = {
         name: value
@@ -187,8 +186,6 @@ def _check(args):
 
 
 def _takes_draft_model(strategy: str) -> bool:
-    from ..registry import resolve
-
     return resolve(DRAFTERS, strategy).takes_draft_model
 
 

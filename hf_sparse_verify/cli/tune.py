@@ -7,7 +7,17 @@ import json
 import sys
 
 from ..config import ATTENTION_BACKENDS, SELECTIONS
-from ..drivers.tune import DEFAULT_K_LARGE, DEFAULT_KS, DEFAULT_RATIOS, MIN_GAIN, REFINE_FACTORS
+from ..drivers.tune import (
+    DEFAULT_K_LARGE,
+    DEFAULT_KS,
+    DEFAULT_RATIOS,
+    MIN_GAIN,
+    REFINE_FACTORS,
+    can_plot,
+    dense_warning,
+    ratio_strategies,
+)
+from ..drivers.tune import tune as tune_model
 from ..registry import DRAFTERS
 from . import _common as common
 from ._common import UsageError
@@ -96,8 +106,6 @@ def add_parser(sub, parents) -> None:
 
 
 def run(args) -> int:
-    from ..drivers.tune import dense_warning, ratio_strategies, tune
-
     if args.strategy not in ratio_strategies():
         raise UsageError(
             f"--strategy {args.strategy} has no KV-selection ratio to tune: use one of {ratio_strategies()}"
@@ -125,7 +133,7 @@ def run(args) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     try:
-        config, result = tune(
+        config, result = tune_model(
             model,
             tokenizer,
             prompts,
@@ -159,9 +167,7 @@ def run(args) -> int:
         f"mean acceptance length {best.mean_acceptance_length:.3f}); step 1 stopped at ratio={result.ratio_step1:g}"
     )
     print(json.dumps(config.to_dict(), indent=2, sort_keys=True))
-    import importlib.util
-
-    plotted = importlib.util.find_spec("matplotlib") is not None
+    plotted = can_plot()
     print(
         f"saved {args.out}/speculation_config.json, tune_measurements.json"
         + (", tune_sweep.png" if plotted else "")

@@ -38,6 +38,11 @@ MEASUREMENTS_NAME = "tune_measurements.json"
 PLOT_NAME = "tune_sweep.png"
 
 
+def can_plot() -> bool:
+    """Whether matplotlib is installed, so that `save_results` draws ``tune_sweep.png``."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def ratio_strategies() -> list[str]:
     """The registered strategies with a KV-selection ratio to tune (`Drafter.tunes_ratio`)."""
     return sorted(name for name in DRAFTERS if resolve(DRAFTERS, name).tunes_ratio)
@@ -350,8 +355,7 @@ def save_results(
     with open(paths["measurements"], "w", encoding="utf-8") as f:
         json.dump({"meta": meta or {}, "config": config.to_dict(), **result.to_dict()}, f, indent=2)
         f.write("\n")
-    have_matplotlib = importlib.util.find_spec("matplotlib") is not None
-    paths["plot"] = plot_sweep(result, os.path.join(out_dir, PLOT_NAME), title) if have_matplotlib else None
+    paths["plot"] = plot_sweep(result, os.path.join(out_dir, PLOT_NAME), title) if can_plot() else None
     return paths
 
 

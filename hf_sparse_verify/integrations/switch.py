@@ -49,6 +49,9 @@ Swap = tuple[torch.nn.Module, str, torch.nn.Module, torch.nn.Module]  # parent, 
 #: 0.07 s without it.
 SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
+#: the fused module kinds `Mode.fused_parts` may name
+FUSED_PARTS = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -72,7 +75,7 @@ class Mode:
     attention: bool = True
     dispatch_attention: bool | None = None
     fused: bool = False
-    fused_parts: frozenset[str] = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
+    fused_parts: frozenset[str] = FUSED_PARTS
     sparse_ffn: bool = False
     down_copy: bool = True
     expert_skipping: bool = False
@@ -82,9 +85,6 @@ class Mode:
         unknown = set(self.fused_parts) - FUSED_PARTS
         if unknown:
             raise ValueError(f"unknown fused_parts {sorted(unknown)}; choose from {sorted(FUSED_PARTS)}")
-
-
-FUSED_PARTS = frozenset({"decoder_layer", "attention", "norm", "mlp", "router"})
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,9 @@ def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **field
     """Put ``models`` into hf_sparse_verify's mode (`Mode`, or its fields as keywords) for the block; yields a
     `Switched`. Every change is logged at INFO and undone on exit, in reverse order, also on errors."""
     if not all(isinstance(m, torch.nn.Module) for m in models):
-        raise TypeError("speculation_mode takes models as positional arguments and the Mode as mode=Mode(...)")
+        raise TypeError(
+            "speculation_mode takes models as positional arguments and the Mode as mode=Mode(...)"
+        )
     mode = mode if mode is not None else Mode(**fields)
     swaps = [swap for model in models for swap in plan_swaps(model, mode)]
     counts = dict(Counter(type(new).__name__ for _, _, _, new in swaps))
