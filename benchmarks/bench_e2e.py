@@ -66,7 +66,6 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
     common = dict(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
     )
-    common["min_new_tokens"] = new_tokens  # every row generates the same count: comparable cases
     if strategy == "transformers":
         for _ in range(2):
             _sync(device)
