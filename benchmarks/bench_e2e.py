@@ -4,21 +4,34 @@ Target ``code-target``, draft ``code-draft``, held-out prompts of ``prompts_long
 (rows cycle through the prompts when the batch is larger than their count), greedy. Each case runs one identical
 warm-up call (it also captures the CUDA graphs of a new shape bucket, and gives plain ``generate`` its cuDNN plans),
 then one timed call. Decode tokens/s = new tokens after each row's first / (wall - prefill - graph capture), from
-``out.speculation``; call tokens/s = all new tokens / wall. Plain transformers (``transformers``) has only the
-call figure.
+``out.speculation``; call tokens/s = all new tokens / wall. Plain transformers (``transformers``) has no step
+timers: its decode tokens/s takes the prefill from a third, prefill-only call (``max_new_tokens=1``), an estimate.
+``capture_s`` is the timed call's graph capture (0 once the warm-up captured), ``first_capture_s`` the warm-up's.
 
 Cases (``--cases``): ``k0`` (our K = 0 path), ``transformers`` (plain generate), ``STRATEGY:K`` (constant K),
-``STRATEGY:utility``, ``auto``; a ``@torch`` suffix on ``prompt_lookup`` runs its device n-gram search on the
+``STRATEGY:utility``, ``auto`` (the planner; its records carry ``chosen``, per member the share of steps and mean
+K, where the library reports it); a ``@torch`` suffix on ``prompt_lookup`` runs its device n-gram search on the
 PyTorch reference instead of the Triton kernel (an A/B of the search).
 
     python benchmarks/bench_e2e.py --shapes 16x16384 --cases k0 transformers prompt_lookup:4 prompt_lookup@torch:4
 
-Writes one record per (device, shape, case) to ``results/e2e.json`` (setting ``<device>:<B>x<L>:<case>``).
+Mixed workload (``--mixed``; shapes then run only when ``--shapes`` is given): a fixed sequence of calls of
+different batch sizes, contexts and contents, built from the prompts and the tokenizer (copy-heavy edits: a chunk
+followed by its own beginning again; fresh held-out text; uniform random ids, where no draft is accepted; a batch
+mixing copy and fresh rows). Each ``--mixed-cases`` case (plus plain ``transformers``) runs the whole sequence once
+as warm-up and once timed; its total is the sum of the timed calls' walls (prefill included, CUDA synchronized
+around each call). ``--mixed-scale`` multiplies its contexts and new tokens (0.05 for a CPU smoke run).
+
+    python benchmarks/bench_e2e.py --mixed --mixed-cases k0 prompt_lookup:4 draft_model:4 vegas:6 auto
+
+Writes one record per (device, shape, case) to ``results/e2e.json`` (setting ``<device>:<B>x<L>:<case>``, and
+``<device>:mixed:<case>`` for the mixed workload); ``plot_e2e.py`` draws them.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -34,16 +47,95 @@ from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.drafters import prompt_lookup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ["1x4096", "1x16384", "4x16384", "16x16384", "32x8192"]
+CASES = [
+    "k0", "transformers", "prompt_lookup:4", "prompt_lookup:utility", "draft_model:4", "draft_model:utility",
+    "vegas:6", "vegas:utility", "auto",
+]  # fmt: skip
+MIXED_CASES = [
+    "k0", "prompt_lookup:4", "prompt_lookup:utility", "draft_model:4", "draft_model:utility", "vegas:6", "auto"
+]  # fmt: skip
+#: the mixed workload at scale 1: (content, batch, context, max_new_tokens)
+MIXED = [
+    ("fresh", 1, 1024, 128),
+    ("copy", 1, 2048, 256),
+    ("random", 1, 1024, 128),
+    ("fresh", 4, 4096, 256),
+    ("copy", 4, 8192, 128),
+    ("fresh", 1, 16384, 256),
+    ("random", 4, 2048, 128),
+    ("copy", 16, 4096, 256),
+    ("fresh", 16, 8192, 128),
+    ("mix", 4, 4096, 256),
+    ("copy", 1, 16384, 128),
+    ("random", 16, 1024, 128),
+    ("fresh", 4, 16384, 128),
+    ("copy", 16, 16384, 128),
+    ("fresh", 1, 8192, 256),
+]
+RANDOM_SEED = 1234
+
+
+@functools.lru_cache(maxsize=4)
+def _prompt_ids(path: Path, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Token ids of every held-out prompt of ``path`` (tokenized once per process)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return tuple(tuple(tokenizer(r["text"])["input_ids"]) for r in rows)
 
 
 def prompts(path: Path, tokenizer, batch: int, context: int, device) -> torch.Tensor:
     """``[batch, context]`` ids: held-out prompts of at least ``context`` tokens, cut to ``context``."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    ids = [tokenizer(r["text"])["input_ids"] for r in rows]
-    ids = [x[:context] for x in ids if len(x) >= context]
+    ids = [list(x[:context]) for x in _prompt_ids(path, tokenizer) if len(x) >= context]
     if not ids:
         raise SystemExit(f"no prompt of {context} tokens in {path}")
     return torch.tensor([ids[i % len(ids)] for i in range(batch)], device=device)
+
+
+def mixed_sequence(path: Path, tokenizer, scale: float = 1.0, device="cpu") -> list[dict]:
+    """The mixed workload's calls (``MIXED`` with contexts and new tokens times ``scale``), each a dict of ``name``,
+    ``content``, ``batch``, ``context``, ``new_tokens`` and ``ids`` (``[batch, context]``). Deterministic: the same
+    prompts file, tokenizer and scale give the same ids. Row r of call i takes prompt ``(3 i + r) mod n``; a copy
+    row is the last ``context - m`` tokens of its prompt followed by their first ``m`` again (``m`` = context / 8),
+    so the continuation repeats text of the prompt; a fresh row is the prompt's first ``context`` tokens; a random
+    row is uniform ids (EOS excluded) from a generator seeded per call; a ``mix`` call alternates copy and fresh
+    rows."""
+    texts = _prompt_ids(path, tokenizer)
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    calls = []
+    for i, (content, batch, context, new_tokens) in enumerate(MIXED):
+        context = max(16, round(context * scale))
+        new_tokens = max(4, round(new_tokens * scale))
+        usable = [x for x in texts if len(x) >= context]
+        if not usable:
+            raise SystemExit(f"no prompt of {context} tokens in {path}")
+        rows = []
+        gen = torch.Generator().manual_seed(RANDOM_SEED + i)
+        for r in range(batch):
+            text = usable[(3 * i + r) % len(usable)]
+            kind = content if content != "mix" else ("copy", "fresh")[r % 2]
+            if kind == "copy":
+                m = max(4, context // 8)
+                chunk = list(text[-(context - m) :])
+                rows.append(chunk + chunk[:m])
+            elif kind == "fresh":
+                rows.append(list(text[:context]))
+            else:
+                row = torch.randint(0, vocab - 1, (context,), generator=gen)
+                if eos is not None:
+                    row = row + (row >= eos).long()  # uniform over the ids other than EOS
+                rows.append(row.tolist())
+        calls.append(
+            dict(
+                name=f"{i:02d}:{content}:{batch}x{context}",
+                content=content,
+                batch=batch,
+                context=context,
+                new_tokens=new_tokens,
+                ids=torch.tensor(rows, device=device),
+            )
+        )
+    return calls
 
 
 def _sync(device) -> None:
@@ -59,102 +151,265 @@ def _generated(new: torch.Tensor, eos) -> int:
     return int(first.sum())
 
 
-def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
-    """One warm-up call and one timed call of ``case``; the record's measured fields."""
+def parse_case(case: str) -> dict:
+    """A case's label fields and ``generate`` arguments: ``strategy`` (``k0``, ``transformers``, the strategy name,
+    with ``@torch`` kept), ``k_policy`` (``plain``, ``constant``, ``utility``, ``heuristic``, ``auto``, None for
+    plain generate), ``num_draft_tokens``, ``search`` and ``speculation`` (None for plain generate)."""
     name, _, k = case.partition(":")
     strategy, _, search = name.partition("@")
+    if strategy == "transformers":
+        return dict(
+            strategy="transformers", k_policy=None, num_draft_tokens=None, search="", speculation=None
+        )
+    if strategy == "k0":
+        spec, label, k_policy = dict(strategy="prompt_lookup", k_policy="plain"), "k0", "plain"
+    elif k in ("utility", "heuristic"):
+        spec, label, k_policy = dict(strategy=strategy, k_policy=k), name, k
+    elif strategy == "auto":
+        spec, label, k_policy = dict(strategy="auto"), "auto", "auto"
+    elif k.isdigit():
+        spec, label, k_policy = (
+            dict(strategy=strategy, num_draft_tokens=int(k), max_draft_tokens=max(16, int(k))),
+            name,
+            "constant",
+        )
+    else:
+        raise SystemExit(f"case {case!r}: expected k0, transformers, auto, STRATEGY:K or STRATEGY:utility")
+    return dict(
+        strategy=label,
+        k_policy=k_policy,
+        num_draft_tokens=int(k) if k.isdigit() else None,
+        search=search,
+        speculation=spec,
+    )
+
+
+def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, device):
+    """One ``generate`` call of a parsed case, CUDA synchronized around it: (output, wall seconds)."""
     common = dict(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
     )
-    if strategy == "transformers":
-        for _ in range(2):
-            _sync(device)
-            start = time.perf_counter()
-            out = target.generate(**common)
-            _sync(device)
-        wall = time.perf_counter() - start
-        generated = _generated(out[:, ids.shape[1] :], target.generation_config.eos_token_id)
-        return dict(strategy="transformers", k_policy=None, call_tokens_per_s=generated / wall, wall_s=wall)
-    if strategy == "k0":
-        spec, strategy, k_policy = dict(strategy="prompt_lookup", k_policy="plain"), "k0", "plain"
-    elif k in ("utility", "heuristic"):
-        spec, k_policy = dict(strategy=strategy, k_policy=k), k
-    elif strategy == "auto":
-        spec, k_policy = dict(strategy="auto"), "constant"
-    else:
-        spec, k_policy = (
-            dict(strategy=strategy, num_draft_tokens=int(k), max_draft_tokens=max(16, int(k))),
-            "constant",
-        )
-    kwargs = dict(custom_generate=hsv.generate, speculation=spec, return_dict_in_generate=True)
-    if spec["strategy"] in ("draft_model", "auto"):
-        kwargs["draft_model"] = draft
-    prompt_lookup.DEVICE_SEARCH_KERNEL = False if search == "torch" else None
+    kwargs = {}
+    if parsed["speculation"] is not None:
+        spec = parsed["speculation"]
+        kwargs = dict(custom_generate=hsv.generate, speculation=spec, return_dict_in_generate=True)
+        if spec["strategy"] in ("draft_model", "auto"):
+            kwargs["draft_model"] = draft
+    prompt_lookup.DEVICE_SEARCH_KERNEL = False if parsed["search"] == "torch" else None
     try:
-        for _ in range(2):  # warm-up, then the timed call
-            out = target.generate(**common, **kwargs)
+        _sync(device)
+        start = time.perf_counter()
+        out = target.generate(**common, **kwargs)
+        _sync(device)
+        return out, time.perf_counter() - start
     finally:
         prompt_lookup.DEVICE_SEARCH_KERNEL = None
+
+
+def _chosen(stats):
+    """The planner's choice per member (``{name: {"share", "mean_k"}}``), where the library reports it."""
+    chosen = getattr(stats, "chosen", None)
+    return json.loads(json.dumps(chosen, default=float)) if chosen is not None else None
+
+
+def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
+    """One warm-up call and one timed call of ``case``; the record's measured fields."""
+    parsed = parse_case(case)
+    fields = {k: parsed[k] for k in ("strategy", "k_policy", "num_draft_tokens")}
+    # plain generate: the call, then a prefill-only call for the decode figure
+    if parsed["speculation"] is None:
+        for _ in range(2):
+            out, wall = _call(parsed, target, draft, ids, new_tokens, device)
+        _, prefill = _call(parsed, target, draft, ids, 1, device)
+        new = out[:, ids.shape[1] :]
+        generated = _generated(new, target.generation_config.eos_token_id)
+        decode_s = wall - prefill
+        return dict(
+            fields,
+            decode_tokens_per_s=(generated - ids.shape[0]) / decode_s if decode_s > 0 else None,
+            call_tokens_per_s=generated / wall,
+            mean_acceptance_length=1.0,
+            steps=max(new.shape[1] - 1, 0),
+            draft_ms=None,
+            verify_ms=None,
+            update_ms=None,
+            capture_s=0.0,
+            first_capture_s=0.0,
+            prefill_s=prefill,
+            wall_s=wall,
+        )
+    first, _ = _call(parsed, target, draft, ids, new_tokens, device)  # warm-up
+    out, _ = _call(parsed, target, draft, ids, new_tokens, device)  # timed
     s = out.speculation
     decode_s = s.wall_time_s - s.prefill_time_s - s.graph_capture_s
     generated = sum(s.new_tokens)
     steps = max(s.steps, 1)
-    return dict(
-        strategy=name if strategy != "k0" else "k0",
-        k_policy=k_policy,
-        num_draft_tokens=int(k) if k.isdigit() else None,
+    record = dict(
+        fields,
         decode_tokens_per_s=(generated - len(s.new_tokens)) / decode_s,
         call_tokens_per_s=generated / s.wall_time_s,
-        mean_acceptance_length=s.to_dict()["mean_acceptance_length"],
+        mean_acceptance_length=s.mean_acceptance_length,
         steps=s.steps,
         draft_ms=1000 * s.draft_time_s / steps,
         verify_ms=1000 * s.verify_time_s / steps,
         update_ms=1000 * s.update_time_s / steps,
         capture_s=s.graph_capture_s,
+        first_capture_s=first.speculation.graph_capture_s,
         prefill_s=s.prefill_time_s,
         wall_s=s.wall_time_s,
     )
+    chosen = _chosen(s)
+    if chosen is not None or parsed["strategy"] == "auto":
+        record["chosen"] = chosen
+    return record
 
 
-def main() -> None:
+def device_name(device) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def run_shape(target, draft, tokenizer, prompts_path, shape: str, cases, new_tokens: int, device):
+    """Every case at one ``BxL`` shape: ``[(setting, record), ...]``, with ``vs_k0`` (decode tokens/s over the
+    ``k0`` case's) and ``vs_plain`` (call tokens/s over plain generate's), None where that case did not run."""
+    batch, context = (int(x) for x in shape.split("x"))
+    ids = prompts(Path(prompts_path), tokenizer, batch, context, device)
+    results = {
+        case: run_case(case, target, draft, ids, new_tokens, device) for case in tqdm(cases, desc=shape)
+    }
+    k0 = results.get("k0", {}).get("decode_tokens_per_s")
+    plain = results.get("transformers", {}).get("call_tokens_per_s")
+    out = []
+    for case, result in results.items():
+        record = dict(
+            device=device_name(device), shape=shape, batch=batch, context=context, new_tokens=new_tokens
+        )
+        record.update(result)
+        decode = result.get("decode_tokens_per_s")
+        record["vs_k0"] = decode / k0 if k0 and decode else None
+        record["vs_plain"] = result["call_tokens_per_s"] / plain if plain else None
+        out.append((f"{torch.device(device).type}:{shape}:{case}", record))
+    return out
+
+
+def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.0):
+    """The mixed workload (``mixed_sequence``) for every case and plain generate: ``[(setting, record), ...]``.
+    Each case runs the whole sequence as warm-up, then timed; ``total_s`` sums the timed calls' walls. ``vs_k0`` =
+    k0 total / this total, ``vs_plain`` = plain generate's total / this total; ``auto`` also gets ``vs_best_fixed``
+    (the fastest other case of ours, k0 included, over auto) and per call ``chosen``."""
+    cases = list(dict.fromkeys([*cases, "transformers"]))
+    results = {}
+    for case in tqdm(cases, desc="mixed"):
+        parsed = parse_case(case)
+        eos = target.generation_config.eos_token_id
+        for timed in (False, True):
+            per_call, capture = [], 0.0
+            for call in calls:
+                out, wall = _call(parsed, target, draft, call["ids"], call["new_tokens"], device)
+                entry = dict(name=call["name"], batch=call["batch"], context=call["context"],
+                             new_tokens=call["new_tokens"], wall_s=wall)  # fmt: skip
+                s = getattr(out, "speculation", None)
+                if s is None:
+                    entry["generated"] = _generated(out[:, call["ids"].shape[1] :], eos)
+                else:
+                    capture += s.graph_capture_s
+                    entry.update(
+                        generated=sum(s.new_tokens),
+                        steps=s.steps,
+                        mean_acceptance_length=s.mean_acceptance_length,
+                        capture_s=s.graph_capture_s,
+                    )
+                    chosen = _chosen(s)
+                    if chosen is not None or parsed["strategy"] == "auto":
+                        entry["chosen"] = chosen
+                per_call.append(entry)
+            if not timed:
+                first_capture = capture
+        total = sum(c["wall_s"] for c in per_call)
+        tokens = sum(c["generated"] for c in per_call)
+        results[case] = dict(
+            device=device_name(device),
+            shape="mixed",
+            mixed_scale=scale,
+            strategy=parsed["strategy"],
+            k_policy=parsed["k_policy"],
+            num_draft_tokens=parsed["num_draft_tokens"],
+            calls=len(per_call),
+            total_s=total,
+            tokens=tokens,
+            call_tokens_per_s=tokens / total,
+            capture_s=capture,
+            first_capture_s=first_capture,
+            per_call=per_call,
+        )
+    k0 = results.get("k0", {}).get("total_s")
+    plain = results["transformers"]["total_s"]
+    fixed = {c: r["total_s"] for c, r in results.items() if c not in ("auto", "transformers")}
+    out = []
+    for case, record in results.items():
+        record["vs_k0"] = k0 / record["total_s"] if k0 else None
+        record["vs_plain"] = plain / record["total_s"]
+        if record["strategy"] == "auto":
+            best = min(fixed, key=fixed.get) if fixed else None
+            record["best_fixed"] = best
+            record["vs_best_fixed"] = fixed[best] / record["total_s"] if best else None
+        out.append((f"{torch.device(device).type}:mixed:{case}", record))
+    return out
+
+
+def load_models(shared, device, dtype=None):
+    """(tokenizer, target, draft) of ``<shared>/models``; dtype bfloat16 on GPU, float32 on CPU by default."""
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    models = Path(shared) / "models"
+    tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
+    target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=dtype).to(device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(models / "code-draft", dtype=dtype).to(device).eval()
+    return tokenizer, target, draft
+
+
+def _print(record: dict) -> None:
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items() if k != "per_call"}
+    print(json.dumps(shown))
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shapes", nargs="+", default=["1x16384", "4x16384", "16x16384"], help="BxL, e.g. 16x16384"
-    )
-    parser.add_argument("--cases", nargs="+", default=["k0", "transformers", "prompt_lookup:4", "vegas:6"])
+        "--shapes", nargs="*", default=None, help=f"BxL, e.g. 16x16384 (default {' '.join(SHAPES)}; none "
+        "with --mixed unless given)",
+    )  # fmt: skip
+    parser.add_argument("--cases", nargs="+", default=CASES)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--mixed", action="store_true", help="run the mixed workload")
+    parser.add_argument(
+        "--mixed-cases", nargs="+", default=MIXED_CASES, help="plain generate always runs too"
+    )
+    parser.add_argument(
+        "--mixed-scale", type=float, default=1.0, help="times the mixed contexts and new tokens"
+    )
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
     _records.add_arguments(parser, "e2e")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.setting:
         raise SystemExit("bench_e2e names each record itself (<device>:<shape>:<case>); drop --setting")
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    models = Path(args.shared) / "models"
-    tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
-    target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=dtype).to(args.device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(models / "code-draft", dtype=dtype).to(args.device).eval()
-    device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    for shape in args.shapes:
-        batch, context = (int(x) for x in shape.split("x"))
-        ids = prompts(models / "prompts_long.jsonl", tokenizer, batch, context, args.device)
-        results = {}
-        for case in tqdm(args.cases, desc=shape, unit="case"):
-            results[case] = run_case(case, target, draft, ids, args.new_tokens, args.device)
-        k0 = results.get("k0", {}).get("decode_tokens_per_s")
-        plain = results.get("transformers", {}).get("call_tokens_per_s")
-        for case, result in results.items():
-            record = dict(
-                device=device_name, shape=shape, batch=batch, context=context, new_tokens=args.new_tokens
-            )
-            record.update(result)
-            if k0 and "decode_tokens_per_s" in result:
-                record["vs_k0"] = result["decode_tokens_per_s"] / k0
-            if plain:
-                record["vs_plain"] = result["call_tokens_per_s"] / plain
-            setting = f"{args.device.split(':')[0]}:{shape}:{case}"
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}))
+    shapes = args.shapes if args.shapes is not None else ([] if args.mixed else SHAPES)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    tokenizer, target, draft = load_models(args.shared, args.device, dtype)
+    prompts_path = Path(args.shared) / "models" / "prompts_long.jsonl"
+    for shape in shapes:
+        for setting, record in run_shape(
+            target, draft, tokenizer, prompts_path, shape, args.cases, args.new_tokens, args.device
+        ):
+            _print(record)
+            _records.save(args, record, args.device, setting=setting)
+    if args.mixed:
+        calls = mixed_sequence(prompts_path, tokenizer, args.mixed_scale, args.device)
+        for setting, record in run_mixed(
+            target, draft, calls, args.mixed_cases, args.device, args.mixed_scale
+        ):
+            _print(record)
             _records.save(args, record, args.device, setting=setting)
 
 
