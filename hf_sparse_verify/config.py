@@ -42,8 +42,10 @@ class SpeculationConfig:
     Args:
         strategy: drafter name: ``"prompt_lookup"`` (n-gram lookup in the prompt and output), ``"draft_model"``
             (a smaller model with the same vocabulary), ``"vegas"`` / ``"streaming"`` / ``"quest"`` (the target
-            drafts for itself with sparse attention, see `drafters/self_spec.py`) or ``"auto"`` (``draft_model`` when a draft model is
-            given, else ``prompt_lookup``). Default ``"auto"``.
+            drafts for itself with sparse attention, see `drafters/self_spec.py`) or ``"auto"`` (default: the planner,
+            `hf_sparse_verify.generation.policies.planner`, picks at every step the measured fastest of prompt lookup,
+            the draft model when one is given, Vegas on long prompts on a GPU, and a plain step, and its K; it
+            chooses K itself, so ``k_policy`` applies to named strategies only, except ``"plain"``).
         num_draft_tokens: K, draft tokens per step for the ``constant`` policy and the starting K of the
             adaptive ones. Default 4.
         max_draft_tokens: upper bound on K for adaptive policies; the KV caches are sized with this slack.

@@ -90,14 +90,15 @@ class RankAgreement:
             self.group = group
             self.device = next(p.device for p in model.parameters() if isinstance(p, DTensor))
 
-    def seconds(self, value: float) -> float:
+    def seconds(self, *values: float) -> tuple[float, ...]:
+        """Each value's maximum over the ranks (one all-reduce for all of them)."""
         if self.group is None:
-            return value
+            return values
         import torch.distributed as dist
 
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return float(t.item())
+        return tuple(t.tolist())
 
 
 def swappable(module: torch.nn.Module) -> bool:

@@ -44,9 +44,6 @@ DRAFTERS: dict[str, Entry | str] = {
     ),
 }
 
-#: what ``strategy="auto"`` runs: the first when a draft model is given, else the second
-AUTO = ("draft_model", "prompt_lookup")
-
 K_POLICIES: dict[str, Entry | str] = {
     "constant": Entry(
         "hf_sparse_verify.generation.policies.k_policy:ConstantKPolicy", "K = num_draft_tokens at every step"

@@ -15,7 +15,10 @@ from ._common import UsageError
 
 # ends mid-line: the demo tokenizer merges a newline with the next line's indentation
 DEFAULT_PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"
-AUTO_HELP = "draft_model when a draft model is given (the demo pair has one), else prompt_lookup"
+AUTO_HELP = (
+    "the planner: per step, the measured fastest of prompt_lookup, draft_model (when a draft model is given; the "
+    "demo pair has one), vegas (long prompts on a GPU) and plain decoding, and its K"
+)
 
 
 def add_parser(sub, parents) -> None:

@@ -10,6 +10,7 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import torch
 from transformers.cache_utils import Cache
@@ -21,12 +22,14 @@ from ..config import SpeculationConfig
 from ..integrations import Mode, speculation_mode
 from ..kernels._triton import HAVE_TRITON
 from ..placement import graph_obstacle
-from ..registry import AUTO, DRAFTERS, resolve
+from ..registry import DRAFTERS, resolve
 from ..sparse.calibration import find_calibration
 from .drafters.base import Drafter
+from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
 from .policies.k_policy import make_k_policy
+from .policies.planner import CostProfile, Planner
 
 #: K policies that learn (``utility``) start a request from what the previous request on the same model and
 #: strategy learnt: (id(model), strategy, k_policy) -> (best K, K = 0 steps still due when it ended switched off,
@@ -75,12 +78,36 @@ def resolve_config(speculation, generation_config, model) -> SpeculationConfig:
     return config
 
 
-def _strategy(config: SpeculationConfig, draft_model) -> str:
-    if config.strategy != "auto":
-        return config.strategy
-    given = draft_model is not None or config.draft_model is not None
-    with_draft_model, otherwise = AUTO
-    return with_draft_model if given else otherwise
+#: measured step costs per (model, drafter set, batch, prompt-length bucket), kept across calls (`CostProfile`): a
+#: later call of the same shape bucket knows every cost from its first step; at most `_MAX_PROFILES`
+_PROFILES: OrderedDict[tuple, CostProfile] = OrderedDict()
+_MAX_PROFILES = 64
+
+
+def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, prompt_len: int) -> bool:
+    """Vegas is one of ``auto``'s drafters where its draft steps run on CUDA graphs (a CUDA model on one GPU, the
+    ``triton`` backend), the prompt is long enough for its selection to skip most of it, and verification is
+    dense (it ranks cached tokens by the verify pass's attention)."""
+    sparse = config.lossy_sparse_verify
+    return (
+        settings.backend == "triton"
+        and settings.cuda_graphs is not False
+        and model.get_input_embeddings().weight.device.type == "cuda"
+        and graph_obstacle(model) is None
+        and prompt_len >= VEGAS_MIN_PROMPT
+        and not (sparse is not None and sparse.attention is not None)
+    )
+
+
+def _planner(config: SpeculationConfig, drafter: PortfolioDrafter, model, batch: int, prompt_len: int) -> Planner:
+    key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = _PROFILES[key] = CostProfile()
+        while len(_PROFILES) > _MAX_PROFILES:
+            _PROFILES.popitem(last=False)
+    _PROFILES.move_to_end(key)
+    return Planner(drafter.planner_members(), config.max_draft_tokens, batch, profile)
 
 
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
@@ -200,10 +227,11 @@ def _run(
     _compat.check_architecture(model)
     _check_generation_config(generation_config, model_kwargs)
     config = resolve_config(speculation, generation_config, model)
-    strategy = _strategy(config, draft_model)
+    strategy = config.strategy
     sparse = config.lossy_sparse_verify
     if (
-        sparse is not None
+        strategy != "auto"
+        and sparse is not None
         and sparse.attention is not None
         and resolve(DRAFTERS, strategy).needs_dense_verify_attention
     ):
@@ -214,15 +242,28 @@ def _run(
             "lossy_sparse_verify.attention=None"
         )
     settings = _settings(config, generation_config, model, input_ids.shape[1])
-    drafter = build_drafter(config, strategy, model, draft_model)
-    policy = make_k_policy(config)
+    batch, prompt_len = input_ids.shape
+    if strategy == "auto":
+        if draft_model is not None:
+            _compat.check_architecture(draft_model)
+        drafter = PortfolioDrafter.from_config(
+            config, model, draft_model, vegas=_vegas_joins(config, model, settings, prompt_len)
+        )
+        # auto picks K itself; k_policy="plain" still asks for no speculation
+        policy = make_k_policy(config) if config.k_policy == "plain" else _planner(
+            config, drafter, model, batch, prompt_len
+        )
+    else:
+        drafter = build_drafter(config, strategy, model, draft_model)
+        policy = make_k_policy(config)
     memory_key = (*_model_key(model), strategy, config.k_policy)
     # the K = 0 step time only carries to a request of the same batch size and prompt length within 2x
-    shape_key = (*memory_key, input_ids.shape[0], input_ids.shape[1].bit_length())
+    shape_key = (*memory_key, batch, prompt_len.bit_length())
     policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None, None)), _BASELINE_MEMORY.get(shape_key))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
-    stats = SpeculationStats(strategy=strategy, k_policy=config.k_policy)
+    k_policy = "planner" if isinstance(policy, Planner) else config.k_policy
+    stats = SpeculationStats(strategy=strategy, k_policy=k_policy)
     models = (model, *drafter.models)
     mode = Mode(
         fused=config.fused_modules and settings.backend == "triton",

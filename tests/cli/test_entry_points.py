@@ -39,22 +39,25 @@ def test_direct_call_equals_callable(pair):
 
 
 def test_assistant_model_is_the_draft_model(pair):
-    """transformers drops assistant_model before calling a custom callable; we take it as the draft model, and
-    the default strategy ("auto") then drafts with it instead of silently running prompt lookup."""
+    """transformers drops assistant_model before calling a custom callable; we take it as the draft model: with
+    strategy="draft_model" it drafts, and the default strategy ("auto") gets it as one of its drafters."""
     model, draft = pair
     ids, mask = ragged_batch(3)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=MAX_NEW,
-        do_sample=False,
-        custom_generate=hsv.generate,
-        assistant_model=draft,
-        return_dict_in_generate=True,
-    )
-    assert out.speculation.strategy == "draft_model"
-    assert out.speculation.mean_acceptance_length > 1.5  # the noisy copy drafted, not prompt lookup
-    assert torch.equal(out.sequences, _plain(model, ids, mask))
+    for strategy in ("draft_model", "auto"):
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            custom_generate=hsv.generate,
+            assistant_model=draft,
+            speculation={"strategy": strategy},
+            return_dict_in_generate=True,
+        )
+        assert out.speculation.strategy == strategy
+        assert torch.equal(out.sequences, _plain(model, ids, mask))
+        if strategy == "draft_model":
+            assert out.speculation.mean_acceptance_length > 1.5  # the noisy copy drafted
 
 
 def test_draft_model_named_in_config(pair, tmp_path):

@@ -88,6 +88,21 @@ class Drafter(CandidateGenerator):
     def prefill(self, state: DecodeState) -> None:  # noqa: B027 - optional hook
         """Called once after the target's prefill and the first token."""
 
+    def extra_prefill_seconds(self) -> float:
+        """Seconds of prefill work this call did outside the loop's prefill (a lazily started draft model)."""
+        return 0.0
+
+    def choose(self, name: str | None, state: DecodeState) -> None:
+        """Which of this drafter's members drafts the next step (``auto``'s planner names one; None for a plain
+        step). A single drafter has no members and accepts only None."""
+        if name is not None:
+            raise ValueError(f"{type(self).__name__} has no member {name!r} to choose")
+
+    def capture_slot_sets(self) -> list[dict]:
+        """Every set of verify step slots this drafter's steps use (the loop captures each verify width with
+        each)."""
+        return [self.step_slots(Phase.VERIFY)]
+
     def capture(self, widths) -> None:  # noqa: B027 - optional hook
         """Called once per call when the loop runs on CUDA graphs (inside the decoding experts setting), after
         the target's verify widths are captured: capture the drafter's own steps (kept captures are reused)."""

@@ -188,14 +188,15 @@ def speculative_decode(
     first = empty_draft(batch, device)
     accepted, new_tokens = _select(scores, first, settings.do_sample)
     state.advance(accepted, new_tokens)
-    timer.mark("prefill_end")
     settle(accepted, new_tokens, first.counts)
-    stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
     emitter.flush()
-    drafter.prefill(state)
+    drafter.prefill(state)  # a draft model's own prefill counts as prefill
+    timer.mark("prefill_end")
     sparsity = _verify_sparsity(model, target, session, settings, prompt_len)
-    verify_slots = {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity}
-    plain_slots = {"verify_sparsity": sparsity} if drafter.idle_at_k0 else verify_slots  # K = 0 steps
+    verify_sets = [{**slots, "verify_sparsity": sparsity} for slots in drafter.capture_slot_sets()]
+    plain_slots = {"verify_sparsity": sparsity} if drafter.idle_at_k0 else verify_sets[0]  # K = 0 steps
+    stats.prefill_time_s = timer.seconds("prefill_start", "prefill_end")
+    policy.begin(agreement.seconds(stats.prefill_time_s)[0])
 
     # --------------------------------------------------------------------------------------------------- steps
     with switched.decoding_experts():
@@ -204,15 +205,16 @@ def speculative_decode(
             # keeps them, so a later call with another K or policy captures nothing
             before_s = target.graphs.capture_s if target.graphs else 0.0
             widths = range(1, max_k + 2)
-            if target.capture(widths, Phase.VERIFY, **verify_slots) and target.capture(
-                [1], Phase.VERIFY, **plain_slots
-            ):
+            captured = all(target.capture(widths, Phase.VERIFY, **slots) for slots in verify_sets)
+            if captured and target.capture([1], Phase.VERIFY, **plain_slots):
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s
-            stats.graph_capture_s += drafter.capture_seconds()
         while any(state.active):
             remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
-            k = max(0, min(policy.next_k(), max_k, remaining - 1))
+            member, k = policy.next_step(remaining)
+            k = max(0, min(k, max_k, remaining - 1))
+            drafter.choose(member if k > 0 else None, state)
+            issued = k
             timer.mark("draft_start")
             draft = drafter.get_candidates(state, k) if k > 0 else empty_draft(batch, device)
             draft = _trim(draft, state.active)
@@ -220,7 +222,9 @@ def speculative_decode(
             timer.mark("verify_start")
             start = state.pending_slots()
             ids = torch.cat([state.pending_tokens(), draft.tokens], dim=1)  # [B, K+1]
-            slots = verify_slots if k > 0 else plain_slots
+            slots = (
+                {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity} if k > 0 else plain_slots
+            )
             logits = target.forward(
                 ids, start, Phase.VERIFY, kv_len=state.max_pending() + k + 1, uniform_start=state.uniform(),
                 **slots,
@@ -241,13 +245,16 @@ def speculative_decode(
             draft_s = timer.seconds("draft_start", "verify_start")
             verify_s = timer.seconds("verify_start", "verify_end")
             update_s = timer.seconds("verify_end", "step_end")
-            stats.record_step(k, accepted_rows, active_before, proposed, draft_s, verify_s, update_s)
+            ran = member if issued > 0 else None
+            stats.record_step(k, accepted_rows, active_before, proposed, draft_s, verify_s, update_s, ran)
+            parts = agreement.seconds(draft_s, verify_s, update_s)  # equal on every tensor-parallel rank
             policy.observe(
                 StepOutcome(
                     stats.steps - 1,
                     k,
                     [a for a, act in zip(accepted_rows, active_before) if act],
-                    agreement.seconds(draft_s + verify_s + update_s),
+                    sum(parts),
+                    extra={"member": ran, "issued": issued, "parts": parts},
                     drafted=[n for n, act in zip(proposed, active_before) if act],
                 )
             )
@@ -257,6 +264,8 @@ def speculative_decode(
             emitter.flush()
 
     emitter.flush(final=True)
+    stats.graph_capture_s += drafter.capture_seconds()
+    stats.prefill_time_s += drafter.extra_prefill_seconds()
     drafter.close()
     generated = [c - prompt_len for c in state.committed]
     width = prompt_len + max(generated)

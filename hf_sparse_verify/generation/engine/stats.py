@@ -24,6 +24,8 @@ class SpeculationStats:
             graphs came from a session kept by an earlier call).
         proposed_tokens: per step, per row, drafts the drafter proposed (``<= K``; None for finished rows).
         step_parts_s: per step, (draft, verify, update) seconds.
+        members: per step, the drafter that drafted (``strategy="auto"`` names its member; a named strategy's
+            drafting steps carry the strategy; None for plain steps).
     """
 
     strategy: str = ""
@@ -42,6 +44,7 @@ class SpeculationStats:
     update_time_s: float = 0.0
     proposed_tokens: list[list[int | None]] = field(default_factory=list)
     step_parts_s: list[tuple[float, float, float]] = field(default_factory=list)
+    members: list[str | None] = field(default_factory=list)
 
     def record_step(
         self,
@@ -52,9 +55,12 @@ class SpeculationStats:
         draft_s: float,
         verify_s: float,
         update_s: float,
+        member: str | None = None,
     ) -> None:
-        """Add one step (``accepted``/``proposed`` per row; rows inactive before the step are recorded as None)."""
+        """Add one step (``accepted``/``proposed`` per row; rows inactive before the step are recorded as None;
+        ``member``: the drafter that drafted, None for a plain step)."""
         self.steps += 1
+        self.members.append(member if k > 0 or member is not None else None)
         self.draft_tokens.append(k)
         self.accepted_tokens.append([a if act else None for a, act in zip(accepted, active_before)])
         self.proposed_tokens.append([int(p) if act else None for p, act in zip(proposed, active_before)])
@@ -101,6 +107,24 @@ class SpeculationStats:
         return [acc / prop if prop else 0.0 for acc, prop in zip(accepted, proposed)]
 
     @property
+    def chosen(self) -> dict[str, dict[str, float]]:
+        """Per drafter that ran (``"k0"`` for plain steps): its share of the steps and its mean K.
+
+        Example:
+            >>> s = SpeculationStats(steps=4, draft_tokens=[0, 4, 4, 2], members=[None, "a", "a", "b"])
+            >>> s.chosen
+            {'k0': {'share': 0.25, 'mean_k': 0.0}, 'a': {'share': 0.5, 'mean_k': 4.0}, 'b': {'share': 0.25, 'mean_k': 2.0}}
+        """
+        names = (
+            self.members if len(self.members) == len(self.draft_tokens) else [None] * len(self.draft_tokens)
+        )
+        out: dict[str, list[int]] = {}
+        for name, k in zip(names, self.draft_tokens):
+            out.setdefault(name or ("k0" if k == 0 else self.strategy), []).append(k)
+        total = max(1, len(self.draft_tokens))
+        return {name: {"share": len(ks) / total, "mean_k": sum(ks) / len(ks)} for name, ks in out.items()}
+
+    @property
     def total_new_tokens(self) -> int:
         return sum(self.new_tokens)
 
@@ -114,6 +138,7 @@ class SpeculationStats:
             mean_acceptance_length=self.mean_acceptance_length,
             acceptance_rate_per_position=self.acceptance_rate_per_position,
             total_new_tokens=self.total_new_tokens,
+            chosen=self.chosen,
             tokens_per_second=self.tokens_per_second,
         )
         return d
@@ -121,6 +146,16 @@ class SpeculationStats:
     def summary(self) -> str:
         """A few human-readable lines (what the CLI prints with ``--stats``)."""
         rates = ", ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position)
+        chosen = ", ".join(
+            f"{name} {c['share']:.0%} of steps (mean K {c['mean_k']:.1f})" for name, c in self.chosen.items()
+        )
+        why: dict[str, int] = {}
+        for state in self.policy_states:
+            if "reason" in state:
+                why[state["reason"]] = why.get(state["reason"], 0) + 1
+        lines = [f"ran: {chosen}"]
+        if why:
+            lines.append("why (planner, steps): " + ", ".join(f"{r} {n}" for r, n in why.items()))
         return "\n".join(
             [
                 f"strategy={self.strategy} k_policy={self.k_policy}",
@@ -132,5 +167,6 @@ class SpeculationStats:
                 f"draft_time_s={self.draft_time_s:.3f} verify_time_s={self.verify_time_s:.3f} "
                 f"update_time_s={self.update_time_s:.3f} "
                 f"tokens/s={self.tokens_per_second:.1f}",
+                *lines,
             ]
         )

@@ -68,6 +68,14 @@ class KPolicy(ABC):
     @abstractmethod
     def next_k(self) -> int: ...
 
+    def next_step(self, remaining: int) -> tuple[str | None, int]:
+        """``(drafter member, K)`` of the next step; ``remaining`` is the most tokens an active row still needs.
+        A K policy names no member (the call's one drafter drafts); ``auto``'s planner names one."""
+        return None, self.next_k()
+
+    def begin(self, prefill_s: float | None) -> None:  # noqa: B027 - optional hook
+        """Called once after the prefill with its seconds."""
+
     def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
         """Learn from a finished step; the default ignores it."""
 

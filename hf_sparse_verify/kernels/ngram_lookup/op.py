@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .._triton import triton_runs_on
+from .._triton import compiled_on
 from .naive import ngram_lookup_naive
 
 
@@ -49,7 +49,8 @@ def ngram_lookup(
         committed, pad: ``[B]`` int64 on the device of ``tokens``.
         num_tokens: most draft tokens per row (>= 0).
         max_ngram, min_ngram: n-gram sizes tried, longest first (``1 <= min_ngram <= max_ngram``).
-        kernel: run the Triton kernel; default: where Triton runs on the device (CUDA, or the CPU interpreter).
+        kernel: run the Triton kernel; default: where it runs compiled (CUDA). The CPU interpreter runs it only
+            when asked (``kernel=True``, the kernel's tests): interpreted, it is far slower than the reference.
 
     Returns:
         ``drafts [B, num_tokens]`` (positions past a row's count hold stale tokens) and ``counts [B]`` int64.
@@ -73,7 +74,7 @@ def ngram_lookup(
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     if kernel is None:
-        kernel = triton_runs_on(tokens.device)
+        kernel = compiled_on(tokens.device)
     return _ngram_lookup_op(
         tokens.contiguous(), committed, pad, int(num_tokens), max_ngram, min_ngram, kernel
     )

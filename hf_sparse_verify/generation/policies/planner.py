@@ -1,0 +1,429 @@
+"""The planner behind ``strategy="auto"``: at every step, which drafter drafts and how many tokens (K = 0: a plain
+decode step), chosen by measured speed.
+
+Cascade's utility (papers/002) generalised across drafters, with SSV's profile (papers/003) as the cost model::
+
+    utility(m, K) = tokens(m, K) / cost(m, K)          (tokens per row per second)
+
+- ``tokens(m, K)``: expected tokens a row emits per step when drafter ``m`` proposes K: 1 + sum of the survival
+  ``P(run >= j)`` for j = 1 .. K, the Kaplan-Meier estimate of `run_length_survival` over ``m``'s recent steps in
+  this call (drafts are text-dependent: they are never carried from another call). Past the longest run seen,
+  the survival falls geometrically at its last observed ratio. Plain steps emit 1 token.
+- ``cost(m, K)``: the step's draft + verify + update seconds, from a `CostProfile`: medians of measured parts,
+  verify by width (shared by every drafter: it is the target's forward), draft by drafter and K (a line through
+  the Ks measured; prompt lookup's search does not grow with K), update by drafter. The profile belongs to the
+  model, the drafter set and the shape bucket (batch, prompt length within 2x): it is kept across calls, so a
+  later call knows every cost from its first step, and every timed step refreshes it (CUDA events).
+
+Per step (`next_step`):
+
+1. **baseline**: while the plain step's cost is unknown, K = 0 (``baseline_steps`` steps; none when the profile
+   already has it).
+2. **trial**: a drafter is due for a trial when it has not drafted in this call, or when ``backoff[m]`` steps
+   passed since it last did (the back-off doubles each time a trial ends with the drafter not best, from
+   ``first_backoff``). A trial runs ``trial_steps`` steps at the drafter's best K so far (its start K at first)
+   and ends early once its measured utility is below ``give_up`` times the best's. The most promising due drafter
+   goes first. A drafter with a one-off cost before its first draft (a draft model's own prefill) is tried only
+   when that cost is under ``warm_share`` of the plain decoding still ahead.
+3. **exploit**: the (drafter, K) of highest utility, K up to one past the largest K in the drafter's evidence
+   (so K climbs one step at a time, on evidence); a switch of drafter needs ``switch_margin`` more utility than
+   staying. K = 0 when nothing beats a plain step.
+
+Every choice is lossless: a step's output is the target's whatever drafted it, so greedy output equals plain
+``generate`` and sampling keeps the target's distribution, whatever the planner picks.
+
+Example (drafter ``a`` is right up to 2 tokens and cheap, ``b`` is never right):
+    >>> from hf_sparse_verify.generation.policies.k_policy import StepOutcome
+    >>> planner = Planner({"a": Member(start_k=4), "b": Member(start_k=4)}, max_k=8, batch=1)
+    >>> picks = []
+    >>> for i in range(40):
+    ...     member, k = planner.next_step(remaining=1000)
+    ...     picks.append((member or "k0", k))
+    ...     accepted = [min(k, 2)] if member == "a" else [0]
+    ...     planner.observe(StepOutcome(i, k, accepted, 1.0 + 0.1 * k, extra={
+    ...         "member": member, "parts": (0.1 * k, 0.9 + 0.02 * k, 0.1)}))
+    >>> picks[:2], picks[-1]
+    ([('k0', 0), ('k0', 0)], ('a', 2))
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+from .k_policy import KPolicy, StepOutcome
+from .utility_policy import Step, run_length_survival
+
+#: the plain step's name in profiles and stats
+K0 = "k0"
+#: measurements kept per cost entry (the most recent)
+_COST_WINDOW = 32
+#: a drafter's steps its acceptance estimate is drawn from (the most recent of this call): about 24 rows' worth, so
+#: the estimate follows the text within a few steps at large batches and within about a dozen at batch 1
+_EVIDENCE_ROWS = 24
+#: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
+#: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
+_VERIFY_SLOPE_PRIOR = 0.08
+
+
+@dataclass(frozen=True)
+class Member:
+    """What the planner knows of one drafter before it runs.
+
+    Attributes:
+        start_k: K of its first trial.
+        draft_grows_with_k: drafting K tokens costs about K times one (a draft model, self-speculation); False
+            for prompt lookup, whose search costs the same for any K.
+        warm_share: its one-off cost before the first draft as a share of the target's prefill (a draft model's
+            own prefill: about its parameter count over the target's); 0 for none.
+    """
+
+    start_k: int = 4
+    draft_grows_with_k: bool = True
+    warm_share: float = 0.0
+
+
+class CostProfile:
+    """Measured step parts of one model, drafter set and shape bucket: verify seconds by width, draft seconds by
+    (drafter, K), update seconds by drafter; each a median of the last `_COST_WINDOW` measurements.
+
+    Example:
+        >>> profile = CostProfile()
+        >>> for _ in range(3):
+        ...     profile.add(K0, 0, 0.0, 1.0, 0.2)
+        ...     profile.add("a", 4, 0.4, 1.2, 0.2)
+        >>> round(profile.cost(K0, 0), 3), round(profile.cost("a", 4), 3), round(profile.cost("a", 2), 3)
+        (1.2, 1.8, 1.5)
+    """
+
+    def __init__(self) -> None:
+        self.verify: dict[int, deque] = {}
+        self.draft: dict[tuple[str, int], deque] = {}
+        self.update: dict[str, deque] = {}
+        self.grows: dict[str, bool] = {}
+
+    def add(self, member: str, k: int, draft_s: float, verify_s: float, update_s: float) -> None:
+        for table, key, value in (
+            (self.verify, k + 1, verify_s),
+            (self.draft, (member, k), draft_s),
+            (self.update, member, update_s),
+        ):
+            if math.isfinite(value) and value >= 0:
+                table.setdefault(key, deque(maxlen=_COST_WINDOW)).append(value)
+
+    def known(self, member: str) -> bool:
+        return member in self.update
+
+    def verify_s(self, width: int) -> float | None:
+        """Verify seconds at ``width`` tokens per row: measured, else interpolated (or extrapolated) along the
+        measured widths, else the prior slope from the one measured width."""
+        seen = sorted(self.verify)
+        if not seen:
+            return None
+        if width in self.verify:
+            return median(self.verify[width])
+        if len(seen) == 1:
+            base = median(self.verify[seen[0]])
+            return max(0.0, base * (1.0 + _VERIFY_SLOPE_PRIOR * (width - seen[0])))
+        below = [w for w in seen if w < width]
+        above = [w for w in seen if w > width]
+        low, high = (
+            (below[-1], above[0]) if below and above else ((seen[-2], seen[-1]) if below else seen[:2])
+        )
+        low_s, high_s = median(self.verify[low]), median(self.verify[high])
+        return max(0.0, low_s + (high_s - low_s) * (width - low) / (high - low))
+
+    def draft_s(self, member: str, k: int) -> float | None:
+        """Draft seconds of ``member`` at K: measured, else a line through its measured Ks (constant for a
+        drafter whose cost does not grow with K; through the origin from one measured K)."""
+        if (member, k) in self.draft:
+            return median(self.draft[(member, k)])
+        if k == 0:  # a plain step, or a drafter that found nothing to propose: its search still ran
+            return 0.0
+        seen = sorted((kk, median(v)) for (m, kk), v in self.draft.items() if m == member and kk > 0)
+        if not seen:
+            return None
+        if not self.grows.get(member, True):
+            return median(s for _, s in seen)
+        if len(seen) == 1:
+            kk, s = seen[0]
+            return s * k / kk
+        mean_k = sum(kk for kk, _ in seen) / len(seen)
+        mean_s = sum(s for _, s in seen) / len(seen)
+        spread = sum((kk - mean_k) ** 2 for kk, _ in seen)
+        slope = sum((kk - mean_k) * (s - mean_s) for kk, s in seen) / spread
+        return max(0.0, mean_s + slope * (k - mean_k))
+
+    def update_s(self, member: str) -> float | None:
+        return self._median(self.update.get(member), None) if member in self.update else self._any_update()
+
+    def cost(self, member: str, k: int) -> float | None:
+        """Seconds of one step of ``member`` at K (``K0`` at 0: a plain step); None when not estimable."""
+        draft = self.draft_s(member, k)
+        verify = self.verify_s(k + 1)
+        update = self.update_s(member)
+        if draft is None or verify is None or update is None:
+            return None
+        return draft + verify + update
+
+    def _any_update(self) -> float | None:
+        values = [median(v) for v in self.update.values() if v]
+        return min(values) if values else None
+
+    @staticmethod
+    def _median(values, default):
+        return median(values) if values else default
+
+
+def expected_tokens(survival: list[float | None], k: int) -> float:
+    """Tokens a row emits per step at K: 1 + P(run >= 1) + ... + P(run >= K), past the last known survival
+    falling at its last observed ratio.
+
+    Example:
+        >>> round(expected_tokens([1.0, 0.8, 0.4, None, None], 4), 3)  # 1 + 0.8 + 0.4 + 0.2 + 0.1
+        2.5
+    """
+    known = [s for s in survival if s is not None]
+    ratio = 0.0
+    if len(known) >= 2 and known[-2] > 0:
+        ratio = min(0.95, known[-1] / known[-2])
+    tokens, last = 1.0, known[-1] if known else 0.0
+    for j in range(1, k + 1):
+        if j < len(survival) and survival[j] is not None:
+            last = survival[j]
+        else:
+            last *= ratio
+        tokens += last
+    return tokens
+
+
+@dataclass
+class _Trial:
+    member: str
+    k: int
+    steps_left: int
+    observed: int = 0
+
+
+@dataclass
+class _MemberState:
+    evidence: deque
+    last_step: int | None = None  # step index it last drafted at
+    backoff: int = 0
+    steps: int = 0
+
+
+class Planner(KPolicy):
+    """Chooses the drafter and K of every step (see the module docstring).
+
+    Args:
+        members: drafter name -> `Member`.
+        max_k: largest K (the verify graphs cover 1 .. max_k + 1 tokens).
+        batch: rows of the call (a trial needs fewer steps when many rows report).
+        profile: the `CostProfile` of this model, drafter set and shape bucket (shared with later calls).
+    """
+
+    needs_timing = True
+
+    def __init__(
+        self,
+        members: dict[str, Member],
+        max_k: int,
+        batch: int = 1,
+        profile: CostProfile | None = None,
+        *,
+        baseline_steps: int = 2,
+        trial_steps: int | None = None,
+        first_backoff: int = 24,
+        give_up: float = 0.8,
+        switch_margin: float = 0.05,
+        warm_share: float = 0.1,
+    ):
+        super().__init__(0, max_k)
+        if not members:
+            raise ValueError("the planner needs at least one drafter")
+        self.members = dict(members)
+        self.profile = profile if profile is not None else CostProfile()
+        for name, member in self.members.items():
+            self.profile.grows[name] = member.draft_grows_with_k
+        self.baseline_steps = baseline_steps
+        self.trial_steps = trial_steps if trial_steps is not None else (2 if batch < 4 else 1)
+        self.first_backoff = first_backoff
+        self.give_up = give_up
+        self.switch_margin = switch_margin
+        self.warm_share = warm_share
+        window = max(4, _EVIDENCE_ROWS // max(1, batch))
+        self.state_of = {
+            name: _MemberState(deque(maxlen=window), backoff=first_backoff) for name in self.members
+        }
+        self.step = 0  # index of the next step
+        self.baseline_left = 0 if self.profile.cost(K0, 0) is not None else baseline_steps
+        self.trial: _Trial | None = None
+        self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
+        self.current: tuple[str | None, int] = (None, 0)
+        self.prefill_s: float | None = None
+        self.last_reason = ""
+
+    @property
+    def k_bound(self) -> int:
+        return self.max_k
+
+    # ------------------------------------------------------------------------------------------------ inputs
+    def begin(self, prefill_s: float | None) -> None:
+        """The target's prefill seconds of this call (prices a draft model's own prefill)."""
+        self.prefill_s = prefill_s
+
+    def observe(self, outcome: StepOutcome) -> None:
+        member = outcome.extra.get("member") or K0
+        parts = outcome.extra.get("parts")
+        issued = outcome.extra.get("issued", outcome.k)
+        if issued == 0:
+            member = K0
+        if parts is not None:
+            self.profile.add(member, outcome.k, *parts)
+        if member == K0:
+            self.baseline_left = max(0, self.baseline_left - 1)
+            return
+        state = self.state_of[member]
+        state.evidence.append(Step(issued, outcome.k, tuple(outcome.accepted), outcome.time_s or 0.0))
+        state.last_step = outcome.index
+        state.steps += 1
+        if self.trial is not None and self.trial.member == member:
+            self.trial.observed += 1
+
+    # ------------------------------------------------------------------------------------------------ estimates
+    def utility(self, member: str, k: int) -> float | None:
+        """Tokens per row per second of ``member`` at K (a plain step at K = 0); None when not estimable."""
+        if k == 0:
+            cost = self.profile.cost(K0, 0)
+            return None if not cost else 1.0 / cost
+        steps = list(self.state_of[member].evidence)
+        cost = self.profile.cost(member, k)
+        if not steps or not cost:
+            return None
+        survival = run_length_survival(steps, self.max_k)
+        # steps where the drafter had fewer drafts than issued ran a smaller K: price them at what they ran
+        short = [s.k for s in steps if s.k < s.issued]
+        if short:
+            ran = [min(r, k) for r in short] + [k] * (len(steps) - len(short))
+            costs = [self.profile.cost(member, r) for r in ran]
+            if any(c is None for c in costs):
+                return None
+            cost = sum(costs) / len(costs)
+        return expected_tokens(survival, k) / cost
+
+    def best_k(self, member: str) -> tuple[int, float | None]:
+        """The K of highest utility for ``member`` (up to one past the largest K of its current evidence) and that
+        utility."""
+        state = self.state_of[member]
+        ran = max((s.issued for s in state.evidence), default=0)
+        top = min(self.max_k, max(ran, 1) + 1)
+        best = (self.members[member].start_k, None)
+        for k in range(1, top + 1):
+            u = self.utility(member, k)
+            if u is not None and (best[1] is None or u > best[1]):
+                best = (k, u)
+        return best
+
+    # ------------------------------------------------------------------------------------------------ choice
+    def next_k(self) -> int:
+        return self.next_step(remaining=self.max_k + 1)[1]
+
+    def next_step(self, remaining: int) -> tuple[str | None, int]:
+        """``(drafter or None, K)`` for the next step; ``remaining``: the most tokens a row still needs."""
+        choice = self._choose(remaining)
+        self.current = choice
+        self.step += 1
+        return choice
+
+    def _choose(self, remaining: int) -> tuple[str | None, int]:
+        if self.baseline_left > 0:
+            self.last_reason = "baseline"
+            return None, 0
+        plain = self.utility(K0, 0)
+        ranked = self._ranked()
+        best_name, best_k, best_u = ranked[0] if ranked else (None, 0, plain)
+        if plain is not None and (best_u is None or best_u <= plain):
+            best_name, best_k, best_u = None, 0, plain
+        # the running trial goes on while it may still win
+        if self.trial is not None:
+            trial = self.trial
+            u = self.utility(trial.member, trial.k) if trial.observed else None
+            losing = (
+                u is not None
+                and best_u is not None
+                and best_name != trial.member
+                and u < self.give_up * best_u
+            )
+            if trial.steps_left > 0 and not losing:
+                trial.steps_left -= 1
+                self.last_reason = f"trial {trial.member}"
+                return trial.member, trial.k
+            self._end_trial(won=best_name == trial.member)
+        due = self._due(remaining, plain)
+        if due:
+            name = max(due, key=lambda n: self.best_k(n)[1] or float("inf"))
+            k = self.best_k(name)[0] if self.state_of[name].evidence else self.members[name].start_k
+            self.trial = _Trial(name, k, self.trial_steps - 1)
+            self.last_reason = f"trial {name}"
+            return name, k
+        # stay with the current drafter unless another beats it by the margin
+        current, _ = self.current
+        if current is not None and current != best_name and best_u is not None:
+            k, u = self.best_k(current)
+            if u is not None and u * (1 + self.switch_margin) >= best_u and (plain is None or u > plain):
+                best_name, best_k = current, k
+            elif best_name is None and self.exploiting == current:
+                # the text turned against the drafter that was best: the others get their next trial soon
+                for name, state in self.state_of.items():
+                    if name != current:
+                        state.backoff = min(state.backoff, self.first_backoff)
+        self.last_reason = "best" if best_name is not None else "plain is fastest"
+        self.exploiting = best_name
+        return best_name, best_k
+
+    def _ranked(self) -> list[tuple[str, int, float | None]]:
+        out = []
+        for name in self.members:
+            if not self.state_of[name].evidence:
+                continue
+            k, u = self.best_k(name)
+            if u is not None:
+                out.append((name, k, u))
+        return sorted(out, key=lambda r: -r[2])
+
+    def _due(self, remaining: int, plain: float | None) -> list[str]:
+        due = []
+        for name, member in self.members.items():
+            state = self.state_of[name]
+            if state.last_step is not None and self.step - state.last_step < state.backoff:
+                continue
+            if (
+                state.last_step is None
+                and member.warm_share > 0
+                and not self._warm_pays(member, remaining, plain)
+            ):
+                continue
+            if self.current[0] == name:
+                continue
+            due.append(name)
+        return due
+
+    def _warm_pays(self, member: Member, remaining: int, plain: float | None) -> bool:
+        """A drafter's one-off start cost (its own prefill) is under ``warm_share`` of the plain decoding ahead."""
+        if self.prefill_s is None or plain is None:
+            return True
+        ahead_s = remaining / plain  # plain steps still ahead x seconds each
+        return member.warm_share * self.prefill_s <= self.warm_share * ahead_s
+
+    def _end_trial(self, won: bool) -> None:
+        state = self.state_of[self.trial.member]
+        state.backoff = self.first_backoff if won else min(4096, state.backoff * 2)
+        self.trial = None
+
+    # ------------------------------------------------------------------------------------------------ reports
+    def state(self) -> dict:
+        member, k = self.current
+        return {"member": member or K0, "k": k, "reason": self.last_reason}

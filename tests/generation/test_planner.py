@@ -1,0 +1,266 @@
+"""``strategy="auto"``: the planner's choices on simulated drafters (which drafter, which K, when to stay plain, how
+it follows a change of text, what it carries to the next call), and the engine under it: greedy output equal to
+plain ``generate`` (float32), sampling from the target's distribution with drafter switches inside one call, the
+draft model started lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from conftest import make_model, noisy_copy, ragged_batch
+from test_verify import E2E_PROMPT, E2E_ROWS, E2E_VOCAB, _joint_next_tokens, _joint_pvalue
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
+from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
+from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner, expected_tokens
+
+generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
+
+# ------------------------------------------------------------------------------------------------ simulated calls
+PLAIN_S = 1.0e-3  # a plain step
+
+
+def _parts(member: str | None, k: int) -> tuple[float, float, float]:
+    """A step's (draft, verify, update) seconds: verify grows 5% per token; drafting costs 10% of a plain step
+    per token for ``dm`` (a draft model), 5% flat for ``pl`` (a search)."""
+    verify = 0.8 * PLAIN_S * (1 + 0.05 * k)
+    draft = {"dm": 0.1 * PLAIN_S * k, "pl": 0.05 * PLAIN_S}.get(member, 0.02 * PLAIN_S * k) if k else 0.0
+    return draft, verify, 0.2 * PLAIN_S
+
+
+def _simulate(planner: Planner, steps: int, accepts, rows: int = 1, remaining: int = 10**6) -> list:
+    """Run ``steps`` planned steps; ``accepts(member, k, i)`` gives each row's accepted drafts."""
+    picks = []
+    for i in range(steps):
+        member, k = planner.next_step(remaining)
+        picks.append((member or K0, k))
+        accepted = [min(k, a) for a in accepts(member, k, i)] if member else [0] * rows
+        parts = _parts(member, k)
+        planner.observe(
+            StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts})
+        )
+    return picks
+
+
+def _members(**starts) -> dict[str, Member]:
+    return {name: Member(start_k=k, draft_grows_with_k=name != "pl") for name, k in starts.items()}
+
+
+def _share(picks, name: str) -> float:
+    return sum(m == name for m, _ in picks) / len(picks)
+
+
+def test_picks_the_drafter_that_pays():
+    planner = Planner(_members(pl=4, dm=4), max_k=8)
+    picks = _simulate(planner, 300, lambda m, k, i: [3] if m == "dm" else [0])
+    assert _share(picks[50:], "dm") > 0.95
+    assert sum(m == "pl" for m, _ in picks) <= 8  # tried, then backed off
+    assert {k for m, k in picks[100:] if m == "dm"} <= {3, 4, 5}  # K near the run length of 3
+
+
+def test_stays_plain_when_nothing_is_accepted():
+    planner = Planner(_members(pl=4, dm=4), max_k=8)
+    picks = _simulate(planner, 400, lambda m, k, i: [0])
+    seconds = sum(sum(_parts(None if m == K0 else m, k)) for m, k in picks)
+    assert seconds <= 1.02 * 400 * PLAIN_S  # trials cost under 2% (first trials, then back-off doubling)
+    assert _share(picks, K0) > 0.95
+
+
+def test_follows_a_change_of_text():
+    def accepts(member, k, i):
+        good = "pl" if i < 150 else "dm"
+        return [4] if member == good else [0]
+
+    planner = Planner(_members(pl=4, dm=4), max_k=8)
+    picks = _simulate(planner, 450, accepts)
+    assert _share(picks[40:150], "pl") > 0.9
+    assert _share(picks[300:], "dm") > 0.9
+
+
+def test_k_climbs_while_every_draft_is_accepted():
+    planner = Planner(_members(pl=4), max_k=12)
+    picks = _simulate(planner, 60, lambda m, k, i: [k])
+    assert picks[-1] == ("pl", 12)
+
+
+def test_batch_trials_are_one_step():
+    planner = Planner(_members(pl=4, dm=4), max_k=8, batch=8)
+    picks = _simulate(planner, 6, lambda m, k, i: [0] * 8, rows=8)
+    assert picks[:4] == [(K0, 0), (K0, 0), ("pl", 4), ("dm", 4)]
+
+
+def test_profile_carries_to_the_next_call():
+    profile = CostProfile()
+    first = Planner(_members(pl=4), max_k=8, profile=profile)
+    _simulate(first, 20, lambda m, k, i: [2])
+    second = Planner(_members(pl=4), max_k=8, profile=profile)
+    assert second.next_step(100) == ("pl", 4)  # no baseline steps: the plain step's cost is known
+
+
+def test_a_costly_start_is_tried_only_where_it_pays():
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 0.8e-3, 0.2e-3)
+    members = {"dm": Member(start_k=4, warm_share=0.5)}
+    short = Planner(members, max_k=8, profile=profile)
+    short.begin(prefill_s=2.0)  # its prefill: 1 s, against 0.1 s of plain decoding ahead
+    assert short.next_step(remaining=100) == (None, 0)
+    long = Planner(members, max_k=8, profile=profile)
+    long.begin(prefill_s=2.0)  # against 100 s ahead
+    assert long.next_step(remaining=100_000) == ("dm", 4)
+
+
+def test_cost_profile_estimates():
+    profile = CostProfile()
+    profile.grows["pl"] = False
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.1)
+        profile.add("dm", 2, 0.2, 1.2, 0.1)
+        profile.add("dm", 4, 0.4, 1.4, 0.1)
+        profile.add("pl", 4, 0.3, 1.4, 0.1)
+    assert profile.cost(K0, 0) == pytest.approx(1.1)
+    assert profile.verify_s(4) == pytest.approx(1.3)  # between measured widths (1, 3, 5)
+    assert profile.verify_s(9) == pytest.approx(1.8)  # along the last two
+    assert profile.draft_s("dm", 6) == pytest.approx(0.6)  # a line through K = 2 and 4
+    assert profile.draft_s("pl", 8) == pytest.approx(0.3)  # a search: flat in K
+    assert profile.draft_s("unseen", 4) is None and profile.cost("unseen", 4) is None
+
+
+def test_expected_tokens():
+    assert expected_tokens([1.0, 1.0, 1.0], 2) == pytest.approx(3.0)
+    assert expected_tokens([1.0, 0.0, None], 4) == pytest.approx(1.0)
+    assert expected_tokens([1.0, 0.5, None], 2) == pytest.approx(1.75)  # 0.5 then 0.25
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+MAX_NEW = 31
+
+
+def _auto(model, ids, mask, draft=None, **kwargs):
+    return model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        custom_generate=hsv.generate,
+        speculation=dict(strategy="auto", max_draft_tokens=8),
+        draft_model=draft,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_auto_greedy_equals_plain_generate(arch, batch, with_draft):
+    model = make_model(arch)
+    draft = noisy_copy(model) if with_draft else None
+    ids, mask = ragged_batch(batch, length=40)
+    ids[:, 20:] = torch.where(mask[:, 20:].bool(), ids[:, :20], ids[:, 20:])  # text worth looking up
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    for _ in range(2):  # the second call starts from the first one's profile
+        out = _auto(model, ids, mask, draft)
+        assert torch.equal(out.sequences, expected)
+    stats = out.speculation
+    assert stats.strategy == "auto" and stats.k_policy == "planner"
+    allowed = {"k0", "prompt_lookup"} | ({"draft_model"} if with_draft else set())
+    assert set(stats.chosen) <= allowed and sum(c["share"] for c in stats.chosen.values()) == pytest.approx(1)
+    assert "ran: " in stats.summary() and "why (planner, steps)" in stats.summary()
+
+
+def test_auto_on_cpu_drafts_without_vegas():
+    model = make_model("llama")
+    drafter = PortfolioDrafter.from_config(hsv.SpeculationConfig(), model, noisy_copy(model))
+    assert list(drafter.members) == ["prompt_lookup", "draft_model"]
+    assert list(PortfolioDrafter.from_config(hsv.SpeculationConfig(), model).members) == ["prompt_lookup"]
+
+
+class _Scripted(KPolicy):
+    """Plays a fixed list of (member, K), then plain steps."""
+
+    def __init__(self, script):
+        super().__init__(0, 8)
+        self.script = list(script)
+
+    def next_k(self) -> int:
+        return self.next_step(100)[1]
+
+    def next_step(self, remaining: int):
+        return self.script.pop(0) if self.script else (None, 0)
+
+
+def test_auto_switches_drafters_inside_a_call_and_starts_the_draft_model_late(monkeypatch):
+    model = make_model("llama")
+    draft = noisy_copy(model)
+    ids, mask = ragged_batch(3, length=30)
+    script = [("prompt_lookup", 3), (None, 0), ("draft_model", 2), ("prompt_lookup", 4), ("draft_model", 5)]
+    monkeypatch.setattr(generate_module, "_planner", lambda *a: _Scripted(script))
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    out = _auto(model, ids, mask, draft)
+    assert torch.equal(out.sequences, expected)
+    stats = out.speculation
+    assert stats.members[:5] == ["prompt_lookup", None, "draft_model", "prompt_lookup", "draft_model"]
+    assert stats.draft_tokens[2] == 2 and stats.draft_tokens[4] == 5
+
+
+def test_auto_never_picking_the_draft_model_never_prefills_it(monkeypatch):
+    model = make_model("llama")
+    draft = noisy_copy(model)
+    calls = {"target": 0, "draft": 0}
+    monkeypatch.setattr(generate_module, "_planner", lambda *a: _Scripted([("prompt_lookup", 3)]))
+    model.register_forward_hook(lambda *_: calls.__setitem__("target", calls["target"] + 1))
+    draft.register_forward_hook(lambda *_: calls.__setitem__("draft", calls["draft"] + 1))
+    ids, mask = ragged_batch(2, length=20)
+    _auto(model, ids, mask, draft)
+    assert calls["target"] > 0 and calls["draft"] == 0
+
+
+def test_auto_samples_the_target_distribution_across_switches(monkeypatch):
+    """4000 identical prompts, one sampled call: the first step drafts by prompt lookup (no probabilities), the
+    second with the draft model (speculative sampling). Token pairs (t1, t2) and (t2, t3) must follow the target's
+    exact joint distribution; many rows take t3 from the second step."""
+    tiny = dict(
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = make_model(
+        "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
+    )
+    draft = noisy_copy(model, scale=0.5)
+    target_12, target_23 = _joint_next_tokens(model, E2E_PROMPT)
+    script = [("prompt_lookup", 2), ("draft_model", 2)]
+    monkeypatch.setattr(generate_module, "_planner", lambda *a: _Scripted(script))
+    torch.manual_seed(0)
+    out = model.generate(
+        input_ids=torch.tensor([E2E_PROMPT]).repeat(E2E_ROWS, 1),
+        max_new_tokens=5,
+        do_sample=True,
+        custom_generate=hsv.generate,
+        speculation=dict(strategy="auto"),
+        draft_model=draft,
+        return_dict_in_generate=True,
+    )
+    stats = out.speculation
+    assert stats.members[:2] == ["prompt_lookup", "draft_model"]
+    took_second = sum(a == 0 for a in stats.accepted_tokens[0])  # rows whose t3 came from the second step
+    assert took_second > 500
+    new = out.sequences[:, len(E2E_PROMPT) :]
+    assert _joint_pvalue(new[:, 0], new[:, 1], target_12) > 1e-3
+    assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
+
+
+def test_k_policy_plain_still_means_no_speculation():
+    model = make_model("llama")
+    ids, mask = ragged_batch(2)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, custom_generate=hsv.generate,
+        speculation=dict(strategy="auto", k_policy="plain"), return_dict_in_generate=True,
+    )  # fmt: skip
+    assert set(out.speculation.draft_tokens) == {0}
