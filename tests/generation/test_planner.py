@@ -264,3 +264,29 @@ def test_k_policy_plain_still_means_no_speculation():
         speculation=dict(strategy="auto", k_policy="plain"), return_dict_in_generate=True,
     )  # fmt: skip
     assert set(out.speculation.draft_tokens) == {0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_on_the_gpu_runs_every_drafter_and_a_second_call_captures_nothing(monkeypatch):
+    """CUDA graphs, float32: a scripted plan through all three drafters (Vegas joins: the threshold is lowered for
+    the short test prompt) keeps greedy output; the second call of the same shape captures nothing; the real planner
+    keeps output too."""
+    monkeypatch.setattr(generate_module, "VEGAS_MIN_PROMPT", 16)
+    model = make_model("llama")
+    draft = noisy_copy(model)
+    model, draft = model.cuda(), draft.cuda()
+    ids, mask = ragged_batch(3, length=40)
+    ids, mask = ids.cuda(), mask.cuda()
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    script = [("prompt_lookup", 3), ("vegas", 3), (None, 0), ("draft_model", 3), ("vegas", 5), ("prompt_lookup", 2)]
+    with monkeypatch.context() as scripted:
+        scripted.setattr(generate_module, "_planner", lambda *a: _Scripted(script))
+        first = _auto(model, ids, mask, draft)
+        second = _auto(model, ids, mask, draft)
+    for out in (first, second):
+        assert torch.equal(out.sequences, expected)
+        assert out.speculation.members[:6] == [m for m, _ in script]
+    assert first.speculation.graph_capture_s > 0 and second.speculation.graph_capture_s == 0
+    planned = _auto(model, ids, mask, draft)
+    assert torch.equal(planned.sequences, expected)
+    assert planned.speculation.graph_capture_s == 0

@@ -103,15 +103,23 @@ class CostProfile:
         self.draft: dict[tuple[str, int], deque] = {}
         self.update: dict[str, deque] = {}
         self.grows: dict[str, bool] = {}
+        self._medians: dict[tuple[str, object], float] = {}  # (table, key) -> median, dropped when the entry grows
 
     def add(self, member: str, k: int, draft_s: float, verify_s: float, update_s: float) -> None:
-        for table, key, value in (
-            (self.verify, k + 1, verify_s),
-            (self.draft, (member, k), draft_s),
-            (self.update, member, update_s),
+        for name, table, key, value in (
+            ("verify", self.verify, k + 1, verify_s),
+            ("draft", self.draft, (member, k), draft_s),
+            ("update", self.update, member, update_s),
         ):
             if math.isfinite(value) and value >= 0:
                 table.setdefault(key, deque(maxlen=_COST_WINDOW)).append(value)
+                self._medians.pop((name, key), None)
+
+    def _med(self, name: str, key) -> float:
+        cached = self._medians.get((name, key))
+        if cached is None:
+            cached = self._medians[(name, key)] = median(getattr(self, name)[key])
+        return cached
 
     def known(self, member: str) -> bool:
         return member in self.update
@@ -123,26 +131,26 @@ class CostProfile:
         if not seen:
             return None
         if width in self.verify:
-            return median(self.verify[width])
+            return self._med("verify", width)
         if len(seen) == 1:
-            base = median(self.verify[seen[0]])
+            base = self._med("verify", seen[0])
             return max(0.0, base * (1.0 + _VERIFY_SLOPE_PRIOR * (width - seen[0])))
         below = [w for w in seen if w < width]
         above = [w for w in seen if w > width]
         low, high = (
             (below[-1], above[0]) if below and above else ((seen[-2], seen[-1]) if below else seen[:2])
         )
-        low_s, high_s = median(self.verify[low]), median(self.verify[high])
+        low_s, high_s = self._med("verify", low), self._med("verify", high)
         return max(0.0, low_s + (high_s - low_s) * (width - low) / (high - low))
 
     def draft_s(self, member: str, k: int) -> float | None:
         """Draft seconds of ``member`` at K: measured, else a line through its measured Ks (constant for a
         drafter whose cost does not grow with K; through the origin from one measured K)."""
         if (member, k) in self.draft:
-            return median(self.draft[(member, k)])
+            return self._med("draft", (member, k))
         if k == 0:  # a plain step, or a drafter that found nothing to propose: its search still ran
             return 0.0
-        seen = sorted((kk, median(v)) for (m, kk), v in self.draft.items() if m == member and kk > 0)
+        seen = sorted((kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and kk > 0)
         if not seen:
             return None
         if not self.grows.get(member, True):
@@ -157,7 +165,7 @@ class CostProfile:
         return max(0.0, mean_s + slope * (k - mean_k))
 
     def update_s(self, member: str) -> float | None:
-        return self._median(self.update.get(member), None) if member in self.update else self._any_update()
+        return self._med("update", member) if member in self.update else self._any_update()
 
     def cost(self, member: str, k: int) -> float | None:
         """Seconds of one step of ``member`` at K (``K0`` at 0: a plain step); None when not estimable."""
@@ -169,12 +177,8 @@ class CostProfile:
         return draft + verify + update
 
     def _any_update(self) -> float | None:
-        values = [median(v) for v in self.update.values() if v]
+        values = [self._med("update", m) for m in self.update]
         return min(values) if values else None
-
-    @staticmethod
-    def _median(values, default):
-        return median(values) if values else default
 
 
 def expected_tokens(survival: list[float | None], k: int) -> float:
@@ -213,6 +217,9 @@ class _MemberState:
     last_step: int | None = None  # step index it last drafted at
     backoff: int = 0
     steps: int = 0
+    best: tuple[int, float] | None = None  # (K, utility) of the last estimate
+    scanned_at: int = -1  # its ``steps`` when the Ks around the best were last scanned
+    survival: tuple | None = None  # (its ``steps``, run-length survival, Ks of the steps cut short) of its evidence
 
 
 class Planner(KPolicy):
@@ -262,6 +269,7 @@ class Planner(KPolicy):
         self.baseline_left = 0 if self.profile.cost(K0, 0) is not None else baseline_steps
         self.trial: _Trial | None = None
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
+        self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
         self.current: tuple[str | None, int] = (None, 0)
         self.prefill_s: float | None = None
         self.last_reason = ""
@@ -276,6 +284,7 @@ class Planner(KPolicy):
         self.prefill_s = prefill_s
 
     def observe(self, outcome: StepOutcome) -> None:
+        self._memo.clear()  # estimates change with every observation
         member = outcome.extra.get("member") or K0
         parts = outcome.extra.get("parts")
         issued = outcome.extra.get("issued", outcome.k)
@@ -296,35 +305,63 @@ class Planner(KPolicy):
     # ------------------------------------------------------------------------------------------------ estimates
     def utility(self, member: str, k: int) -> float | None:
         """Tokens per row per second of ``member`` at K (a plain step at K = 0); None when not estimable."""
+        key = ("u", member, k)
+        if key not in self._memo:
+            self._memo[key] = self._utility(member, k)
+        return self._memo[key]
+
+    def _cost(self, member: str, k: int) -> float | None:
+        key = ("c", member, k)
+        if key not in self._memo:
+            self._memo[key] = self.profile.cost(member, k)
+        return self._memo[key]
+
+    def _utility(self, member: str, k: int) -> float | None:
         if k == 0:
-            cost = self.profile.cost(K0, 0)
+            cost = self._cost(K0, 0)
             return None if not cost else 1.0 / cost
-        steps = list(self.state_of[member].evidence)
-        cost = self.profile.cost(member, k)
+        steps = self.state_of[member].evidence
+        cost = self._cost(member, k)
         if not steps or not cost:
             return None
-        survival = run_length_survival(steps, self.max_k)
-        # steps where the drafter had fewer drafts than issued ran a smaller K: price them at what they ran
-        short = [s.k for s in steps if s.k < s.issued]
+        state = self.state_of[member]
+        if state.survival is None or state.survival[0] != state.steps:
+            # steps where the drafter had fewer drafts than issued ran a smaller K: priced at what they ran
+            short = [s.k for s in steps if s.k < s.issued]
+            state.survival = (state.steps, run_length_survival(list(steps), self.max_k), short)
+        _, survival, short = state.survival
         if short:
-            ran = [min(r, k) for r in short] + [k] * (len(steps) - len(short))
-            costs = [self.profile.cost(member, r) for r in ran]
+            costs = [self._cost(member, min(r, k)) for r in short]
             if any(c is None for c in costs):
                 return None
-            cost = sum(costs) / len(costs)
+            cost = (sum(costs) + cost * (len(steps) - len(short))) / len(steps)
         return expected_tokens(survival, k) / cost
 
     def best_k(self, member: str) -> tuple[int, float | None]:
         """The K of highest utility for ``member`` (up to one past the largest K of its current evidence) and that
         utility."""
+        key = ("b", member)
+        if key in self._memo:
+            return self._memo[key]
         state = self.state_of[member]
         ran = max((s.issued for s in state.evidence), default=0)
         top = min(self.max_k, max(ran, 1) + 1)
+        if state.best is None:
+            ks = range(1, top + 1)  # the first estimate: every K
+        elif state.scanned_at != state.steps:
+            # new evidence: the Ks around the last best (the estimate moves a little per step; K follows)
+            centre = min(state.best[0], top)
+            ks = range(max(1, centre - 2), min(top, centre + 2) + 1)
+        else:
+            ks = [min(state.best[0], top)]  # no new evidence (costs may have moved): re-price the last best
         best = (self.members[member].start_k, None)
-        for k in range(1, top + 1):
+        for k in ks:
             u = self.utility(member, k)
             if u is not None and (best[1] is None or u > best[1]):
                 best = (k, u)
+        if best[1] is not None:
+            state.best, state.scanned_at = best, state.steps
+        self._memo[key] = best
         return best
 
     # ------------------------------------------------------------------------------------------------ choice
