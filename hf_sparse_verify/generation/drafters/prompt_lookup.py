@@ -4,8 +4,8 @@ For every active row, the last ``n`` tokens (``n`` from ``max_ngram`` down to ``
 row's earlier history; the tokens that followed the most recent earlier occurrence that has ``K`` tokens after it
 (else the earliest occurrence, which has the longest continuation) become the draft. Rows with no match propose
 nothing. Small batches search the host mirror of the history through an incremental n-gram index per row
-(`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows
-the search runs on the device, all rows at once, so the host cost no longer grows with the batch
+(`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows,
+and on a GPU from `DEVICE_SEARCH_MIN_PROMPT` prompt tokens, the search runs on the device, all rows at once, so the host cost no longer grows with the batch
 (`hf_sparse_verify.kernels.ngram_lookup`: one Triton launch per step where Triton runs). Gives no
 probabilities: sampling verification then samples from the target at every position.
 """
@@ -24,6 +24,10 @@ from .base import Draft, Drafter
 #: rows from which the n-gram search runs on the device (measured on an H200 with code-target: batch 32 spent
 #: 0.42 s of a 128-token call searching on the host)
 DEVICE_SEARCH_MIN_BATCH = 4
+#: prompt tokens from which a CUDA model's search runs on the device at any batch: the host index of a 16K-token
+#: prompt takes 50-100 ms to build (a 1 x 16K call on one H100 spent 0.57 ms per step drafting, 1.2x a K = 0 step),
+#: the one-launch device search about 0.05 ms per step
+DEVICE_SEARCH_MIN_PROMPT = 2048
 #: the device search on the Triton kernel (None: where Triton runs) or the PyTorch reference (False); benchmarks
 #: switch it for A/B runs
 DEVICE_SEARCH_KERNEL: bool | None = None
@@ -115,7 +119,9 @@ class PromptLookupDrafter(Drafter):
         return ("prompt_lookup",)
 
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
-        if state.batch_size >= DEVICE_SEARCH_MIN_BATCH:
+        if state.batch_size >= DEVICE_SEARCH_MIN_BATCH or (
+            state.device.type == "cuda" and state.prompt_len >= DEVICE_SEARCH_MIN_PROMPT
+        ):
             drafts, counts = ngram_lookup(
                 state.tokens,
                 state.committed_t,

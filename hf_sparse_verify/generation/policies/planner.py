@@ -25,8 +25,8 @@ Per step (`next_step`):
    and ends early once its measured utility is below ``give_up`` times the best's. The most promising due drafter
    goes first. A drafter with a one-off cost before its first draft (a draft model's own prefill) is tried only
    when that cost is under ``warm_share`` of the plain decoding still ahead.
-3. **exploit**: the (drafter, K) of highest utility, K up to one past the largest K in the drafter's evidence
-   (so K climbs one step at a time, on evidence); a switch of drafter needs ``switch_margin`` more utility than
+3. **exploit**: the (drafter, K) of highest utility, K up to 1.5 times the largest K in the drafter's evidence
+   (so K climbs on evidence, by half at most per step); a switch of drafter needs ``switch_margin`` more utility than
    staying. K = 0 when nothing beats a plain step.
 
 Every choice is lossless: a step's output is the target's whatever drafted it, so greedy output equals plain
@@ -116,9 +116,12 @@ class CostProfile:
                 self._medians.pop((name, key), None)
 
     def _med(self, name: str, key) -> float:
+        """The entry's median; of fewer than 3 measurements the least (a drafter's first step in a call can carry
+        a one-off cost: an index build, a catch-up)."""
         cached = self._medians.get((name, key))
         if cached is None:
-            cached = self._medians[(name, key)] = median(getattr(self, name)[key])
+            values = getattr(self, name)[key]
+            cached = self._medians[(name, key)] = median(values) if len(values) >= 3 else min(values)
         return cached
 
     def known(self, member: str) -> bool:
@@ -338,20 +341,21 @@ class Planner(KPolicy):
         return expected_tokens(survival, k) / cost
 
     def best_k(self, member: str) -> tuple[int, float | None]:
-        """The K of highest utility for ``member`` (up to one past the largest K of its current evidence) and that
+        """The K of highest utility for ``member`` (up to 1.5 times the largest K of its current evidence) and that
         utility."""
         key = ("b", member)
         if key in self._memo:
             return self._memo[key]
         state = self.state_of[member]
         ran = max((s.issued for s in state.evidence), default=0)
-        top = min(self.max_k, max(ran, 1) + 1)
+        top = min(self.max_k, max(ran, 1) + max(1, ran // 2))
         if state.best is None:
             ks = range(1, top + 1)  # the first estimate: every K
         elif state.scanned_at != state.steps:
-            # new evidence: the Ks around the last best (the estimate moves a little per step; K follows)
+            # new evidence: the Ks from just below the last best up to the top (the estimate moves a little per
+            # step; K follows, and climbs by half when every draft was accepted)
             centre = min(state.best[0], top)
-            ks = range(max(1, centre - 2), min(top, centre + 2) + 1)
+            ks = range(max(1, centre - 2), top + 1)
         else:
             ks = [min(state.best[0], top)]  # no new evidence (costs may have moved): re-price the last best
         best = (self.members[member].start_k, None)
