@@ -80,6 +80,32 @@ def test_follows_a_change_of_text():
     assert _share(picks[300:], "dm") > 0.9
 
 
+def test_shadow_scores_switch_to_prompt_lookup_without_a_trial():
+    """Prompt lookup's proposals are scored while the draft model drafts: when the text turns copyable (from step
+    60) the planner moves to prompt lookup within about ten steps (its evidence window turning over), before its
+    next trial would be due."""
+    from hf_sparse_verify.generation.policies.utility_policy import Step
+
+    planner = Planner(_members(pl=4, dm=4), max_k=8)
+    picks = []
+    for i in range(90):
+        member, k = planner.next_step(10**6)
+        picks.append(member or K0)
+        copyable = i >= 60
+        good = {"dm": 2, "pl": 8 if copyable else 0}
+        accepted = [min(k, good[member])] if member else [0]
+        shadow = {}
+        if member != "pl":  # scored against the tokens the step committed: censored when it matched all of them
+            emitted = 1 + accepted[0]
+            shadow = {"pl": [Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0)]}
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
+            "member": member, "issued": k, "parts": parts, "shadow": shadow}))  # fmt: skip
+    assert picks[10:60].count("dm") >= 48
+    first_pl = next(i for i in range(60, 90) if picks[i] == "pl")
+    assert first_pl <= 72 and picks[75:].count("pl") >= 14  # its 24-step evidence window turns over
+
+
 def test_k_climbs_while_every_draft_is_accepted():
     planner = Planner(_members(pl=4), max_k=12)
     picks = _simulate(planner, 60, lambda m, k, i: [k])

@@ -98,6 +98,11 @@ class Drafter(CandidateGenerator):
         if name is not None:
             raise ValueError(f"{type(self).__name__} has no member {name!r} to choose")
 
+    def take_shadow(self) -> dict:
+        """Evidence of drafters that did not draft this step, scored against the committed tokens (``auto``'s
+        prompt lookup): member name -> `Step` list for the planner; read once per step after `on_verify`."""
+        return {}
+
     def capture_slot_sets(self) -> list[dict]:
         """Every set of verify step slots this drafter's steps use (the loop captures each verify width with
         each)."""

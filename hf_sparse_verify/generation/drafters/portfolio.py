@@ -24,11 +24,16 @@ from ...registry import DRAFTERS, resolve
 from ...step import Phase
 from ..engine.state import DecodeState
 from ..policies.planner import Member
+from ..policies.utility_policy import Step
 from .base import Draft, Drafter, VerifyFeedback
 
 #: shortest prompt Vegas joins ``auto`` from: below it its selection (at least ``min_tokens``, 256) holds most of
 #: the prompt and its draft step costs about a whole step
 VEGAS_MIN_PROMPT = 2048
+#: prompt lookup's proposals scored while other drafters draft: this many tokens per row, in calls of fewer rows
+#: than `SHADOW_MAX_BATCH` (a search per step; at 1 x 16K on a GPU one device search, about 0.05 ms)
+SHADOW_WIDTH = 8
+SHADOW_MAX_BATCH = 4
 #: start K of each member's first trial (measured best constant K on the fixtures: prompt lookup and the draft model
 #: 4, Vegas 6; benchmarks/results/e2e.json)
 START_K = {"prompt_lookup": 4, "draft_model": 4, "vegas": 6}
@@ -118,6 +123,9 @@ class PortfolioDrafter(Drafter):
             member.attach(target, state, _MemberSession(session, name) if session is not None else None)
         self.cold = {name for name, member in self.members.items() if member.takes_draft_model}
         self.current = None
+        self.state = state
+        self._shadow = None  # (history lengths before the step, prompt lookup's proposals)
+        self._scored: dict = {}
 
     def step_slots(self, phase: Phase) -> dict:
         if phase is Phase.PREFILL:  # every warm member's prefill slots (Vegas' first scores)
@@ -162,6 +170,10 @@ class PortfolioDrafter(Drafter):
         if name in self.cold:
             self._warm(name, state)
         self.current = name
+        lookup = self.members.get("prompt_lookup")
+        if lookup is not None and name != "prompt_lookup" and state.batch_size < SHADOW_MAX_BATCH:
+            # what prompt lookup would draft now, scored against what this step commits (`on_verify`)
+            self._shadow = (list(state.committed), lookup.propose(state, SHADOW_WIDTH))
 
     def _warm(self, name: str, state: DecodeState) -> None:
         """A lazily started member's prefill (timed: it adds to the call's prefill) and graph capture."""
@@ -189,8 +201,41 @@ class PortfolioDrafter(Drafter):
         for name, member in self.members.items():
             if name not in self.cold:
                 member.on_verify(feedback)
+        if self._shadow is not None:
+            self._scored = {"prompt_lookup": self._score_shadow(feedback)}
+            self._shadow = None
+
+    def _score_shadow(self, feedback: VerifyFeedback) -> list[Step]:
+        """One `Step` per row that was active: the run prompt lookup's proposal would have had against the tokens
+        the step committed (censored where it matched all of them and had more)."""
+        before, proposals = self._shadow
+        if isinstance(
+            proposals, tuple
+        ):  # the device search: read after the step's readback (nothing pending)
+            drafts, counts = proposals
+            proposals = [d[:c] for d, c in zip(drafts.tolist(), counts.tolist())]
+        steps = []
+        for row, accepted in enumerate(feedback.accepted):
+            if accepted is None or feedback.committed_before[row] != before[row]:
+                continue
+            emitted = self.state.host_tokens[row, before[row] : feedback.committed_after[row]].tolist()
+            proposal = proposals[row]
+            run = 0
+            while run < min(len(proposal), len(emitted)) and proposal[run] == emitted[run]:
+                run += 1
+            if run == len(emitted) and len(proposal) > run:
+                steps.append(Step(run, run, (run,), 0.0))  # matched every committed token: at least this long
+            else:
+                steps.append(Step(SHADOW_WIDTH, len(proposal), (run,), 0.0))
+        return steps
+
+    def take_shadow(self) -> dict:
+        scored, self._scored = self._scored, {}
+        return scored
 
     def close(self) -> None:
         for member in self.members.values():
             member.close()
         self.target = None
+        self.state = None
+        self._shadow = None

@@ -118,10 +118,39 @@ class PromptLookupDrafter(Drafter):
     def session_key(self) -> tuple:
         return ("prompt_lookup",)
 
-    def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
-        if state.batch_size >= DEVICE_SEARCH_MIN_BATCH or (
+    def searches_on_device(self, state: DecodeState) -> bool:
+        return state.batch_size >= DEVICE_SEARCH_MIN_BATCH or (
             state.device.type == "cuda" and state.prompt_len >= DEVICE_SEARCH_MIN_PROMPT
-        ):
+        )
+
+    def propose(
+        self, state: DecodeState, num_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | list[list[int]]:
+        """What `get_candidates` would draft now, without a draft: ``(drafts, counts)`` on the device where the
+        search runs there, else one host list per row (empty for inactive rows)."""
+        if self.searches_on_device(state):
+            return ngram_lookup(
+                state.tokens, state.committed_t, state.pad_t, num_tokens, self.max_ngram, self.min_ngram,
+                kernel=DEVICE_SEARCH_KERNEL,
+            )  # fmt: skip
+        return self._host_search(state, num_tokens)
+
+    def _host_search(self, state: DecodeState, num_tokens: int) -> list[list[int]]:
+        indexes = self._row_indexes(state)
+        host = state.host_tokens
+        found = []
+        for row, index in enumerate(indexes):
+            if not state.active[row]:
+                found.append([])
+                continue
+            indexed = state.pad[row] + len(index.tokens)
+            if indexed < state.committed[row]:
+                index.extend(host[row, indexed : state.committed[row]].tolist())
+            found.append(index.lookup(num_tokens))
+        return found
+
+    def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
+        if self.searches_on_device(state):
             drafts, counts = ngram_lookup(
                 state.tokens,
                 state.committed_t,
@@ -132,17 +161,9 @@ class PromptLookupDrafter(Drafter):
                 kernel=DEVICE_SEARCH_KERNEL,
             )
             return Draft(drafts, counts * state.active_t, None, None)
-        indexes = self._row_indexes(state)
-        host = state.host_tokens
         drafts = np.zeros((state.batch_size, num_tokens + 1), dtype=np.int64)  # last column: the counts
         counts = [0] * state.batch_size
-        for row, index in enumerate(indexes):
-            if not state.active[row]:
-                continue
-            indexed = state.pad[row] + len(index.tokens)
-            if indexed < state.committed[row]:
-                index.extend(host[row, indexed : state.committed[row]].tolist())
-            found = index.lookup(num_tokens)
+        for row, found in enumerate(self._host_search(state, num_tokens)):
             drafts[row, : len(found)] = found
             counts[row] = len(found)
         drafts[:, num_tokens] = counts

@@ -8,7 +8,10 @@ Cascade's utility (papers/002) generalised across drafters, with SSV's profile (
 - ``tokens(m, K)``: expected tokens a row emits per step when drafter ``m`` proposes K: 1 + sum of the survival
   ``P(run >= j)`` for j = 1 .. K, the Kaplan-Meier estimate of `run_length_survival` over ``m``'s recent steps in
   this call (drafts are text-dependent: they are never carried from another call). Past the longest run seen,
-  the survival falls geometrically at its last observed ratio. Plain steps emit 1 token.
+  the survival falls geometrically at its last observed ratio (at most 0.85). Plain steps emit 1 token. Prompt
+  lookup's proposals are also scored while other drafters draft (`PortfolioDrafter` compares what it would have
+  proposed with the tokens committed: greedy output is the same whatever drafts), so the planner sees when the text
+  turns copyable without a trial.
 - ``cost(m, K)``: the step's draft + verify + update seconds, from a `CostProfile`: medians of measured parts,
   verify by width (shared by every drafter: it is the target's forward), draft by drafter and K (a line through
   the Ks measured; prompt lookup's search does not grow with K), update by drafter. The profile belongs to the
@@ -63,6 +66,9 @@ _COST_WINDOW = 32
 #: a drafter's steps its acceptance estimate is drawn from (the most recent of this call): about 24 rows' worth, so
 #: the estimate follows the text within a few steps at large batches and within about a dozen at batch 1
 _EVIDENCE_ROWS = 24
+#: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
+#: beyond what was tried; K climbs to where it is measured)
+_EXTRAPOLATION_RATIO = 0.85
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
 #: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
 _VERIFY_SLOPE_PRIOR = 0.08
@@ -103,7 +109,9 @@ class CostProfile:
         self.draft: dict[tuple[str, int], deque] = {}
         self.update: dict[str, deque] = {}
         self.grows: dict[str, bool] = {}
-        self._medians: dict[tuple[str, object], float] = {}  # (table, key) -> median, dropped when the entry grows
+        self._medians: dict[
+            tuple[str, object], float
+        ] = {}  # (table, key) -> median, dropped when the entry grows
 
     def add(self, member: str, k: int, draft_s: float, verify_s: float, update_s: float) -> None:
         for name, table, key, value in (
@@ -191,11 +199,13 @@ def expected_tokens(survival: list[float | None], k: int) -> float:
     Example:
         >>> round(expected_tokens([1.0, 0.8, 0.4, None, None], 4), 3)  # 1 + 0.8 + 0.4 + 0.2 + 0.1
         2.5
+        >>> round(expected_tokens([1.0, 1.0, None], 3), 4)  # runs censored at 1: 0.85 then 0.85^2 further
+        3.5725
     """
     known = [s for s in survival if s is not None]
     ratio = 0.0
     if len(known) >= 2 and known[-2] > 0:
-        ratio = min(0.95, known[-1] / known[-2])
+        ratio = min(_EXTRAPOLATION_RATIO, known[-1] / known[-2])
     tokens, last = 1.0, known[-1] if known else 0.0
     for j in range(1, k + 1):
         if j < len(survival) and survival[j] is not None:
@@ -222,7 +232,10 @@ class _MemberState:
     steps: int = 0
     best: tuple[int, float] | None = None  # (K, utility) of the last estimate
     scanned_at: int = -1  # its ``steps`` when the Ks around the best were last scanned
-    survival: tuple | None = None  # (its ``steps``, run-length survival, Ks of the steps cut short) of its evidence
+    survival: tuple | None = (
+        None  # (its ``steps``, run-length survival, Ks of the steps cut short) of its evidence
+    )
+    shadowed: bool = False  # its proposals are scored while others draft (prompt lookup): no trial needed
 
 
 class Planner(KPolicy):
@@ -295,6 +308,11 @@ class Planner(KPolicy):
             member = K0
         if parts is not None:
             self.profile.add(member, outcome.k, *parts)
+        for name, row_steps in outcome.extra.get("shadow", {}).items():
+            shadowed = self.state_of[name]
+            shadowed.evidence.extend(row_steps)
+            shadowed.steps += 1  # new evidence: its K is scanned again
+            shadowed.shadowed = True
         if member == K0:
             self.baseline_left = max(0, self.baseline_left - 1)
             return
@@ -449,6 +467,8 @@ class Planner(KPolicy):
                 continue
             if self.current[0] == name:
                 continue
+            if state.shadowed and self.profile.known(name):
+                continue  # scored every step and priced: its estimate is live without a trial
             due.append(name)
         return due
 
