@@ -282,6 +282,41 @@ def test_auto_samples_the_target_distribution_across_switches(monkeypatch):
     assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
 
 
+class _Recording(_Scripted):
+    def __init__(self, script):
+        super().__init__(script)
+        self.shadow = []
+
+    def observe(self, outcome: StepOutcome) -> None:
+        for steps in outcome.extra.get("shadow", {}).values():
+            self.shadow.extend(steps)
+
+
+def test_prompt_lookup_is_scored_against_the_continuation_while_others_draft(monkeypatch):
+    """Plain steps only: every step, prompt lookup's proposal is scored against the row's own continuation once it
+    is committed. The runs equal an independent recount from the final sequence."""
+    import numpy as np
+
+    from hf_sparse_verify.generation.drafters.portfolio import SHADOW_WIDTH
+    from hf_sparse_verify.generation.drafters.prompt_lookup import lookup_ngram
+
+    model = make_model("llama")
+    ids = torch.randint(3, 90, (1, 24), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([ids, ids[:, :12]], dim=1)  # the continuation may copy
+    policy = _Recording([])
+    monkeypatch.setattr(generate_module, "_planner", lambda *a: policy)
+    out = _auto(model, ids, torch.ones_like(ids))
+    seq = out.sequences[0].tolist()
+    expected = []
+    for before in range(ids.shape[1] + 1, len(seq)):  # one plain step per token after the prefill's
+        proposal = lookup_ngram(np.array(seq[:before]), SHADOW_WIDTH, 3, 1).tolist()
+        continuation = seq[before : before + len(proposal)]
+        run = next((i for i, (a, b) in enumerate(zip(proposal, continuation)) if a != b), len(continuation))
+        expected.append(run)
+    assert sorted(s.accepted[0] for s in policy.shadow) == sorted(expected)
+    assert any(run > 0 for run in expected)  # the test sees matches, not only misses
+
+
 def test_k_policy_plain_still_means_no_speculation():
     model = make_model("llama")
     ids, mask = ragged_batch(2)

@@ -125,6 +125,9 @@ class PortfolioDrafter(Drafter):
         self.current = None
         self.state = state
         self._shadow = None  # (history lengths before the step, prompt lookup's proposals)
+        self._pending: list[
+            tuple[int, int, list[int]]
+        ] = []  # (row, history length, proposal) awaiting tokens
         self._scored: dict = {}
 
     def step_slots(self, phase: Phase) -> dict:
@@ -202,31 +205,42 @@ class PortfolioDrafter(Drafter):
             if name not in self.cold:
                 member.on_verify(feedback)
         if self._shadow is not None:
-            self._scored = {"prompt_lookup": self._score_shadow(feedback)}
+            before, proposals = self._shadow
+            if isinstance(
+                proposals, tuple
+            ):  # the device search: read after the step's readback (nothing pending)
+                drafts, counts = proposals
+                proposals = [d[:c] for d, c in zip(drafts.tolist(), counts.tolist())]
+            for row, accepted in enumerate(feedback.accepted):
+                if accepted is not None and feedback.committed_before[row] == before[row]:
+                    self._pending.append((row, before[row], proposals[row]))
             self._shadow = None
+        self._scored = {"prompt_lookup": self._score_shadow(feedback)} if self._pending else {}
 
     def _score_shadow(self, feedback: VerifyFeedback) -> list[Step]:
-        """One `Step` per row that was active: the run prompt lookup's proposal would have had against the tokens
-        the step committed (censored where it matched all of them and had more)."""
-        before, proposals = self._shadow
-        if isinstance(
-            proposals, tuple
-        ):  # the device search: read after the step's readback (nothing pending)
-            drafts, counts = proposals
-            proposals = [d[:c] for d, c in zip(drafts.tolist(), counts.tolist())]
-        steps = []
-        for row, accepted in enumerate(feedback.accepted):
-            if accepted is None or feedback.committed_before[row] != before[row]:
+        """`Step`s of the proposals whose tokens are now all committed (or whose row stopped): the run each would
+        have had against the row's own continuation. Scored once the continuation is known, not against the one
+        step that followed: a row whose step committed few tokens would otherwise cut the run short exactly where
+        text is hard (censoring that tracks the run itself), and prompt lookup would look better than it is."""
+        steps, waiting = [], []
+        history = self.state.host_tokens
+        for row, before, proposal in self._pending:
+            known = feedback.committed_after[row] - before
+            stopped = not self.state.active[row]
+            if known < len(proposal) and not stopped:
+                waiting.append((row, before, proposal))
                 continue
-            emitted = self.state.host_tokens[row, before[row] : feedback.committed_after[row]].tolist()
-            proposal = proposals[row]
+            continuation = history[row, before : before + min(known, len(proposal))].tolist()
             run = 0
-            while run < min(len(proposal), len(emitted)) and proposal[run] == emitted[run]:
+            while run < len(continuation) and proposal[run] == continuation[run]:
                 run += 1
-            if run == len(emitted) and len(proposal) > run:
-                steps.append(Step(run, run, (run,), 0.0))  # matched every committed token: at least this long
-            else:
+            if run == len(continuation) and run < len(proposal):  # the row stopped first: at least this long
+                steps.append(Step(run, run, (run,), 0.0))
+            elif run == SHADOW_WIDTH:
+                steps.append(Step(SHADOW_WIDTH, SHADOW_WIDTH, (run,), 0.0))  # as long as it was asked for
+            else:  # a mismatch, or prompt lookup had no more to propose
                 steps.append(Step(SHADOW_WIDTH, len(proposal), (run,), 0.0))
+        self._pending = waiting
         return steps
 
     def take_shadow(self) -> dict:
