@@ -153,7 +153,7 @@ def main() -> None:
         load_s=round(time.time() - begin, 1),
         note="tensor parallel: eager steps (no CUDA graphs), transformers' own modules (no fused replacements)",
         # every rank offers its rank + 1 as a step time: the agreed value is the largest, the world size
-        agreed_seconds=RankAgreement(model).seconds(dist.get_rank() + 1.0),
+        agreed_seconds=RankAgreement(model).seconds(dist.get_rank() + 1.0)[0],
     )
     if not args.no_equality:
         report["equality"] = equality(model, args.new_tokens, device)

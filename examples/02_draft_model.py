@@ -1,7 +1,8 @@
 """A small draft model proposes tokens for a batch of prompts; the target verifies them.
 
 The draft must share the target's tokenizer. Pass it as ``draft_model=`` or as transformers' own
-``assistant_model=``; with the default ``strategy="auto"`` either one selects the ``draft_model`` strategy.
+``assistant_model=``. ``strategy="draft_model"`` drafts with it at every step; with the default ``strategy="auto"``
+it is one of the drafters the planner chooses from, step by step.
 
     python examples/02_draft_model.py [--model DIR_OR_ID --draft-model DIR_OR_ID] [--max-new-tokens N]
 """
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         **inputs,
         custom_generate=hsv.generate,
         assistant_model=draft,  # or draft_model=draft
-        speculation={"num_draft_tokens": 4},  # a dict works as well as a SpeculationConfig
+        speculation={"strategy": "draft_model", "num_draft_tokens": 4},  # a dict works as well as a SpeculationConfig
         max_new_tokens=args.max_new_tokens,
         do_sample=False,
         return_dict_in_generate=True,

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         **inputs,
         custom_generate=hsv.generate,
         draft_model=draft,
-        speculation=hsv.SpeculationConfig(k_policy="utility", max_draft_tokens=8),
+        speculation=hsv.SpeculationConfig(strategy="draft_model", k_policy="utility", max_draft_tokens=8),
         max_new_tokens=args.max_new_tokens,
         do_sample=False,
         return_dict_in_generate=True,

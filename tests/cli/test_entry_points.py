@@ -181,7 +181,9 @@ def _cli(*args: str, tmp_path) -> dict:
 
 def test_cli_embedded_default(tmp_path):
     record, proc = _cli("--max-new-tokens", "24", "--stats", "--compare-plain", tmp_path=tmp_path)
-    assert record["stats"]["strategy"] == "draft_model"
+    assert record["stats"]["strategy"] == "auto"
+    assert set(record["stats"]["chosen"]) <= {"k0", "prompt_lookup", "draft_model"}
+    assert "ran: " in proc.stderr
     assert record["stats"]["total_new_tokens"] > 0
     assert record["plain"]["identical"] is True
     assert "mean_acceptance_length" in proc.stderr
