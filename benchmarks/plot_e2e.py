@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def case_of(record: dict) -> str:
     """The case string of a record: its setting's last part (``<device>:<shape>:<case>``)."""
-    setting = record.get("setting") or ""
+    setting = (record.get("setting") or "").split("@")[0]  # a "@run" suffix names the run, not the case
     parts = setting.split(":", 2)
     if len(parts) == 3:
         return parts[2]
@@ -47,8 +47,22 @@ def _shape_key(shape: str) -> tuple[int, int]:
     return (int(context), int(batch)) if batch.isdigit() and context.isdigit() else (0, 0)
 
 
-def plot(records: list[dict], out: str | Path, device: str | None = None) -> Path:
-    """Draw the records of the device whose name contains ``device`` (default the latest) into ``out``."""
+def from_runs(records: list[dict], runs: list[str]) -> list[dict]:
+    """Per shape, the records of the first of ``runs`` (record field ``run``) that measured it: a figure compares
+    cases within one run only."""
+    chosen: dict[str, str] = {}
+    for run in runs:
+        for r in records:
+            if r.get("run") == run:
+                chosen.setdefault(r.get("shape"), run)
+    return [r for r in records if r.get("run") is not None and chosen.get(r.get("shape")) == r.get("run")]
+
+
+def plot(records: list[dict], out: str | Path, device: str | None = None, runs: list[str] | None = None) -> Path:
+    """Draw the records of the device whose name contains ``device`` (default the latest) into ``out``; with
+    ``runs``, per shape the first of those runs that measured it."""
+    if runs:
+        records = from_runs(records, runs)
     device = device or latest_device(records) or ""
     mine = [r for r in records if device.lower() in str(r.get("device", "")).lower()]
     if not mine:
@@ -96,9 +110,10 @@ def plot(records: list[dict], out: str | Path, device: str | None = None) -> Pat
         bx.text(0.5, 0.5, "no mixed-workload records", ha="center", va="center", transform=bx.transAxes)
         bx.set_xticks([])
     machine = next((r.get("machine") or {} for r in mine if r.get("machine")), {})
+    commits = ", ".join(dict.fromkeys(str((r.get("machine") or {}).get("commit", "?"))[:10] for r in mine))
     fig.suptitle(
         f"bench_e2e on {device}: torch {machine.get('torch', '?')}, transformers {machine.get('transformers', '?')}, "
-        f"commit {str(machine.get('commit', '?'))[:10]}",
+        f"commit {commits} (ratios within one run per shape)",
         fontsize=9,
     )
     fig.tight_layout()
@@ -114,9 +129,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--results", default=str(_records.results_path("e2e")), help="an e2e results file")
     parser.add_argument("--device", default=None, help="substring of the device name (default: the latest)")
     parser.add_argument("--out", default=None, help="PNG path (default: the results file's name, .png)")
+    parser.add_argument(
+        "--runs", nargs="+", default=None, help="records' run names; per shape the first run that measured it"
+    )
     args = parser.parse_args(argv)
     out = args.out or Path(args.results).with_suffix(".png")
-    path = plot(_records.records(args.results), out, args.device)
+    path = plot(_records.records(args.results), out, args.device, args.runs)
     print(path)
     return path
 
