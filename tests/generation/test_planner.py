@@ -106,6 +106,25 @@ def test_shadow_scores_switch_to_prompt_lookup_without_a_trial():
     assert first_pl <= 72 and picks[75:].count("pl") >= 14  # its 24-step evidence window turns over
 
 
+def test_a_batch_is_rated_by_its_slowest_row():
+    """Four rows: prompt lookup runs 8 tokens on two copy-heavy rows and none on the others (mean 2.5 drafts), the
+    draft model 2 on every row. The batch needs as many steps as its slowest row: the draft model wins."""
+
+    def accepts(member, k, i):
+        return [8, 8, 0, 0] if member == "pl" else [2, 2, 2, 2]
+
+    planner = Planner(_members(pl=4, dm=4), max_k=8, batch=4)
+    picks = []
+    for i in range(120):
+        member, k = planner.next_step(10**6)
+        picks.append(member or K0)
+        accepted = [min(k, a) for a in accepts(member, k, i)] if member else [0] * 4
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
+            "member": member, "issued": k, "parts": parts, "rows": accepted, "active": [True] * 4}))  # fmt: skip
+    assert picks[20:].count("dm") >= 95
+
+
 def test_k_climbs_while_every_draft_is_accepted():
     planner = Planner(_members(pl=4), max_k=12)
     picks = _simulate(planner, 60, lambda m, k, i: [k])

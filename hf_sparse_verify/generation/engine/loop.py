@@ -254,7 +254,14 @@ def speculative_decode(
                     k,
                     [a for a, act in zip(accepted_rows, active_before) if act],
                     sum(parts),
-                    extra={"member": ran, "issued": issued, "parts": parts, "shadow": drafter.take_shadow()},
+                    extra={
+                        "member": ran,
+                        "issued": issued,
+                        "parts": parts,
+                        "shadow": drafter.take_shadow(),
+                        "rows": accepted_rows,
+                        "active": state.active,
+                    },
                     drafted=[n for n, act in zip(proposed, active_before) if act],
                 )
             )
