@@ -25,6 +25,7 @@ _LAZY = {
     "clear_graph_cache": "hf_sparse_verify.generation",
     "generate": "hf_sparse_verify.generation",
     "generate_from_arguments": "hf_sparse_verify.generation",
+    "save_profile": "hf_sparse_verify.generation",
     "set_graph_cache_size": "hf_sparse_verify.generation",
 }
 
@@ -63,5 +64,6 @@ __all__ = [
     "default_model_path",
     "generate",
     "generate_from_arguments",
+    "save_profile",
     "set_graph_cache_size",
 ]

@@ -4,6 +4,7 @@ from .engine.sessions import clear_graph_cache, set_graph_cache_size
 from .engine.stats import SpeculationStats
 from .generate import SpeculativeDecoderOnlyOutput, generate, generate_from_arguments
 from .policies.k_policy import ConstantKPolicy, HeuristicKPolicy, KPolicy, StepOutcome
+from .profiles import save_profile
 
 __all__ = [
     "ConstantKPolicy",
@@ -15,5 +16,6 @@ __all__ = [
     "clear_graph_cache",
     "generate",
     "generate_from_arguments",
+    "save_profile",
     "set_graph_cache_size",
 ]

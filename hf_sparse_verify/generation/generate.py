@@ -10,7 +10,6 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 
 import torch
 from transformers.cache_utils import Cache
@@ -29,7 +28,8 @@ from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
 from .policies.k_policy import make_k_policy
-from .policies.planner import CostProfile, Planner
+from .policies.planner import Planner
+from .profiles import profile_for
 
 #: K policies that learn (``utility``) start a request from what the previous request on the same model and
 #: strategy learnt: (id(model), strategy, k_policy) -> (best K, K = 0 steps still due when it ended switched off,
@@ -78,12 +78,6 @@ def resolve_config(speculation, generation_config, model) -> SpeculationConfig:
     return config
 
 
-#: measured step costs per (model, drafter set, batch, prompt-length bucket), kept across calls (`CostProfile`): a
-#: later call of the same shape bucket knows every cost from its first step; at most `_MAX_PROFILES`
-_PROFILES: OrderedDict[tuple, CostProfile] = OrderedDict()
-_MAX_PROFILES = 64
-
-
 def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, prompt_len: int) -> bool:
     """Vegas is one of ``auto``'s drafters where its draft steps run on CUDA graphs (a CUDA model on one GPU, the
     ``triton`` backend), the prompt is long enough for its selection to skip most of it, and verification is
@@ -100,13 +94,10 @@ def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, promp
 
 
 def _planner(config: SpeculationConfig, drafter: PortfolioDrafter, model, batch: int, prompt_len: int) -> Planner:
+    """The planner of this call, on the profile of this model, drafter set and shape bucket (kept across calls;
+    at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape)."""
     key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
-    profile = _PROFILES.get(key)
-    if profile is None:
-        profile = _PROFILES[key] = CostProfile()
-        while len(_PROFILES) > _MAX_PROFILES:
-            _PROFILES.popitem(last=False)
-    _PROFILES.move_to_end(key)
+    profile = profile_for(model, key, list(drafter.members), batch, prompt_len)
     return Planner(drafter.planner_members(), config.max_draft_tokens, batch, profile)
 
 

@@ -6,6 +6,7 @@ draft model started lazily."""
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -95,7 +96,9 @@ def test_shadow_scores_switch_to_prompt_lookup_without_a_trial():
         good = {"dm": 2, "pl": 8 if copyable else 0}
         accepted = [min(k, good[member])] if member else [0]
         shadow = {}
-        if member != "pl":  # scored against the tokens the step committed: censored when it matched all of them
+        if (
+            member != "pl"
+        ):  # scored against the tokens the step committed: censored when it matched all of them
             emitted = 1 + accepted[0]
             shadow = {"pl": [Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0)]}
         parts = _parts(member, k)
@@ -358,7 +361,14 @@ def test_auto_on_the_gpu_runs_every_drafter_and_a_second_call_captures_nothing(m
     ids, mask = ragged_batch(3, length=40)
     ids, mask = ids.cuda(), mask.cuda()
     expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
-    script = [("prompt_lookup", 3), ("vegas", 3), (None, 0), ("draft_model", 3), ("vegas", 5), ("prompt_lookup", 2)]
+    script = [
+        ("prompt_lookup", 3),
+        ("vegas", 3),
+        (None, 0),
+        ("draft_model", 3),
+        ("vegas", 5),
+        ("prompt_lookup", 2),
+    ]
     with monkeypatch.context() as scripted:
         scripted.setattr(generate_module, "_planner", lambda *a: _Scripted(script))
         first = _auto(model, ids, mask, draft)
@@ -370,3 +380,33 @@ def test_auto_on_the_gpu_runs_every_drafter_and_a_second_call_captures_nothing(m
     planned = _auto(model, ids, mask, draft)
     assert torch.equal(planned.sequences, expected)
     assert planned.speculation.graph_capture_s == 0
+
+
+def test_the_profile_travels_with_the_model(tmp_path):
+    """A profile saved beside the model is what the first auto call in a fresh process plans from (no plain
+    baseline steps); an entry of another shape is not used."""
+    from hf_sparse_verify.generation import profiles
+
+    model = make_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    ids, mask = ragged_batch(1, length=40)
+    first = _auto(model, ids, mask)
+    assert first.speculation.policy_states[0]["reason"] == "baseline"
+    path = hsv.save_profile(model, tmp_path / "m")
+    assert path.endswith("speculation_profile.json")
+    entry = json.loads(open(path).read())["entries"][0]
+    assert entry["members"] == ["prompt_lookup"] and entry["batch"] == 1 and entry["device"] == "cpu"
+
+    profiles._PROFILES.clear()  # a fresh process
+    reloaded = type(model).from_pretrained(tmp_path / "m").eval()
+    second = _auto(reloaded, ids, mask)
+    assert second.speculation.policy_states[0]["reason"] != "baseline"
+    assert torch.equal(second.sequences, first.sequences)
+    other_batch, other_mask = ragged_batch(2, length=40)
+    third = _auto(reloaded, other_batch, other_mask)  # another shape: measured afresh
+    assert third.speculation.policy_states[0]["reason"] == "baseline"
+
+
+def test_save_profile_without_auto_calls_says_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="strategy='auto'"):
+        hsv.save_profile(make_model("llama"), tmp_path)
