@@ -22,6 +22,9 @@ from .sparse.config import LossySparseVerify
 
 CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
+#: precision classes: ``exact`` runs only lossless work (greedy output equals plain ``generate``); ``lossy`` admits
+#: lossy sparse verification
+PRECISIONS = ("exact", "lossy")
 SELECTIONS = ("two_rows", "all", "last_token")
 VEGAS_SCORES = ("weights", "logits")
 VEGAS_LSE = ("step", "carried")
@@ -100,6 +103,12 @@ class SpeculationConfig:
             8K / 16K against 6.09 / 6.12 without pooling, Streaming 6.01 / 6.21 and Quest 6.09 / 6.04
             (benchmarks/NOTES_vegas_scores.md).
         streaming_sinks / quest_page_size: sink tokens of ``streaming``, page size of ``quest``.
+        precision: the precision class. ``"exact"`` never runs anything lossy: greedy output equals plain
+            ``generate`` token for token, and setting ``lossy_sparse_verify`` with it is an error. ``"lossy"``
+            admits lossy sparse verification. None (default): ``"lossy"`` when ``lossy_sparse_verify`` is set, else
+            ``"exact"``. (``auto``'s planner has no lossy candidates of its own yet: under ``"lossy"`` it runs the
+            ``lossy_sparse_verify`` you set; choosing calibrated lossy settings per step awaits their quality
+            calibration.)
         lossy_sparse_verify: None (default): dense, lossless verification. A `LossySparseVerify` (or a dict):
             LOSSY sparse verification, skipping KV blocks in attention, FFN channels and/or routed experts in the
             verify pass (`hf_sparse_verify.sparse`); greedy output may then differ from plain ``generate``. Measure
@@ -140,6 +149,7 @@ class SpeculationConfig:
     utility_baseline_refresh: int = 100
     utility_tolerance: float = 0.10
     lossy_sparse_verify: LossySparseVerify | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.lossy_sparse_verify, dict):
@@ -152,6 +162,15 @@ class SpeculationConfig:
             raise ValueError(
                 "lossy_sparse_verify must be None (dense, lossless), a LossySparseVerify or a dict, got "
                 f"{self.lossy_sparse_verify!r}"
+            )
+        if self.precision is None:  # the class follows from what is asked for
+            object.__setattr__(self, "precision", "exact" if self.lossy_sparse_verify is None else "lossy")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision == "exact" and self.lossy_sparse_verify is not None:
+            raise ValueError(
+                "precision='exact' never runs anything lossy, but lossy_sparse_verify is set: drop "
+                "lossy_sparse_verify, or set precision='lossy' to accept output that may differ from plain generate"
             )
         for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores", "vegas_lse"):
             value = getattr(self, name)

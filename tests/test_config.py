@@ -50,6 +50,7 @@ CUSTOM = dict(
     lossy_sparse_verify=LossySparseVerify(
         attention=SparseAttention(rho=0.2), ffn=SparseFFN(tau=0.1)
     ).to_dict(),
+    precision="lossy",
 )
 
 
@@ -380,3 +381,16 @@ def test_from_pretrained_hub_reports_every_attempt(monkeypatch):
         r"generation_config\.json",
     ):
         SpeculationConfig.from_pretrained("org/none")
+
+
+def test_precision_classes():
+    """``exact`` never runs anything lossy; the class follows from what is asked for unless named."""
+    assert SpeculationConfig().precision == "exact"
+    lossy = SpeculationConfig(lossy_sparse_verify={"attention": {"rho": 0.1}})
+    assert lossy.precision == "lossy"
+    assert SpeculationConfig.from_dict(lossy.to_dict()) == lossy
+    with pytest.raises(ValueError, match="precision='exact' never runs anything lossy"):
+        SpeculationConfig(precision="exact", lossy_sparse_verify={"attention": {"rho": 0.1}})
+    with pytest.raises(ValueError, match="precision must be one of"):
+        SpeculationConfig(precision="fast")
+    assert SpeculationConfig(precision="lossy").lossy_sparse_verify is None  # admitted, not imposed
