@@ -410,3 +410,21 @@ def test_the_profile_travels_with_the_model(tmp_path):
 def test_save_profile_without_auto_calls_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="strategy='auto'"):
         hsv.save_profile(make_model("llama"), tmp_path)
+
+
+def test_a_priced_drafter_that_cannot_pay_is_not_tried():
+    """The profile knows prompt lookup's steps cost 6 plain steps at any K (a verify of many tokens on a CPU, say):
+    even at a good acceptance it could not pay, so a new call does not try it; a cheap one is tried."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.0)
+        for k in (1, 4):
+            profile.add("pl", k, 0.0, 6.0, 0.0)
+    planner = Planner(_members(pl=4), max_k=8, profile=profile)
+    picks = [planner.next_step(100) for _ in range(20)]
+    assert set(picks) == {(None, 0)}
+    cheap = CostProfile()
+    for _ in range(3):
+        cheap.add(K0, 0, 0.0, 1.0, 0.0)
+        cheap.add("pl", 4, 0.0, 1.1, 0.0)
+    assert Planner(_members(pl=4), max_k=8, profile=cheap).next_step(100)[0] == "pl"

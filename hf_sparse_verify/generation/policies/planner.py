@@ -72,6 +72,9 @@ _ROW_WINDOW = 12
 #: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
 #: beyond what was tried; K climbs to where it is measured)
 _EXTRAPOLATION_RATIO = 0.85
+#: acceptance per draft token a first trial is priced with (a good drafter on friendly text): a drafter that cannot
+#: pay even so is not tried (see `Planner._first_trial_k`)
+_PRIOR_ACCEPTANCE = 0.8
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
 #: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
 _VERIFY_SLOPE_PRIOR = 0.08
@@ -453,7 +456,14 @@ class Planner(KPolicy):
         due = self._due(remaining, plain)
         if due:
             name = max(due, key=lambda n: self.best_k(n)[1] or float("inf"))
-            k = self.best_k(name)[0] if self.state_of[name].evidence else self.members[name].start_k
+            if self.state_of[name].evidence:
+                k = self.best_k(name)[0]
+            else:
+                k = self._first_trial_k(name, plain, remaining)
+            if k is None:  # priced, and it could not pay even at a good acceptance: no trial, back off
+                state = self.state_of[name]
+                state.last_step, state.backoff = self.step, min(4096, state.backoff * 2)
+                return self._choose(remaining)
             self.trial = _Trial(name, k, self.trial_steps - 1)
             self.last_reason = f"trial {name}"
             return name, k
@@ -471,6 +481,24 @@ class Planner(KPolicy):
         self.last_reason = "best" if best_name is not None else "plain is fastest"
         self.exploiting = best_name
         return best_name, best_k
+
+    def _first_trial_k(self, name: str, plain: float | None, remaining: int) -> int | None:
+        """K of a drafter's first trial in this call: where the profile prices it, the K (up to its start K) of best
+        utility under a good prior acceptance (each draft accepted with probability `_PRIOR_ACCEPTANCE`), or None when even that
+        cannot beat a plain step (a verify of K + 1 tokens can cost several plain steps: a CPU, a large batch);
+        unpriced, its start K."""
+        member = self.members[name]
+        if plain is None or not self.profile.known(name):
+            return member.start_k
+        best, best_u = None, plain
+        for k in range(1, min(member.start_k, max(1, remaining - 1)) + 1):  # K climbs from evidence later
+            cost = self._cost(name, k)
+            if cost is None:
+                return member.start_k
+            tokens = sum(_PRIOR_ACCEPTANCE**j for j in range(k + 1))
+            if tokens / cost > best_u:
+                best, best_u = k, tokens / cost
+        return best
 
     def _ranked(self) -> list[tuple[str, int, float | None]]:
         out = []
