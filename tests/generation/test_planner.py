@@ -428,3 +428,14 @@ def test_a_priced_drafter_that_cannot_pay_is_not_tried():
         cheap.add(K0, 0, 0.0, 1.0, 0.0)
         cheap.add("pl", 4, 0.0, 1.1, 0.0)
     assert Planner(_members(pl=4), max_k=8, profile=cheap).next_step(100)[0] == "pl"
+
+
+def test_a_search_that_found_nothing_still_prices_every_k():
+    """Prompt lookup's trial steps proposed nothing (K trimmed to 0), then its scored proposals turn perfect: its
+    search cost is flat in K, so those steps price it at any K and the planner switches to it."""
+    profile = CostProfile()
+    profile.grows["pl"] = False
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.1)
+        profile.add("pl", 0, 0.05, 1.0, 0.1)
+    assert profile.cost("pl", 6) == pytest.approx(0.05 + 1.0 * (1 + 0.08 * 6) + 0.1)

@@ -167,10 +167,14 @@ class CostProfile:
             return self._med("draft", (member, k))
         if k == 0:  # a plain step, or a drafter that found nothing to propose: its search still ran
             return 0.0
-        seen = sorted((kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and kk > 0)
+        grows = self.grows.get(member, True)
+        # a search's cost does not depend on K, so its steps that found nothing (K = 0) price every K
+        seen = sorted(
+            (kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and (kk > 0 or not grows)
+        )
         if not seen:
             return None
-        if not self.grows.get(member, True):
+        if not grows:
             return median(s for _, s in seen)
         if len(seen) == 1:
             kk, s = seen[0]
