@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from conftest import make_model, noisy_copy, ragged_batch
-from test_verify import E2E_PROMPT, E2E_ROWS, E2E_VOCAB, _joint_next_tokens, _joint_pvalue
+from test_verify import E2E_PROMPT, E2E_ROWS, _joint_next_tokens, _joint_pvalue, e2e_pair
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
@@ -271,17 +271,7 @@ def test_auto_samples_the_target_distribution_across_switches(monkeypatch):
     """4000 identical prompts, one sampled call: the first step drafts by prompt lookup (no probabilities), the
     second with the draft model (speculative sampling). Token pairs (t1, t2) and (t2, t3) must follow the target's
     exact joint distribution; many rows take t3 from the second step."""
-    tiny = dict(
-        hidden_size=32,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = make_model(
-        "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
-    )
-    draft = noisy_copy(model, scale=0.5)
+    model, draft = e2e_pair()
     target_12, target_23 = _joint_next_tokens(model, E2E_PROMPT)
     script = [("prompt_lookup", 2), ("draft_model", 2)]
     monkeypatch.setattr(generate_module, "_planner", lambda *a: _Scripted(script))

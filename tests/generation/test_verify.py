@@ -281,10 +281,8 @@ def _joint_pvalue(first: torch.Tensor, second: torch.Tensor, joint: torch.Tensor
     return float(chisquare(obs, exp).pvalue)
 
 
-def test_generate_with_draft_model_samples_the_target_distribution():
-    """4000 identical prompts in one sampled generate call: the first token comes from the prefill, the next
-    ones from one speculative step with K = 2 drafts of a noisy draft model. Token pairs (t1, t2) and (t2, t3)
-    must follow the target model's exact joint distribution, and not the draft's."""
+def e2e_pair():
+    """A one-layer Llama over `E2E_VOCAB` tokens and a noisy copy of it as the draft model."""
     tiny = dict(
         hidden_size=32,
         intermediate_size=32,
@@ -295,7 +293,14 @@ def test_generate_with_draft_model_samples_the_target_distribution():
     model = make_model(
         "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
     )
-    draft = noisy_copy(model, scale=0.5)
+    return model, noisy_copy(model, scale=0.5)
+
+
+def test_generate_with_draft_model_samples_the_target_distribution():
+    """4000 identical prompts in one sampled generate call: the first token comes from the prefill, the next
+    ones from one speculative step with K = 2 drafts of a noisy draft model. Token pairs (t1, t2) and (t2, t3)
+    must follow the target model's exact joint distribution, and not the draft's."""
+    model, draft = e2e_pair()
     target_12, target_23 = _joint_next_tokens(model, E2E_PROMPT)
     _, draft_23 = _joint_next_tokens(draft, E2E_PROMPT)
 
