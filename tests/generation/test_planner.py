@@ -128,6 +128,24 @@ def test_a_batch_is_rated_by_its_slowest_row():
     assert picks[20:].count("dm") >= 95
 
 
+def test_noisy_rows_of_one_kind_are_not_rated_by_the_unluckiest():
+    """Sixteen rows that all accept 2-6 drafts at random: the slowest-row rating must not mistake noise for a slow
+    row and fall back to plain steps."""
+    import random
+
+    rng = random.Random(0)
+    planner = Planner(_members(dm=4), max_k=8, batch=16)
+    picks = []
+    for i in range(150):
+        member, k = planner.next_step(10**6)
+        picks.append(member or K0)
+        accepted = [min(k, rng.randint(2, 6)) for _ in range(16)] if member else [0] * 16
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
+            "member": member, "issued": k, "parts": parts, "rows": accepted, "active": [True] * 16}))  # fmt: skip
+    assert picks[20:].count("dm") >= 125
+
+
 def test_k_climbs_while_every_draft_is_accepted():
     planner = Planner(_members(pl=4), max_k=12)
     picks = _simulate(planner, 60, lambda m, k, i: [k])

@@ -69,6 +69,8 @@ _COST_WINDOW = 32
 _EVIDENCE_ROWS = 24
 #: a row's steps its own rate under a drafter is drawn from (the slowest row bounds a static batch: `_slowest_share`)
 _ROW_WINDOW = 12
+#: steps' weight of the mean row in each row's rate (`Planner._slowest_share`)
+_ROW_PRIOR = 4
 #: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
 #: beyond what was tried; K climbs to where it is measured)
 _EXTRAPOLATION_RATIO = 0.85
@@ -385,12 +387,18 @@ class Planner(KPolicy):
         key = ("slow", member)
         if key in self._memo:
             return self._memo[key]
-        rates = [
-            sum(tokens) / len(tokens)
+        rows = [
+            tokens
             for row, tokens in self.state_of[member].row_tokens.items()
             if len(tokens) >= 2 and (row >= len(self.active) or self.active[row])
         ]
-        share = min(rates) * len(rates) / sum(rates) if len(rates) >= 2 else 1.0
+        share = 1.0
+        if len(rows) >= 2:
+            mean = sum(sum(t) / len(t) for t in rows) / len(rows)
+            # each row's rate shrunk towards the mean by `_ROW_PRIOR` steps: the minimum of many short, noisy
+            # windows would otherwise rate every drafter by its unluckiest row
+            slowest = min((sum(t) + _ROW_PRIOR * mean) / (len(t) + _ROW_PRIOR) for t in rows)
+            share = slowest / mean
         self._memo[key] = share
         return share
 
