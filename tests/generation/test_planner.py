@@ -447,3 +447,35 @@ def test_a_search_that_found_nothing_still_prices_every_k():
         profile.add(K0, 0, 0.0, 1.0, 0.1)
         profile.add("pl", 0, 0.05, 1.0, 0.1)
     assert profile.cost("pl", 6) == pytest.approx(0.05 + 1.0 * (1 + 0.08 * 6) + 0.1)
+
+
+def test_a_hub_model_s_profile_is_fetched_from_its_repository(tmp_path, monkeypatch):
+    """A model loaded by Hub id: its profile comes from the repository (``hf_hub_download``; faked here with a local
+    file), and a repository without one (or no network) simply measures afresh."""
+    import huggingface_hub
+
+    from hf_sparse_verify.generation import profiles
+
+    model = make_model("llama")
+    ids, mask = ragged_batch(1, length=40)
+    _auto(model, ids, mask)
+    saved = hsv.save_profile(model, tmp_path)
+    profiles._PROFILES.clear()
+    fetched = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        fetched.append((repo_id, filename))
+        if repo_id == "org/has-profile":
+            return saved
+        raise OSError("no such file in the repository")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    model.name_or_path = "org/has-profile"
+    assert _auto(model, ids, mask).speculation.policy_states[0]["reason"] != "baseline"
+    profiles._PROFILES.clear()
+    model.name_or_path = "org/no-profile"
+    assert _auto(model, ids, mask).speculation.policy_states[0]["reason"] == "baseline"
+    assert fetched == [
+        ("org/has-profile", "speculation_profile.json"),
+        ("org/no-profile", "speculation_profile.json"),
+    ]
