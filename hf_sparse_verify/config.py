@@ -22,9 +22,11 @@ from .sparse.config import LossySparseVerify
 
 CONFIG_NAME = "speculation_config.json"
 ATTENTION_BACKENDS = ("auto", "reference", "token_sparse", "triton")
-#: precision classes: ``exact`` runs only lossless work (greedy output equals plain ``generate``); ``lossy`` admits
-#: lossy sparse verification
-PRECISIONS = ("exact", "lossy")
+#: precision classes, strictest first: the loosest class of output quality the user accepts. ``exact`` runs only
+#: lossless work (greedy output equals plain ``generate``); ``near_exact`` and ``balanced`` admit lossy settings that a
+#: quality calibration granted that class (gates of issue 40: delta NLL, top-1, KL, flips, task score); ``fast``
+#: admits any lossy setting, measured and reported but not gated
+PRECISIONS = ("exact", "near_exact", "balanced", "fast")
 SELECTIONS = ("two_rows", "all", "last_token")
 VEGAS_SCORES = ("weights", "logits")
 VEGAS_LSE = ("step", "carried")
@@ -103,12 +105,12 @@ class SpeculationConfig:
             8K / 16K against 6.09 / 6.12 without pooling, Streaming 6.01 / 6.21 and Quest 6.09 / 6.04
             (benchmarks/NOTES_vegas_scores.md).
         streaming_sinks / quest_page_size: sink tokens of ``streaming``, page size of ``quest``.
-        precision: the precision class. ``"exact"`` never runs anything lossy: greedy output equals plain
-            ``generate`` token for token, and setting ``lossy_sparse_verify`` with it is an error. ``"lossy"``
-            admits lossy sparse verification. None (default): ``"lossy"`` when ``lossy_sparse_verify`` is set, else
-            ``"exact"``. (``auto``'s planner has no lossy candidates of its own yet: under ``"lossy"`` it runs the
-            ``lossy_sparse_verify`` you set; choosing calibrated lossy settings per step awaits their quality
-            calibration.)
+        precision: the loosest precision class the output may have (`PRECISIONS`). ``"exact"`` never runs
+            anything lossy: greedy output equals plain ``generate`` token for token, and ``lossy_sparse_verify`` with
+            it is an error. ``"near_exact"`` / ``"balanced"`` admit lossy settings that a quality calibration granted
+            that class; none grants classes yet, so today they run exactly as ``"exact"`` (a hand-set
+            ``lossy_sparse_verify`` has no class and is refused with them). ``"fast"`` admits any lossy setting,
+            ungated. None (default): ``"fast"`` when ``lossy_sparse_verify`` is set, else ``"exact"``.
         lossy_sparse_verify: None (default): dense, lossless verification. A `LossySparseVerify` (or a dict):
             LOSSY sparse verification, skipping KV blocks in attention, FFN channels and/or routed experts in the
             verify pass (`hf_sparse_verify.sparse`); greedy output may then differ from plain ``generate``. Measure
@@ -164,13 +166,19 @@ class SpeculationConfig:
                 f"{self.lossy_sparse_verify!r}"
             )
         if self.precision is None:  # the class follows from what is asked for
-            object.__setattr__(self, "precision", "exact" if self.lossy_sparse_verify is None else "lossy")
+            object.__setattr__(self, "precision", "exact" if self.lossy_sparse_verify is None else "fast")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.precision == "exact" and self.lossy_sparse_verify is not None:
             raise ValueError(
                 "precision='exact' never runs anything lossy, but lossy_sparse_verify is set: drop "
-                "lossy_sparse_verify, or set precision='lossy' to accept output that may differ from plain generate"
+                "lossy_sparse_verify, or set precision='fast' to accept output that may differ from plain generate"
+            )
+        if self.precision in ("near_exact", "balanced") and self.lossy_sparse_verify is not None:
+            raise ValueError(
+                f"precision={self.precision!r} admits only lossy settings a quality calibration granted that class, "
+                "and a lossy_sparse_verify given by hand has no class: set precision='fast' to run it ungated, or "
+                "drop it"
             )
         for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores", "vegas_lse"):
             value = getattr(self, name)

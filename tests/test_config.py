@@ -50,7 +50,7 @@ CUSTOM = dict(
     lossy_sparse_verify=LossySparseVerify(
         attention=SparseAttention(rho=0.2), ffn=SparseFFN(tau=0.1)
     ).to_dict(),
-    precision="lossy",
+    precision="fast",
 )
 
 
@@ -384,13 +384,18 @@ def test_from_pretrained_hub_reports_every_attempt(monkeypatch):
 
 
 def test_precision_classes():
-    """``exact`` never runs anything lossy; the class follows from what is asked for unless named."""
+    """``exact`` never runs anything lossy; a hand-set lossy setting has no calibrated class, so only ``fast`` runs
+    it; the class follows from what is asked for unless named."""
+    lossy = {"attention": {"rho": 0.1}}
     assert SpeculationConfig().precision == "exact"
-    lossy = SpeculationConfig(lossy_sparse_verify={"attention": {"rho": 0.1}})
-    assert lossy.precision == "lossy"
-    assert SpeculationConfig.from_dict(lossy.to_dict()) == lossy
+    fast = SpeculationConfig(lossy_sparse_verify=lossy)
+    assert fast.precision == "fast"
+    assert SpeculationConfig.from_dict(fast.to_dict()) == fast
     with pytest.raises(ValueError, match="precision='exact' never runs anything lossy"):
-        SpeculationConfig(precision="exact", lossy_sparse_verify={"attention": {"rho": 0.1}})
+        SpeculationConfig(precision="exact", lossy_sparse_verify=lossy)
+    for gated in ("near_exact", "balanced"):
+        with pytest.raises(ValueError, match="has no class: set precision='fast'"):
+            SpeculationConfig(precision=gated, lossy_sparse_verify=lossy)
+        assert SpeculationConfig(precision=gated).lossy_sparse_verify is None  # admitted, not imposed
     with pytest.raises(ValueError, match="precision must be one of"):
-        SpeculationConfig(precision="fast")
-    assert SpeculationConfig(precision="lossy").lossy_sparse_verify is None  # admitted, not imposed
+        SpeculationConfig(precision="lossy")
