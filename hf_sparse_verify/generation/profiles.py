@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections import deque as _deque
 
 import torch
 
-from .policies.planner import _COST_WINDOW, CostProfile
+from .policies.planner import CostProfile
 
 PROFILE_FILE = "speculation_profile.json"
 #: profiles kept in the process, least recently used first out
@@ -77,7 +76,7 @@ def save_profile(model, directory: str | os.PathLike) -> str:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, PROFILE_FILE)
     entries = _read(path) if os.path.isfile(path) else []
-    fresh = [{**key, "profile": _to_dict(profile)} for key, profile in mine]
+    fresh = [{**key, "profile": profile.to_dict()} for key, profile in mine]
     kept = [e for e in entries if not any(_matches(e, f) for f in fresh)]
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"format": 1, "entries": kept + fresh}, f, indent=1)
@@ -105,7 +104,7 @@ def _saved(model, wanted: dict) -> CostProfile | None:
             return None
     for entry in _read(path):
         if _matches(entry, wanted):
-            return _from_dict(entry["profile"])
+            return CostProfile.from_dict(entry["profile"])
     return None
 
 
@@ -115,21 +114,3 @@ def _read(path: str) -> list[dict]:
     if data.get("format") != 1 or not isinstance(data.get("entries"), list):
         raise ValueError(f"{path} is not a speculation profile (format 1): delete it or save it again")
     return data["entries"]
-
-
-def _to_dict(profile: CostProfile) -> dict:
-    return {
-        "verify": {str(w): list(v) for w, v in profile.verify.items()},
-        "draft": {f"{m}:{k}": list(v) for (m, k), v in profile.draft.items()},
-        "update": {m: list(v) for m, v in profile.update.items()},
-    }
-
-
-def _from_dict(data: dict) -> CostProfile:
-    profile = CostProfile()
-    profile.verify = {int(w): _deque(v, maxlen=_COST_WINDOW) for w, v in data.get("verify", {}).items()}
-    for key, values in data.get("draft", {}).items():
-        member, _, k = key.rpartition(":")
-        profile.draft[(member, int(k))] = _deque(values, maxlen=_COST_WINDOW)
-    profile.update = {m: _deque(v, maxlen=_COST_WINDOW) for m, v in data.get("update", {}).items()}
-    return profile

@@ -322,9 +322,14 @@ class _Recording(_Scripted):
             self.shadow.extend(steps)
 
 
-def test_prompt_lookup_is_scored_against_the_continuation_while_others_draft(monkeypatch):
+@pytest.mark.parametrize("device_search", [False, True])
+def test_prompt_lookup_is_scored_against_the_continuation_while_others_draft(monkeypatch, device_search):
     """Plain steps only: every step, prompt lookup's proposal is scored against the row's own continuation once it
-    is committed. The runs equal an independent recount from the final sequence."""
+    is committed. The runs equal an independent recount from the final sequence, with the host index and with the
+    all-rows device search (what long prompts on a GPU use)."""
+    from hf_sparse_verify.generation.drafters.prompt_lookup import PromptLookupDrafter
+
+    monkeypatch.setattr(PromptLookupDrafter, "searches_on_device", lambda self, state: device_search)
     import numpy as np
 
     from hf_sparse_verify.generation.drafters.portfolio import SHADOW_WIDTH

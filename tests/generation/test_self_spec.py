@@ -14,7 +14,7 @@ from fractions import Fraction
 import pytest
 import torch
 from conftest import PAD, make_model, ragged_batch
-from scipy.stats import chisquare
+from test_verify import E2E_ROWS, E2E_VOCAB, _joint_next_tokens, _joint_pvalue, e2e_model
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention import interface
@@ -774,32 +774,6 @@ def test_verify_pass_fills_scores_and_prefill_seeds_selection(monkeypatch, selec
 
 
 # ------------------------------------------------------------------------------------------ sampling, end to end
-E2E_VOCAB, E2E_ROWS = 8, 4000
-
-
-def _joint_next_tokens(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact ``P(t1, t2)`` and ``P(t2, t3)`` ``[V, V]`` (float64) of the next three tokens at temperature 1."""
-    vocab, length = E2E_VOCAB, len(prompt)
-    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # [V*V, 2] (t1, t2)
-    seqs = torch.cat([torch.tensor(prompt).repeat(vocab * vocab, 1), pairs], dim=1)
-    with torch.no_grad():
-        probs = model(input_ids=seqs).logits.float().softmax(-1).double()  # [V*V, L+2, V]
-    p1 = probs[0, length - 1]
-    p2 = probs[:, length].view(vocab, vocab, vocab)[:, 0]  # [t1, t2]
-    p3 = probs[:, length + 1].view(vocab, vocab, vocab)  # [t1, t2, t3]
-    return p1[:, None] * p2, torch.einsum("a,ab,abc->bc", p1, p2, p3)
-
-
-def _joint_pvalue(first: torch.Tensor, second: torch.Tensor, joint: torch.Tensor) -> float:
-    """Chi-square of observed token pairs against ``joint`` ``[V, V]``; cells expected < 5 are merged."""
-    observed = torch.bincount(first * E2E_VOCAB + second, minlength=E2E_VOCAB**2).double()
-    expected = joint.flatten() / joint.sum() * observed.sum()
-    small = expected < 5
-    obs = observed[~small].tolist() + ([observed[small].sum().item()] if small.any() else [])
-    exp = expected[~small].tolist() + ([expected[small].sum().item()] if small.any() else [])
-    return float(chisquare(obs, exp).pvalue)
-
-
 def _accept_every_draft(drafts, num_drafts, draft_probs, scores, generator=None):
     """A lossy verifier: keeps every proposed draft, bonus from the target at the position after them."""
     accepted = num_drafts.clone()
@@ -830,16 +804,7 @@ def test_vegas_sampling_matches_target_distribution(monkeypatch):
     three from one step with K = 2 sparse drafts (budget 3 of 24 tokens). Token pairs must follow the target's
     exact joint distribution, while drafts are both accepted and rejected; the same test rejects the output of
     a verifier that keeps every sparse draft."""
-    tiny = dict(
-        hidden_size=32,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = make_model(
-        "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
-    )
+    model = e2e_model()
     prompt = torch.randint(0, E2E_VOCAB, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     target_12, target_23 = _joint_next_tokens(model, prompt)
 

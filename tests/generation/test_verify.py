@@ -281,8 +281,8 @@ def _joint_pvalue(first: torch.Tensor, second: torch.Tensor, joint: torch.Tensor
     return float(chisquare(obs, exp).pvalue)
 
 
-def e2e_pair():
-    """A one-layer Llama over `E2E_VOCAB` tokens and a noisy copy of it as the draft model."""
+def e2e_model():
+    """A one-layer Llama over `E2E_VOCAB` tokens (exact joint distributions of a few tokens are cheap)."""
     tiny = dict(
         hidden_size=32,
         intermediate_size=32,
@@ -290,9 +290,14 @@ def e2e_pair():
         num_attention_heads=2,
         num_key_value_heads=1,
     )
-    model = make_model(
+    return make_model(
         "llama", vocab_size=E2E_VOCAB, pad_token_id=0, eos_token_id=None, bos_token_id=None, **tiny
     )
+
+
+def e2e_pair():
+    """`e2e_model` and a noisy copy of it as the draft model."""
+    model = e2e_model()
     return model, noisy_copy(model, scale=0.5)
 
 

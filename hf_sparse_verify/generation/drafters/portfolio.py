@@ -176,7 +176,13 @@ class PortfolioDrafter(Drafter):
         lookup = self.members.get("prompt_lookup")
         if lookup is not None and name != "prompt_lookup" and state.batch_size < SHADOW_MAX_BATCH:
             # what prompt lookup would draft now, scored against what this step commits (`on_verify`)
-            self._shadow = (list(state.committed), lookup.propose(state, SHADOW_WIDTH))
+            proposals = lookup.propose(state, SHADOW_WIDTH)
+            if isinstance(
+                proposals, tuple
+            ):  # the device search: copied to the host behind the step, not waited on
+                drafts, counts = proposals
+                proposals = torch.cat([drafts, counts[:, None]], dim=1).to("cpu", non_blocking=True)
+            self._shadow = (list(state.committed), proposals)
 
     def _warm(self, name: str, state: DecodeState) -> None:
         """A lazily started member's prefill (timed: it adds to the call's prefill) and graph capture."""
@@ -207,15 +213,15 @@ class PortfolioDrafter(Drafter):
         if self._shadow is not None:
             before, proposals = self._shadow
             if isinstance(
-                proposals, tuple
-            ):  # the device search: read after the step's readback (nothing pending)
-                drafts, counts = proposals
-                proposals = [d[:c] for d, c in zip(drafts.tolist(), counts.tolist())]
+                proposals, torch.Tensor
+            ):  # complete: the step's readback came after it in the stream
+                proposals = [row[: row[-1]] for row in proposals.tolist()]  # drafts, then the count
             for row, accepted in enumerate(feedback.accepted):
                 if accepted is not None and feedback.committed_before[row] == before[row]:
                     self._pending.append((row, before[row], proposals[row]))
             self._shadow = None
-        self._scored = {"prompt_lookup": self._score_shadow(feedback)} if self._pending else {}
+        scored = self._score_shadow(feedback) if self._pending else []
+        self._scored = {"prompt_lookup": scored} if scored else {}
 
     def _score_shadow(self, feedback: VerifyFeedback) -> list[Step]:
         """`Step`s of the proposals whose tokens are now all committed (or whose row stopped): the run each would

@@ -60,7 +60,7 @@ class SpeculationStats:
         """Add one step (``accepted``/``proposed`` per row; rows inactive before the step are recorded as None;
         ``member``: the drafter that drafted, None for a plain step)."""
         self.steps += 1
-        self.members.append(member if k > 0 or member is not None else None)
+        self.members.append(member)
         self.draft_tokens.append(k)
         self.accepted_tokens.append([a if act else None for a, act in zip(accepted, active_before)])
         self.proposed_tokens.append([int(p) if act else None for p, act in zip(proposed, active_before)])

@@ -52,6 +52,7 @@ Example (drafter ``a`` is right up to 2 tokens and cheap, ``b`` is never right):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -139,6 +140,25 @@ class CostProfile:
             values = getattr(self, name)[key]
             cached = self._medians[(name, key)] = median(values) if len(values) >= 3 else min(values)
         return cached
+
+    def to_dict(self) -> dict:
+        """The measurements, JSON-ready (what `hf_sparse_verify.generation.profiles` saves beside a model)."""
+        return {
+            "verify": {str(w): list(v) for w, v in self.verify.items()},
+            "draft": {f"{m}:{k}": list(v) for (m, k), v in self.draft.items()},
+            "update": {m: list(v) for m, v in self.update.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        profile = cls()
+        window = functools.partial(deque, maxlen=_COST_WINDOW)
+        profile.verify = {int(w): window(v) for w, v in data.get("verify", {}).items()}
+        for key, values in data.get("draft", {}).items():
+            member, _, k = key.rpartition(":")
+            profile.draft[(member, int(k))] = window(values)
+        profile.update = {m: window(v) for m, v in data.get("update", {}).items()}
+        return profile
 
     def known(self, member: str) -> bool:
         return member in self.update
