@@ -83,8 +83,22 @@ def _prompt_ids(path: Path, tokenizer) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(tokenizer(r["text"])["input_ids"]) for r in rows)
 
 
-def prompts(path: Path, tokenizer, batch: int, context: int, device) -> torch.Tensor:
-    """``[batch, context]`` ids: held-out prompts of at least ``context`` tokens, cut to ``context``."""
+def random_ids(tokenizer, length: int, generator: torch.Generator) -> list[int]:
+    """``length`` uniform token ids other than EOS (a prompt where drafts have nothing to copy)."""
+    row = torch.randint(0, len(tokenizer) - 1, (length,), generator=generator)
+    if tokenizer.eos_token_id is not None:
+        row = row + (row >= tokenizer.eos_token_id).long()  # uniform over the ids other than EOS
+    return row.tolist()
+
+
+def prompts(
+    path: Path, tokenizer, batch: int, context: int, device, content: str = "held_out"
+) -> torch.Tensor:
+    """``[batch, context]`` ids: held-out prompts of at least ``context`` tokens, cut to ``context``; with
+    ``content="random"``, `random_ids` rows (seeded)."""
+    if content == "random":
+        gen = torch.Generator().manual_seed(RANDOM_SEED)
+        return torch.tensor([random_ids(tokenizer, context, gen) for _ in range(batch)], device=device)
     ids = [list(x[:context]) for x in _prompt_ids(path, tokenizer) if len(x) >= context]
     if not ids:
         raise SystemExit(f"no prompt of {context} tokens in {path}")
@@ -100,8 +114,6 @@ def mixed_sequence(path: Path, tokenizer, scale: float = 1.0, device="cpu") -> l
     row is uniform ids (EOS excluded) from a generator seeded per call; a ``mix`` call alternates copy and fresh
     rows."""
     texts = _prompt_ids(path, tokenizer)
-    vocab = len(tokenizer)
-    eos = tokenizer.eos_token_id
     calls = []
     for i, (content, batch, context, new_tokens) in enumerate(MIXED):
         context = max(16, round(context * scale))
@@ -121,10 +133,7 @@ def mixed_sequence(path: Path, tokenizer, scale: float = 1.0, device="cpu") -> l
             elif kind == "fresh":
                 rows.append(list(text[:context]))
             else:
-                row = torch.randint(0, vocab - 1, (context,), generator=gen)
-                if eos is not None:
-                    row = row + (row >= eos).long()  # uniform over the ids other than EOS
-                rows.append(row.tolist())
+                rows.append(random_ids(tokenizer, context, gen))
         calls.append(
             dict(
                 name=f"{i:02d}:{content}:{batch}x{context}",
@@ -269,11 +278,22 @@ def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def run_shape(target, draft, tokenizer, prompts_path, shape: str, cases, new_tokens: int, device):
+def run_shape(
+    target,
+    draft,
+    tokenizer,
+    prompts_path,
+    shape: str,
+    cases,
+    new_tokens: int,
+    device,
+    content: str = "held_out",
+):
     """Every case at one ``BxL`` shape: ``[(setting, record), ...]``, with ``vs_k0`` (decode tokens/s over the
-    ``k0`` case's) and ``vs_plain`` (call tokens/s over plain generate's), None where that case did not run."""
+    ``k0`` case's) and ``vs_plain`` (call tokens/s over plain generate's), None where that case did not run.
+    ``content="random"`` runs random-token prompts (records ``prompt: "random"``, settings ``...:random:<case>``)."""
     batch, context = (int(x) for x in shape.split("x"))
-    ids = prompts(Path(prompts_path), tokenizer, batch, context, device)
+    ids = prompts(Path(prompts_path), tokenizer, batch, context, device, content)
     results = {
         case: run_case(case, target, draft, ids, new_tokens, device) for case in tqdm(cases, desc=shape)
     }
@@ -288,7 +308,11 @@ def run_shape(target, draft, tokenizer, prompts_path, shape: str, cases, new_tok
         decode = result.get("decode_tokens_per_s")
         record["vs_k0"] = decode / k0 if k0 and decode else None
         record["vs_plain"] = result["call_tokens_per_s"] / plain if plain else None
-        out.append((f"{torch.device(device).type}:{shape}:{case}", record))
+        where = shape
+        if content != "held_out":
+            record["prompt"] = content
+            where = f"{shape}:{content}"
+        out.append((f"{torch.device(device).type}:{where}:{case}", record))
     return out
 
 
@@ -380,6 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--cases", nargs="+", default=CASES)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--prompt", choices=["held_out", "random"], default="held_out",
+        help="the shapes' prompts: held-out code (default) or random tokens",
+    )  # fmt: skip
     parser.add_argument("--mixed", action="store_true", help="run the mixed workload")
     parser.add_argument(
         "--mixed-cases", nargs="+", default=MIXED_CASES, help="plain generate always runs too"
@@ -400,7 +428,15 @@ def main(argv: list[str] | None = None) -> None:
     prompts_path = Path(args.shared) / "models" / "prompts_long.jsonl"
     for shape in shapes:
         for setting, record in run_shape(
-            target, draft, tokenizer, prompts_path, shape, args.cases, args.new_tokens, args.device
+            target,
+            draft,
+            tokenizer,
+            prompts_path,
+            shape,
+            args.cases,
+            args.new_tokens,
+            args.device,
+            args.prompt,
         ):
             _print(record)
             _records.save(args, record, args.device, setting=setting)

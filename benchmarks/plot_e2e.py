@@ -58,7 +58,9 @@ def from_runs(records: list[dict], runs: list[str]) -> list[dict]:
     return [r for r in records if r.get("run") is not None and chosen.get(r.get("shape")) == r.get("run")]
 
 
-def plot(records: list[dict], out: str | Path, device: str | None = None, runs: list[str] | None = None) -> Path:
+def plot(
+    records: list[dict], out: str | Path, device: str | None = None, runs: list[str] | None = None
+) -> Path:
     """Draw the records of the device whose name contains ``device`` (default the latest) into ``out``; with
     ``runs``, per shape the first of those runs that measured it."""
     if runs:
@@ -67,7 +69,10 @@ def plot(records: list[dict], out: str | Path, device: str | None = None, runs: 
     mine = [r for r in records if device.lower() in str(r.get("device", "")).lower()]
     if not mine:
         raise SystemExit(f"no record of a device matching {device!r}")
-    shaped = [r for r in mine if r.get("shape") not in (None, "mixed") and r.get("vs_k0") is not None]
+    shaped = [
+        r for r in mine
+        if r.get("shape") not in (None, "mixed") and r.get("vs_k0") is not None and r.get("prompt") is None
+    ]  # fmt: skip
     mixed = [r for r in mine if r.get("shape") == "mixed"]
     shapes = sorted({r["shape"] for r in shaped}, key=_shape_key)
     cases = list(dict.fromkeys(case_of(r) for r in shaped))

@@ -78,6 +78,15 @@ def test_mixed_sequence_is_fixed_and_varied(shared_models, models):
     assert max(c["context"] for c in full) == 16384 and min(c["context"] for c in full) == 1024
 
 
+def test_random_prompts_are_seeded_and_have_no_eos(shared_models, models):
+    tokenizer = models[0]
+    path = shared_models / "prompts_long.jsonl"
+    ids = bench_e2e.prompts(path, tokenizer, 3, 64, "cpu", content="random")
+    assert ids.shape == (3, 64) and not (ids == tokenizer.eos_token_id).any()
+    assert torch.equal(ids, bench_e2e.prompts(path, tokenizer, 3, 64, "cpu", content="random"))
+    assert not torch.equal(ids, bench_e2e.prompts(path, tokenizer, 3, 64, "cpu"))
+
+
 def test_mixed_workload_records(shared_models, models, tmp_path):
     tokenizer, target, draft = models
     calls = bench_e2e.mixed_sequence(shared_models / "prompts_long.jsonl", tokenizer, scale=0.005)
