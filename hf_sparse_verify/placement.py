@@ -1,8 +1,11 @@
 """Where a model's weights live, and what that rules out: a model spread over several GPUs by an accelerate device
 map, or sharded by tensor parallelism (``tp_plan="auto"``, weights as `torch.distributed.tensor.DTensor`).
 
-- CUDA graphs record the work of one device's streams, and tensor-parallel steps run collectives: steps of such
-  models run eagerly (`graph_obstacle` says why; the loop warns once).
+- A CUDA graph records the work of one device. A model whose decoder layers an accelerate device map spreads over
+  several GPUs runs its steps as one graph per device segment (`device_segments`: a run of consecutive layers on one
+  GPU, `hf_sparse_verify.generation.engine.segments`), with the hidden state handed between GPUs outside the
+  graphs. Offloaded weights and tensor-parallel steps (collectives) run eagerly (`graph_obstacle` says why; the
+  loop warns once).
 - Our fused module replacements read plain weights and would drop the collectives that transformers' tensor-parallel
   hooks add, so tensor-parallel models keep their own modules and experts implementation (`tensor_parallel`).
 - Ranks of a tensor-parallel model must take the same host decisions: the step times a K policy reads are agreed
@@ -14,8 +17,11 @@ map, or sharded by tensor parallelism (``tp_plan="auto"``, weights as `torch.dis
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
+
+from . import _compat
 
 try:
     from torch.distributed.tensor import DTensor
@@ -33,17 +39,57 @@ def cuda_devices(model: torch.nn.Module) -> list[torch.device]:
     return sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=lambda d: d.index)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive decoder layers on one device: ``layers`` (indices) on ``device``."""
+
+    device: torch.device
+    layers: range
+
+
+def device_segments(model: torch.nn.Module) -> list[Segment] | None:
+    """``model``'s decoder layers grouped into runs of consecutive layers on one device (one segment per device
+    under a balanced device map; more where the map alternates). None when the decoder layers are not found or a
+    layer has weights on two devices."""
+    layers = _compat.decoder_layers(model)
+    if layers is None or len(layers) == 0:
+        return None
+    placed = []
+    for layer in layers:
+        devices = {p.device for p in layer.parameters()}
+        if len(devices) != 1:
+            return None
+        placed.append(devices.pop())
+    segments: list[Segment] = []
+    first = 0
+    for i in range(1, len(placed) + 1):
+        if i == len(placed) or placed[i] != placed[first]:
+            segments.append(Segment(placed[first], range(first, i)))
+            first = i
+    return segments
+
+
+def spans_gpus(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s weights are on several GPUs (and nowhere else): its steps run per device segment."""
+    placed = {p.device for p in model.parameters()}
+    return len(placed) > 1 and all(d.type == "cuda" for d in placed)
+
+
 def graph_obstacle(model: torch.nn.Module) -> str | None:
-    """Why the steps of ``model`` cannot be captured in one CUDA graph (None when they can)."""
+    """Why the steps of ``model`` cannot run on CUDA graphs (None when they can: on one GPU as one graph per step,
+    over several GPUs as one graph per device segment)."""
     if tensor_parallel(model):
         return "is tensor-parallel (its steps run collectives across processes)"
     placed = {p.device for p in model.parameters()}
     devices = sorted((d for d in placed if d.type == "cuda"), key=lambda d: d.index)
-    if len(devices) > 1:
-        return f"spans {len(devices)} GPUs ({', '.join(map(str, devices))}; a CUDA graph records one device's work)"
     elsewhere = sorted({d.type for d in placed} - {"cuda"})
     if devices and elsewhere:
         return f"has weights on {' and '.join(elsewhere)} beside the GPU (offloaded layers run outside a CUDA graph)"
+    if len(devices) > 1 and device_segments(model) is None:
+        return (
+            f"spans {len(devices)} GPUs and its decoder layers do not form runs on one device each (a layer split "
+            "over two GPUs, or no decoder layers found), so its steps cannot be captured per device"
+        )
     return None
 
 

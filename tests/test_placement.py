@@ -124,13 +124,17 @@ def test_kernel_runs_on_its_tensors_device():
     torch.testing.assert_close(out, ref.to(out.dtype), atol=2e-4, rtol=2e-4)
 
 
-def _split_equals_plain(device_map: dict, strategy: str, obstacle: str) -> None:
-    """A float32 tiny Llama dispatched by ``device_map``, default settings (triton backend where the layer is on a
-    GPU; CUDA graphs fall back to eager steps with one warning): plain ``generate``'s tokens, batch 2 ragged."""
+def _split_equals_plain(device_map: dict, strategy: str, obstacle: str | None) -> None:
+    """A float32 tiny Llama dispatched by ``device_map``, default settings: plain ``generate``'s tokens, batch 2
+    ragged. Over several GPUs the steps run one CUDA graph per device segment, captured by the first call only;
+    with offloaded layers (``obstacle``) they run eagerly."""
     from accelerate import dispatch_model
 
-    model = dispatch_model(make_model("llama"), device_map=device_map)
-    assert obstacle in graph_obstacle(model)
+    model = dispatch_model(make_model("llama", num_hidden_layers=3), device_map=device_map)
+    if obstacle is None:
+        assert graph_obstacle(model) is None
+    else:
+        assert obstacle in graph_obstacle(model)
     ids = torch.randint(3, 90, (2, 40), generator=torch.Generator().manual_seed(0))
     ids[:, -12:] = ids[:, -24:-12]
     mask = torch.ones_like(ids)
@@ -140,21 +144,43 @@ def _split_equals_plain(device_map: dict, strategy: str, obstacle: str) -> None:
     settings = {"strategy": strategy, "num_draft_tokens": 4}
     if strategy == "utility":
         settings = {"strategy": "prompt_lookup", "k_policy": "utility", "max_draft_tokens": 8}
+    if strategy == "auto":
+        settings = {"strategy": "auto", "max_draft_tokens": 8}
     extra = {"draft_model": model} if strategy == "draft_model" else {}
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate,
-        speculation=settings, **extra,
-    )  # fmt: skip
-    assert torch.equal(out, plain)
+    captures = []
+    for _ in range(2):
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate,
+            speculation=settings, return_dict_in_generate=True, **extra,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain)
+        captures.append(out.speculation.graph_capture_s)
+    if obstacle is None:
+        assert captures[0] > 0 and captures[1] == 0, (
+            captures
+        )  # segment graphs ran, and were kept across calls
+    else:
+        assert captures == [0.0, 0.0]
 
 
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "auto"])
 def test_device_map_over_two_gpus_equals_plain(strategy):
-    """Layer 0 on GPU 0, layer 1 and the head on GPU 1."""
+    """Layer 0 on GPU 0, layers 1-2 and the head on GPU 1: two device segments."""
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 1,
-                  "model.norm": 1, "lm_head": 1}  # fmt: skip
-    _split_equals_plain(device_map, strategy, "2 GPUs")
+                  "model.layers.2": 1, "model.norm": 1, "lm_head": 1}  # fmt: skip
+    _split_equals_plain(device_map, strategy, None)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.device_count() >= 4), reason="needs four CUDA GPUs"
+)
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "vegas", "auto"])
+def test_device_map_alternating_over_four_gpus_equals_plain(strategy):
+    """Segments of one layer each, GPU 0 -> 3 -> 1 (a device's layers need not be one run)."""
+    device_map = {"model.embed_tokens": 2, "model.rotary_emb": 2, "model.layers.0": 0, "model.layers.1": 3,
+                  "model.layers.2": 1, "model.norm": 2, "lm_head": 2}  # fmt: skip
+    _split_equals_plain(device_map, strategy, None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -163,7 +189,7 @@ def test_device_map_gpu_and_cpu_equals_plain(strategy):
     """Layer 1 and the head offloaded to the CPU (accelerate keeps their weights on the meta device and streams them
     to the GPU for each forward): eager steps on the GPU."""
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": "cpu",
-                  "model.norm": "cpu", "lm_head": "cpu"}  # fmt: skip
+                  "model.layers.2": "cpu", "model.norm": "cpu", "lm_head": "cpu"}  # fmt: skip
     _split_equals_plain(device_map, strategy, "beside the GPU")
 
 

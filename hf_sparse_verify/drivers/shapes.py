@@ -21,6 +21,20 @@ SHAPES: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    "llama-3.1-70b": (  # about 141 GB of bf16 weights: two H200s or four H100s
+        "LlamaConfig",
+        dict(
+            vocab_size=128256,
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rope_parameters={"rope_theta": 500000.0, "rope_type": "default"},
+            tie_word_embeddings=False,
+        ),
+    ),
     "qwen3-30b-a3b": (
         "Qwen3MoeConfig",
         dict(

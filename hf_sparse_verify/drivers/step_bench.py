@@ -82,7 +82,8 @@ def _ours(
         )
         if on
     }
-    mode = Mode(fused=backend == "triton", fused_parts=frozenset(parts))
+    # over several GPUs (an accelerate device map) the steps run one graph per device segment
+    mode = Mode(fused=backend == "triton", fused_parts=frozenset(parts), device_segments=True)
     with speculation_mode(model, mode=mode) as switched, switched.decoding_experts():
         runner = ModelRunner(model, batch, context + max(widths), device, backend)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
@@ -114,6 +115,20 @@ def _ours(
             bar.update(1)
     _free(device)
     return times, collect_times, mode
+
+
+def our_step_ms(
+    model, context: int, batch: int, widths, device, repeats: int = 10, warmups: int = 3
+) -> tuple[dict, str]:
+    """Median ms of our step of each width in ``widths`` over a cache of ``context`` random tokens per row, as the
+    engine runs it (graphs where they capture: one per step on one GPU, one per device segment over several);
+    and the mode (``graph`` or ``eager``)."""
+    args = StepBenchArgs(
+        shape="given", contexts=(context,), new_tokens=tuple(widths), repeats=repeats, warmups=warmups
+    )
+    with tqdm(total=len(widths), desc="our steps", file=sys.stderr) as bar:
+        times, _, mode = _ours(model, context, batch, sorted(set(widths)), args, torch.device(device), bar)
+    return times, mode
 
 
 def _transformers(

@@ -93,7 +93,9 @@ def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, promp
     )
 
 
-def _planner(config: SpeculationConfig, drafter: PortfolioDrafter, model, batch: int, prompt_len: int) -> Planner:
+def _planner(
+    config: SpeculationConfig, drafter: PortfolioDrafter, model, batch: int, prompt_len: int
+) -> Planner:
     """The planner of this call, on the profile of this model, drafter set and shape bucket (kept across calls;
     at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape)."""
     key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
@@ -148,8 +150,8 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
 
 
 def _backend(config: SpeculationConfig, model) -> str:
-    """``"auto"``: ``triton`` where the steps run on CUDA graphs; where they run eagerly on a GPU (``cuda_graphs=False``,
-    or a model over several GPUs, offloaded or tensor-parallel) ``reference`` for the strategies that draft without
+    """``"auto"``: ``triton`` where the steps run on CUDA graphs (one GPU, or one graph per device segment over several);
+    where they run eagerly on a GPU (``cuda_graphs=False``, offloaded or tensor-parallel models) ``reference`` for the strategies that draft without
     reading the target's cache, since an eager step pays every launch's host cost and the Triton path launches more
     (one H200, 8B shape, bf16, 64 new tokens, prompt lookup, eager: 25.0 against 43.3 ms per step at batch 1, 33.7
     against 62.9 at batch 3; `results/device_map.json (record eager_backends)`); ``reference`` off CUDA."""
@@ -241,8 +243,10 @@ def _run(
             config, model, draft_model, vegas=_vegas_joins(config, model, settings, prompt_len)
         )
         # auto picks K itself; k_policy="plain" still asks for no speculation
-        policy = make_k_policy(config) if config.k_policy == "plain" else _planner(
-            config, drafter, model, batch, prompt_len
+        policy = (
+            make_k_policy(config)
+            if config.k_policy == "plain"
+            else _planner(config, drafter, model, batch, prompt_len)
         )
     else:
         drafter = build_drafter(config, strategy, model, draft_model)
@@ -260,6 +264,7 @@ def _run(
         fused=config.fused_modules and settings.backend == "triton",
         sparse_ffn=sparse is not None and sparse.ffn is not None,
         expert_skipping=sparse is not None and sparse.moe is not None,
+        device_segments=settings.cuda_graphs is not False and settings.backend == "triton",
     )
     with speculation_mode(*models, mode=mode) as switched:
         sequences, stats = speculative_decode(

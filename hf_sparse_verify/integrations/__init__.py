@@ -6,7 +6,8 @@
 - Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
   (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` (`rms_norm`), `GatedMLP` (`mlp`, also
   the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
-  (`falcon`, `gptj`, `codegen`, `gpt_neo`) replaced by ones that dispatch through it.
+  (`falcon`, `gptj`, `codegen`, `gpt_neo`) replaced by ones that dispatch through it; on a model over several GPUs,
+  `SegmentLayer` (`segments`) around each decoder layer, so steps run as one CUDA graph per device segment.
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
 
@@ -27,6 +28,7 @@ from .mlp import GatedMLP, replaceable_mlp
 from .qkv_attention import FusedQKVAttention
 from .rms_norm import TritonRMSNorm
 from .router import FusedRouter
+from .segments import SegmentLayer
 from .switch import ATTENTION_REPLACEMENTS, RULES, Mode, Switched, plan_swaps, speculation_mode
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "GatedMLP",
     "Mode",
     "RULES",
+    "SegmentLayer",
     "Switched",
     "TritonRMSNorm",
     "decoding_implementation",

@@ -36,8 +36,20 @@ from .. import _compat
 from ..attention.interface import NAME as ATTENTION_NAME
 from ..attention.interface import register as register_attention
 from ..kernels._triton import compiled_on
-from ..placement import swappable, tensor_parallel
-from . import codegen, decoder_layer, experts, falcon, gpt_neo, gptj, mlp, qkv_attention, rms_norm, router
+from ..placement import device_segments, spans_gpus, swappable, tensor_parallel
+from . import (
+    codegen,
+    decoder_layer,
+    experts,
+    falcon,
+    gpt_neo,
+    gptj,
+    mlp,
+    qkv_attention,
+    rms_norm,
+    router,
+    segments,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +82,9 @@ class Mode:
         down_copy: `GatedMLP`'s transposed ``down_proj`` copy for the sparse kernel (see `mlp`).
         expert_skipping: decoding experts on ``"hsv_fused"`` everywhere (lossy expert skipping).
         fused_experts: decoding experts on ``"hsv_fused"``: None = on CUDA with Triton (`experts.FUSED_BY_DEFAULT`).
+        device_segments: on a model whose weights are on several GPUs (an accelerate device map), every decoder
+            layer becomes a `SegmentLayer`, so steps can run as one CUDA graph per device segment (transparent in
+            eager steps).
     """
 
     attention: bool = True
@@ -80,6 +95,7 @@ class Mode:
     down_copy: bool = True
     expert_skipping: bool = False
     fused_experts: bool | None = None
+    device_segments: bool = False
 
     def __post_init__(self):
         unknown = set(self.fused_parts) - FUSED_PARTS
@@ -109,9 +125,17 @@ class _Walk:
     config: object | None
     layer_index: dict[int, int]
     layer: int | None = None
+    segmented: bool = False  # the model's decoder layers run per device segment (`Mode.device_segments`)
 
     def fused(self, part: str) -> bool:
         return self.mode.fused and part in self.mode.fused_parts
+
+
+def _device_segment(module, walk: _Walk):
+    index = walk.layer_index.get(id(module))
+    if walk.segmented and index is not None:
+        return segments.SegmentLayer(module, index)
+    return None
 
 
 def _decoder_layer(module, walk: _Walk):
@@ -182,6 +206,7 @@ ATTENTION_REPLACEMENTS = (
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
 RULES = (
+    Rule("device_segment", _device_segment, descend=True),
     Rule("decoder_layer", _decoder_layer, descend=True),
     Rule("dispatching_attention", _dispatching_attention),
     Rule("qkv_attention", _qkv_attention),
@@ -205,12 +230,13 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
             logger.info("hf_sparse_verify: a tensor-parallel model keeps its own modules")
             mode = Mode(attention=mode.attention, dispatch_attention=mode.dispatch_attention)
     config = model.config.get_text_config(decoder=True) if hasattr(model, "config") else None
-    layers = _compat.decoder_layers(model) if mode.sparse_ffn or mode.fused else []
+    segmented = mode.device_segments and spans_gpus(model) and device_segments(model) is not None
+    layers = _compat.decoder_layers(model) if mode.sparse_ffn or mode.fused or segmented else []
     if layers is None:
         logger.warning(
             "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
         )
-    walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])})
+    walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])}, segmented=segmented)
     swaps: list[Swap] = []
 
     def visit(parent: torch.nn.Module) -> None:

@@ -49,6 +49,9 @@ class StepContext:
         kv_selection: draft-time KV selection (owner: the self-speculative drafter), read by draft steps.
         scores: attention-score collection (owner: the Vegas drafter), written by verify and prefill steps.
         verify_sparsity: verify-time sparsity (owner: sparse verification), read by verify steps.
+        segments: the runner's per-device graphs when a model over several GPUs captures or replays this step
+            (`hf_sparse_verify.generation.engine.segments.SegmentRun`): its decoder layers hand their calls to it.
+            None in every other step.
     """
 
     phase: Phase
@@ -63,6 +66,7 @@ class StepContext:
     kv_selection: KVSelection | None = None
     scores: ScoreCollection | None = None
     verify_sparsity: VerifySparsity | None = None
+    segments: object | None = None
     _views: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -26,22 +26,26 @@ WARMUP_FORWARDS = 2
 
 
 def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, object]:
-    """Warm ``fn`` up on a side stream, then capture it; returns the graph and what the captured call returned."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_FORWARDS):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    # no garbage collection inside the capture: a collected object's CUDA destructor (an event, say) is an
-    # illegal call during capture whose error is swallowed, and the capture then fails at the next launch
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool):
-            result = fn()
-    finally:
-        gc.enable()
+    """Warm ``fn`` up on a side stream of ``device``, then capture it there; returns the graph and what the captured
+    call returned. Replay it with ``device`` current (a graph launches on the current device's stream)."""
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_FORWARDS):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # no garbage collection inside the capture: a collected object's CUDA destructor (an event, say) is an
+        # illegal call during capture whose error is swallowed, and the capture then fails at the next launch
+        gc.disable()
+        try:
+            # a capture stream of this device (torch.cuda.graph's default one is made once, on whichever device
+            # was current at its first use)
+            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(device)):
+                result = fn()
+        finally:
+            gc.enable()
     gc.collect()  # now, rather than in the middle of a later call's steps
     return graph, result
 
@@ -78,7 +82,11 @@ class _Graph:
 
 
 class StepGraphs:
-    """Captured steps of one `ModelRunner` (its cache must be allocated: capture after the prefill)."""
+    """Captured steps of one `ModelRunner` (its cache must be allocated: capture after the prefill): each step one
+    graph of the whole forward, on one GPU (`segments.SegmentGraphs` runs models over several GPUs)."""
+
+    #: device work between steps (`CapturedCall`) may be captured into this runner's pool: it is one device's
+    whole_steps = True
 
     def __init__(self, runner):
         self.runner = runner

@@ -12,9 +12,10 @@ import torch
 from ..._compat import CACHE_KWARG
 from ..._logging import warn_once
 from ...attention import SpecCache
-from ...placement import graph_obstacle
+from ...placement import device_segments, graph_obstacle, spans_gpus
 from ...step import KVSelection, Phase, ScoreCollection, StepContext, VerifySparsity, step_scope
 from .graphs import StepGraphs
+from .segments import SegmentGraphs
 from .state import to_device
 
 #: tokens (rows x prompt tokens) one prefill forward takes; longer prompts are prefilled in chunks, so activations
@@ -42,9 +43,11 @@ class ModelRunner:
         self.backend = backend
         self.pad_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # fixed: graphs read it
         self.pad_host = (0,) * batch  # the same pads on the host (eager prefill steps read them)
-        self.graphs: StepGraphs | None = None
+        self.graphs: StepGraphs | SegmentGraphs | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
-        self.graph_obstacle = graph_obstacle(model)  # several GPUs or tensor parallelism: eager steps
+        self.graph_obstacle = graph_obstacle(model)  # offloaded weights or tensor parallelism: eager steps
+        # over several GPUs: one graph per device segment (the model's decoder layers are `SegmentLayer`s)
+        self.segments = device_segments(model) if spans_gpus(model) else None
 
     def set_padding(self, pad: list[int]) -> None:
         """Left padding of this call's rows (copied into the fixed buffer that captured steps read)."""
@@ -56,8 +59,9 @@ class ModelRunner:
         return max(self.pad_host) == 0
 
     def can_capture(self) -> bool:
-        """CUDA graphs need a CUDA model on one GPU and the ``triton`` backend (whose kernels read lengths on the
-        device); a model on several GPUs or sharded by tensor parallelism runs eager steps (`graph_obstacle`)."""
+        """CUDA graphs need a CUDA model and the ``triton`` backend (whose kernels read lengths on the device); a
+        model with offloaded weights or sharded by tensor parallelism runs eager steps (`graph_obstacle`), one over
+        several GPUs one graph per device segment."""
         return self.device.type == "cuda" and self.backend == "triton" and self.graph_obstacle is None
 
     def capture(self, widths, phase: Phase = Phase.VERIFY, **slots) -> bool:
@@ -68,11 +72,13 @@ class ModelRunner:
             return False
         try:
             if self.graphs is None:
-                self.graphs = StepGraphs(self)
+                self.graphs = SegmentGraphs(self, self.segments) if self.segments else StepGraphs(self)
             self.graphs.add(widths, Phase(phase), slots)
         except Exception as err:  # capture can fail inside any module: fall back, say why once
             self.graphs = None
             if self.device.type == "cuda":
+                for segment in self.segments or ():
+                    torch.cuda.synchronize(segment.device)
                 torch.cuda.synchronize(self.device)
             warn_once(
                 type(self.model).__name__,

@@ -169,7 +169,9 @@ class SelfSpecDrafter(Drafter):
             # scores): keep the prefill's selection and put it back afterwards
             stacks = [t for s in buffers.selection.stacks() for _, t in s.groups]
             saved = [t.clone() for t in stacks]
-            buffers.update = CapturedCall(self._update, device, capture=True, pool=self.target.graphs.pool)
+            # over several GPUs the update touches every GPU's buffers: it stays eager there
+            graphs = self.target.graphs
+            buffers.update = CapturedCall(self._update, device, capture=graphs.whole_steps, pool=graphs.pool)
             for t, kept in zip(stacks, saved):
                 t.copy_(kept)
             self.capture_s += buffers.update.capture_s
