@@ -126,6 +126,7 @@ class _Walk:
     layer_index: dict[int, int]
     layer: int | None = None
     segmented: bool = False  # the model's decoder layers run per device segment (`Mode.device_segments`)
+    wrapped: set = field(default_factory=set)  # ids of the layers wrapped (the walk goes on inside the wrapper)
 
     def fused(self, part: str) -> bool:
         return self.mode.fused and part in self.mode.fused_parts
@@ -133,7 +134,8 @@ class _Walk:
 
 def _device_segment(module, walk: _Walk):
     index = walk.layer_index.get(id(module))
-    if walk.segmented and index is not None:
+    if walk.segmented and index is not None and id(module) not in walk.wrapped:
+        walk.wrapped.add(id(module))
         return segments.SegmentLayer(module, index)
     return None
 

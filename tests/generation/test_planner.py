@@ -100,7 +100,7 @@ def test_shadow_scores_switch_to_prompt_lookup_without_a_trial():
             member != "pl"
         ):  # scored against the tokens the step committed: censored when it matched all of them
             emitted = 1 + accepted[0]
-            shadow = {"pl": [Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0)]}
+            shadow = {"pl": [(0, Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0))]}
         parts = _parts(member, k)
         planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
             "member": member, "issued": k, "parts": parts, "shadow": shadow}))  # fmt: skip
@@ -319,7 +319,7 @@ class _Recording(_Scripted):
 
     def observe(self, outcome: StepOutcome) -> None:
         for steps in outcome.extra.get("shadow", {}).values():
-            self.shadow.extend(steps)
+            self.shadow.extend(step for _, step in steps)
 
 
 @pytest.mark.parametrize("device_search", [False, True])
@@ -393,6 +393,28 @@ def test_auto_on_the_gpu_runs_every_drafter_and_a_second_call_captures_nothing(m
     planned = _auto(model, ids, mask, draft)
     assert torch.equal(planned.sequences, expected)
     assert planned.speculation.graph_capture_s == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_drafter_first_chosen_in_a_later_call_captures_nothing(monkeypatch):
+    """The first call of a shape never drafts with the draft model; the second switches to it: its graphs were
+    captured by the first call (which started it), so the second captures nothing."""
+    monkeypatch.setattr(generate_module, "VEGAS_MIN_PROMPT", 16)
+    model = make_model("llama")
+    draft = noisy_copy(model)
+    model, draft = model.cuda(), draft.cuda()
+    ids, mask = ragged_batch(2, length=40)
+    ids, mask = ids.cuda(), mask.cuda()
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    outs = []
+    for script in ([("prompt_lookup", 3), (None, 0)], [("draft_model", 3), ("vegas", 2), ("draft_model", 4)]):
+        with monkeypatch.context() as scripted:
+            scripted.setattr(generate_module, "_planner", lambda *a, s=script: _Scripted(s))
+            outs.append(_auto(model, ids, mask, draft))
+    for out in outs:
+        assert torch.equal(out.sequences, expected)
+    assert "draft_model" not in outs[0].speculation.members and "draft_model" in outs[1].speculation.members
+    assert outs[0].speculation.graph_capture_s > 0 and outs[1].speculation.graph_capture_s == 0
 
 
 def test_the_profile_travels_with_the_model(tmp_path):

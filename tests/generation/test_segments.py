@@ -125,3 +125,19 @@ def test_segment_layers_only_on_models_over_several_gpus():
     model = make_model("llama", num_hidden_layers=2)
     swaps = plan_swaps(model, Mode(device_segments=True))
     assert not any(isinstance(new, SegmentLayer) for *_, new in swaps)
+
+
+def test_mode_device_segments_wraps_each_layer_once(monkeypatch):
+    """On a model over several GPUs (faked here: the placement checks say so) every decoder layer is wrapped once,
+    its original inside, and the walk goes on into the original's modules; everything is put back on exit."""
+    from hf_sparse_verify.integrations import switch
+
+    model = make_model("llama", num_hidden_layers=3)
+    originals = list(decoder_layers(model))
+    monkeypatch.setattr(switch, "spans_gpus", lambda m: True)
+    monkeypatch.setattr(switch, "device_segments", lambda m: [Segment(CPU, range(0, 3))])
+    with speculation_mode(model, mode=Mode(device_segments=True, fused=True, fused_parts=frozenset({"mlp"}))):
+        layers = decoder_layers(model)
+        assert [type(x).__name__ for x in layers] == ["SegmentLayer"] * 3
+        assert [x.layer for x in layers] == originals and [x.index for x in layers] == [0, 1, 2]
+    assert list(decoder_layers(model)) == originals

@@ -100,7 +100,7 @@ class Drafter(CandidateGenerator):
 
     def take_shadow(self) -> dict:
         """Evidence of drafters that did not draft this step, scored against the committed tokens (``auto``'s
-        prompt lookup): member name -> `Step` list for the planner; read once per step after `on_verify`."""
+        prompt lookup): member name -> list of (row, `Step`) for the planner; read once per step after `on_verify`."""
         return {}
 
     def capture_slot_sets(self) -> list[dict]:
@@ -115,6 +115,11 @@ class Drafter(CandidateGenerator):
     def capture_seconds(self) -> float:
         """Seconds this call spent capturing the drafter's graphs."""
         return 0.0
+
+    def kept_graphs(self) -> bool:
+        """Whether the call's session already holds this drafter's captured steps (`PortfolioDrafter` starts a
+        lazily started member in the first call of a session, so no later call captures)."""
+        return True
 
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         raise NotImplementedError

@@ -86,6 +86,11 @@ class DraftModelDrafter(Drafter):
         self.runner.prefill(state.tokens[:, :prompt_len])
         self.cached = [prompt_len] * batch
 
+    def kept_graphs(self) -> bool:
+        """Whether this call's session already holds the draft model's captured steps (from an earlier call)."""
+        kept = self.session.drafter_state if self.session is not None else None
+        return kept is not None and kept.model is self.model and kept.graphs is not None
+
     def capture(self, widths) -> None:
         # draft steps (width 1) and catch-up chunks (up to max_k + 1); kept captures are reused
         before = self.runner.graphs.capture_s if self.runner.graphs else 0.0

@@ -30,10 +30,15 @@ from .base import Draft, Drafter, VerifyFeedback
 #: shortest prompt Vegas joins ``auto`` from: below it its selection (at least ``min_tokens``, 256) holds most of
 #: the prompt and its draft step costs about a whole step
 VEGAS_MIN_PROMPT = 2048
-#: prompt lookup's proposals scored while other drafters draft: this many tokens per row, in calls of fewer rows
-#: than `SHADOW_MAX_BATCH` (a search per step; at 1 x 16K on a GPU one device search, about 0.05 ms)
+#: prompt lookup's proposals scored while other drafters draft: this many tokens per row, at every step in calls of
+#: fewer rows than `SHADOW_MAX_BATCH` (a search per step; at 1 x 16K on a GPU one device search, about 0.05 ms), at
+#: every `SHADOW_EVERY`-th step in larger ones (a search of 16 x 16K costs about 0.25 ms on one H100, a fifth of a
+#: plain step: every eighth step keeps it under 3%, and the planner still sees text turn copyable within a few
+#: dozen steps: on random-token prompts the target's own output turns repetitive, and prompt lookup then runs at
+#: 4.9x our K = 0, run4 of bench_e2e at 16 x 16K)
 SHADOW_WIDTH = 8
 SHADOW_MAX_BATCH = 4
+SHADOW_EVERY = 8
 #: start K of each member's first trial (measured best constant K on the fixtures: prompt lookup and the draft model
 #: 4, Vegas 6; benchmarks/results/e2e.json)
 START_K = {"prompt_lookup": 4, "draft_model": 4, "vegas": 6}
@@ -129,6 +134,7 @@ class PortfolioDrafter(Drafter):
             tuple[int, int, list[int]]
         ] = []  # (row, history length, proposal) awaiting tokens
         self._scored: dict = {}
+        self._steps = 0
 
     def step_slots(self, phase: Phase) -> dict:
         if phase is Phase.PREFILL:  # every warm member's prefill slots (Vegas' first scores)
@@ -156,9 +162,13 @@ class PortfolioDrafter(Drafter):
 
     def capture(self, widths) -> None:
         self._widths = widths
-        for name, member in self.members.items():
+        for name, member in list(self.members.items()):
             if name not in self.cold:
                 member.capture(widths)
+            elif not member.kept_graphs():
+                # the first call of this session starts it now (its own prefill counts as prefill), so no later
+                # call captures anything when the planner first switches to it there
+                self._warm(name, self.state)
 
     def capture_seconds(self) -> float:
         return sum(m.capture_seconds() for n, m in self.members.items() if n not in self.cold)
@@ -173,8 +183,10 @@ class PortfolioDrafter(Drafter):
         if name in self.cold:
             self._warm(name, state)
         self.current = name
+        self._steps += 1
         lookup = self.members.get("prompt_lookup")
-        if lookup is not None and name != "prompt_lookup" and state.batch_size < SHADOW_MAX_BATCH:
+        due = state.batch_size < SHADOW_MAX_BATCH or self._steps % SHADOW_EVERY == 1
+        if lookup is not None and name != "prompt_lookup" and due:
             # what prompt lookup would draft now, scored against what this step commits (`on_verify`)
             proposals = lookup.propose(state, SHADOW_WIDTH)
             if isinstance(
@@ -223,8 +235,8 @@ class PortfolioDrafter(Drafter):
         scored = self._score_shadow(feedback) if self._pending else []
         self._scored = {"prompt_lookup": scored} if scored else {}
 
-    def _score_shadow(self, feedback: VerifyFeedback) -> list[Step]:
-        """`Step`s of the proposals whose tokens are now all committed (or whose row stopped): the run each would
+    def _score_shadow(self, feedback: VerifyFeedback) -> list[tuple[int, Step]]:
+        """``(row, Step)`` of the proposals whose tokens are now all committed (or whose row stopped): the run each would
         have had against the row's own continuation. Scored once the continuation is known, not against the one
         step that followed: a row whose step committed few tokens would otherwise cut the run short exactly where
         text is hard (censoring that tracks the run itself), and prompt lookup would look better than it is."""
@@ -241,11 +253,11 @@ class PortfolioDrafter(Drafter):
             while run < len(continuation) and proposal[run] == continuation[run]:
                 run += 1
             if run == len(continuation) and run < len(proposal):  # the row stopped first: at least this long
-                steps.append(Step(run, run, (run,), 0.0))
+                steps.append((row, Step(run, run, (run,), 0.0)))
             elif run == SHADOW_WIDTH:
-                steps.append(Step(SHADOW_WIDTH, SHADOW_WIDTH, (run,), 0.0))  # as long as it was asked for
+                steps.append((row, Step(SHADOW_WIDTH, SHADOW_WIDTH, (run,), 0.0)))  # as long as it was asked for
             else:  # a mismatch, or prompt lookup had no more to propose
-                steps.append(Step(SHADOW_WIDTH, len(proposal), (run,), 0.0))
+                steps.append((row, Step(SHADOW_WIDTH, len(proposal), (run,), 0.0)))
         self._pending = waiting
         return steps
 

@@ -27,8 +27,9 @@ Per step (`next_step`):
    passed since it last did (the back-off doubles each time a trial ends with the drafter not best, from
    ``first_backoff``). A trial runs ``trial_steps`` steps at the drafter's best K so far (its start K at first)
    and ends early once its measured utility is below ``give_up`` times the best's. The most promising due drafter
-   goes first. A drafter with a one-off cost before its first draft (a draft model's own prefill) is tried only
-   when that cost is under ``warm_share`` of the plain decoding still ahead.
+   goes first. Where the profile prices a drafter, its first trial runs only if it could beat the best choice so
+   far at a high prior acceptance. A drafter with a one-off cost before its first draft (a draft model's own
+   prefill) is tried only when that cost is under ``warm_share`` of the decoding still ahead at the best rate so far.
 3. **exploit**: the (drafter, K) of highest utility, K up to 1.5 times the largest K in the drafter's evidence
    (so K climbs on evidence, by half at most per step); a switch of drafter needs ``switch_margin`` more utility than
    staying. K = 0 when nothing beats a plain step.
@@ -75,9 +76,10 @@ _ROW_PRIOR = 4
 #: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
 #: beyond what was tried; K climbs to where it is measured)
 _EXTRAPOLATION_RATIO = 0.85
-#: acceptance per draft token a first trial is priced with (a good drafter on friendly text): a drafter that cannot
-#: pay even so is not tried (see `Planner._first_trial_k`)
-_PRIOR_ACCEPTANCE = 0.8
+#: acceptance per draft token a first trial is priced with (a very good drafter on friendly text): a drafter that
+#: cannot beat the best choice so far even so is not tried (see `Planner._first_trial_k`). One H100, run4 of
+#: bench_e2e: at 1 x 4K trials of Vegas and the draft model while prompt lookup ran at 12.8 tokens per step cost 12%
+_PRIOR_ACCEPTANCE = 0.9
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
 #: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
 _VERIFY_SLOPE_PRIOR = 0.08
@@ -346,7 +348,9 @@ class Planner(KPolicy):
             self.profile.add(member, outcome.k, *parts)
         for name, row_steps in outcome.extra.get("shadow", {}).items():
             shadowed = self.state_of[name]
-            shadowed.evidence.extend(row_steps)
+            for row, step in row_steps:  # (row, `Step`): a proposal scored against the row's continuation
+                shadowed.evidence.append(step)
+                shadowed.row_tokens.setdefault(row, deque(maxlen=_ROW_WINDOW)).append(step.accepted[0] + 1)
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
         if "active" in outcome.extra:
@@ -485,13 +489,13 @@ class Planner(KPolicy):
                 self.last_reason = f"trial {trial.member}"
                 return trial.member, trial.k
             self._end_trial(won=best_name == trial.member)
-        due = self._due(remaining, plain)
+        due = self._due(remaining, plain, best_u)
         if due:
             name = max(due, key=lambda n: self.best_k(n)[1] or float("inf"))
             if self.state_of[name].evidence:
                 k = self.best_k(name)[0]
             else:
-                k = self._first_trial_k(name, plain, remaining)
+                k = self._first_trial_k(name, best_u, remaining)
             if k is None:  # priced, and it could not pay even at a good acceptance: no trial, back off
                 state = self.state_of[name]
                 state.last_step, state.backoff = self.step, min(4096, state.backoff * 2)
@@ -514,15 +518,16 @@ class Planner(KPolicy):
         self.exploiting = best_name
         return best_name, best_k
 
-    def _first_trial_k(self, name: str, plain: float | None, remaining: int) -> int | None:
+    def _first_trial_k(self, name: str, bar: float | None, remaining: int) -> int | None:
         """K of a drafter's first trial in this call: where the profile prices it, the K (up to its start K) of best
-        utility under a good prior acceptance (each draft accepted with probability `_PRIOR_ACCEPTANCE`), or None when even that
-        cannot beat a plain step (a verify of K + 1 tokens can cost several plain steps: a CPU, a large batch);
-        unpriced, its start K."""
+        utility under a good prior acceptance (each draft accepted with probability `_PRIOR_ACCEPTANCE`), or None
+        when even that cannot beat ``bar``, the best utility so far (a plain step's, or a drafter's that runs well:
+        a verify of K + 1 tokens can cost several plain steps on a CPU or at a large batch, and a trial against
+        a drafter emitting a dozen tokens per step costs more than it can find); unpriced, its start K."""
         member = self.members[name]
-        if plain is None or not self.profile.known(name):
+        if bar is None or not self.profile.known(name):
             return member.start_k
-        best, best_u = None, plain
+        best, best_u = None, bar
         for k in range(1, min(member.start_k, max(1, remaining - 1)) + 1):  # K climbs from evidence later
             cost = self._cost(name, k)
             if cost is None:
@@ -542,7 +547,7 @@ class Planner(KPolicy):
                 out.append((name, k, u))
         return sorted(out, key=lambda r: -r[2])
 
-    def _due(self, remaining: int, plain: float | None) -> list[str]:
+    def _due(self, remaining: int, plain: float | None, best_u: float | None) -> list[str]:
         due = []
         for name, member in self.members.items():
             state = self.state_of[name]
@@ -551,7 +556,7 @@ class Planner(KPolicy):
             if (
                 state.last_step is None
                 and member.warm_share > 0
-                and not self._warm_pays(member, remaining, plain)
+                and not self._warm_pays(member, remaining, best_u or plain)
             ):
                 continue
             if self.current[0] == name:
@@ -561,11 +566,12 @@ class Planner(KPolicy):
             due.append(name)
         return due
 
-    def _warm_pays(self, member: Member, remaining: int, plain: float | None) -> bool:
-        """A drafter's one-off start cost (its own prefill) is under ``warm_share`` of the plain decoding ahead."""
-        if self.prefill_s is None or plain is None:
+    def _warm_pays(self, member: Member, remaining: int, rate: float | None) -> bool:
+        """A drafter's one-off start cost (its own prefill) is under ``warm_share`` of the decoding ahead at
+        ``rate``, the best utility so far (tokens per row per second)."""
+        if self.prefill_s is None or rate is None:
             return True
-        ahead_s = remaining / plain  # plain steps still ahead x seconds each
+        ahead_s = remaining / rate
         return member.warm_share * self.prefill_s <= self.warm_share * ahead_s
 
     def _end_trial(self, won: bool) -> None:
