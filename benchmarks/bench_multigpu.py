@@ -116,6 +116,8 @@ def main() -> None:
                 times, mode = our_step_ms(model, context, batch, [1, 5], "cuda:0")
                 _free()
                 bar.update(1)
+                print(f"device map, batch {batch}, context {context}: K = 0 step {times[1]:.3f} ms, K = 4 verify "
+                      f"{times[5]:.3f} ms ({mode})", flush=True)  # fmt: skip
                 floor_ms = 1000 * (
                     weight_bytes_per_step(model, 1, batch) + kv_bytes(model, context, batch, dtype)
                 )
@@ -159,8 +161,14 @@ def main() -> None:
                     )  # fmt: skip
                 )
                 for case in args.cases:
-                    result = run_case(case, model, None, ids, args.new_tokens, "cuda")
-                    bar.update(1)
+                    try:
+                        result = run_case(case, model, None, ids, args.new_tokens, "cuda")
+                    except Exception as err:  # one failing case should not lose the others' records
+                        records.append(dict(common, strategy=case, error=f"{type(err).__name__}: {err}"))
+                        print(f"{case}: {records[-1]['error']}", flush=True)
+                        continue
+                    finally:
+                        bar.update(1)
                     records.append(
                         dict(
                             common,

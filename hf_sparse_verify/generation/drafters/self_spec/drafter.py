@@ -164,14 +164,13 @@ class SelfSpecDrafter(Drafter):
         if buffers.collection is not None:
             for layer, seed in self._carried_seed.items():
                 buffers.collection.carried[layer].copy_(seed)
-        if buffers.update is None and self.selection != "last_token":
+        # over several GPUs the update touches every GPU's buffers: it stays eager there (`after_verify` runs it)
+        if buffers.update is None and self.selection != "last_token" and self.target.graphs.whole_steps:
             # capturing runs the update on whatever the score buffers hold (the verify captures' warm-up
             # scores): keep the prefill's selection and put it back afterwards
             stacks = [t for s in buffers.selection.stacks() for _, t in s.groups]
             saved = [t.clone() for t in stacks]
-            # over several GPUs the update touches every GPU's buffers: it stays eager there
-            graphs = self.target.graphs
-            buffers.update = CapturedCall(self._update, device, capture=graphs.whole_steps, pool=graphs.pool)
+            buffers.update = CapturedCall(self._update, device, capture=True, pool=self.target.graphs.pool)
             for t, kept in zip(stacks, saved):
                 t.copy_(kept)
             self.capture_s += buffers.update.capture_s
