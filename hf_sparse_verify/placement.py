@@ -147,9 +147,45 @@ class RankAgreement:
         return tuple(t.tolist())
 
 
-def swappable(module: torch.nn.Module) -> bool:
+def moves_inputs_only(module: torch.nn.Module) -> bool:
+    """Whether ``module`` and every module below it are either unhooked or hooked by accelerate only to move their
+    inputs to the device all their weights are already on: an ``AlignDevicesHook`` without offload, without
+    ``io_same_device``, executing where the weights are (``dispatch_model`` puts one on every submodule of a block,
+    `accelerate.hooks.attach_execution_device_hook`). Inside a decoder layer, whose own hook has moved the hidden
+    state to its device, such hooks do nothing, and a replacement may drop them."""
+    for m in module.modules():
+        hook = getattr(m, "_hf_hook", None)
+        params = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        if any(p.device.type == "meta" for p in params):
+            return False
+        if hook is None:
+            continue
+        try:
+            from accelerate.hooks import AlignDevicesHook
+        except ImportError:  # pragma: no cover - a hooked module means accelerate is there
+            return False
+        if (
+            type(hook) is not AlignDevicesHook
+            or hook.offload
+            or hook.io_same_device
+            or hook.weights_map is not None
+        ):
+            return False
+        where = hook.execution_device
+        where = torch.device("cuda", where) if isinstance(where, int) else torch.device(where)
+        if any(p.device != where for p in params):
+            return False
+    return True
+
+
+def swappable(module: torch.nn.Module, in_layer: bool = False) -> bool:
     """Whether one of our module replacements may stand in for ``module`` during a call: not when accelerate hooks
     it (``_hf_hook``, set by ``accelerate.hooks.add_hook_to_module``: the hook moves inputs to the module's device
     and streams offloaded weights in, and a replacement carries no hook), nor when a weight of it is on the meta
-    device (offloaded)."""
+    device (offloaded); except, for a module inside a decoder layer (``in_layer``), hooks that only move inputs
+    to the device its weights are on (`moves_inputs_only`: a device map over several GPUs without offload)."""
+    if in_layer and moves_inputs_only(module):
+        return (
+            True  # inside a decoder layer (``in_layer``), hooks that only move inputs to the weights' device
+        )
     return not hasattr(module, "_hf_hook") and all(p.device.type != "meta" for p in module.parameters())

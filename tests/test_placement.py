@@ -19,7 +19,7 @@ from conftest import make_model
 import hf_sparse_verify as hsv
 from hf_sparse_verify.integrations import Mode, speculation_mode
 from hf_sparse_verify.kernels._triton import on_input_device
-from hf_sparse_verify.placement import cuda_devices, graph_obstacle, tensor_parallel
+from hf_sparse_verify.placement import cuda_devices, graph_obstacle, swappable, tensor_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -87,6 +87,30 @@ def test_hooked_and_offloaded_modules_are_not_replaced():
         assert type(model.model.norm).__name__ == "LlamaRMSNorm"
         assert type(model.model.layers[1].input_layernorm).__name__ == "LlamaRMSNorm"
         assert type(model.model.layers[0].input_layernorm).__name__ == "TritonRMSNorm"
+
+
+def test_hooks_that_only_move_inputs_inside_a_layer_allow_replacements():
+    """What ``dispatch_model`` leaves on a block and its submodules: a hook on the layer that moves its inputs, and
+    hooks on every submodule with weights that move inputs to where the weights already are. Inside the layer the
+    latter do nothing, so the MLPs are replaced (lossy sparse FFN here: it needs no GPU); an offloading hook, a hook
+    executing on another device, or one outside a decoder layer keeps the module as it is."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, attach_execution_device_hook
+
+    model = make_model("llama", num_hidden_layers=4)
+    for layer in model.model.layers:
+        add_hook_to_module(layer, AlignDevicesHook("cpu"))
+        attach_execution_device_hook(layer, "cpu")
+    add_hook_to_module(model.model.norm, AlignDevicesHook("cpu"))
+    assert hasattr(model.model.layers[0].mlp.gate_proj, "_hf_hook")  # hooked down to the linears
+    moved = model.model.layers[1].mlp.down_proj
+    moved._hf_hook.execution_device = "meta"  # executes elsewhere than its weight
+    model.model.layers[2].mlp.up_proj._hf_hook.offload = True
+    with speculation_mode(model, mode=Mode(attention=False, sparse_ffn=True)):
+        kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
+        assert kinds == ["GatedMLP", "LlamaMLP", "LlamaMLP", "GatedMLP"]
+    assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["LlamaMLP"] * 4
+    assert not swappable(model.model.norm, in_layer=False)  # outside a layer: its inputs may come from elsewhere
+    assert swappable(model.model.layers[0].mlp, in_layer=True) and not swappable(model.model.layers[0].mlp)
 
 
 def test_on_input_device_passes_through_off_cuda():

@@ -126,7 +126,15 @@ class _Walk:
     layer_index: dict[int, int]
     layer: int | None = None
     segmented: bool = False  # the model's decoder layers run per device segment (`Mode.device_segments`)
-    wrapped: set = field(default_factory=set)  # ids of the layers wrapped (the walk goes on inside the wrapper)
+    wrapped: set = field(
+        default_factory=set
+    )  # ids of the layers wrapped (the walk goes on inside the wrapper)
+    one_device: frozenset = frozenset()  # decoder layers whose weights are all on one device
+
+    def in_one_device_layer(self) -> bool:
+        """Inside a decoder layer on one device: its own accelerate hook has moved its inputs there, so hooks below
+        it that only move inputs to that device may be dropped (`hf_sparse_verify.placement.swappable`)."""
+        return self.layer is not None and self.layer in self.one_device
 
     def fused(self, part: str) -> bool:
         return self.mode.fused and part in self.mode.fused_parts
@@ -164,7 +172,7 @@ def _qkv_attention(module, walk: _Walk):
     if (
         walk.fused("attention")
         and qkv_attention.replaceable_attention(module)
-        and swappable(module)
+        and swappable(module, in_layer=walk.in_one_device_layer())
         and compiled_on(module.q_proj.weight.device)
     ):
         return qkv_attention.FusedQKVAttention(module)
@@ -172,13 +180,18 @@ def _qkv_attention(module, walk: _Walk):
 
 
 def _norm(module, walk: _Walk):
-    if walk.fused("norm") and type(module).__name__ in rms_norm.REPLACEABLE and swappable(module):
+    norm = type(module).__name__ in rms_norm.REPLACEABLE
+    if walk.fused("norm") and norm and swappable(module, in_layer=walk.in_one_device_layer()):
         return rms_norm.TritonRMSNorm(module)
     return None
 
 
 def _mlp(module, walk: _Walk):
-    if walk.layer is None or not mlp.replaceable_mlp(module) or not swappable(module):
+    if (
+        walk.layer is None
+        or not mlp.replaceable_mlp(module)
+        or not swappable(module, in_layer=walk.in_one_device_layer())
+    ):
         return None
     fused = walk.fused("mlp") and compiled_on(module.gate_proj.weight.device)
     if walk.mode.sparse_ffn or fused:
@@ -190,7 +203,7 @@ def _router(module, walk: _Walk):
     if (
         walk.fused("router")
         and router.replaceable_router(module)
-        and swappable(module)
+        and swappable(module, in_layer=walk.in_one_device_layer())
         and router.fused_router_runs(module.weight.device)
     ):
         return router.FusedRouter(module)
@@ -238,7 +251,11 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
         logger.warning(
             "hf_sparse_verify: no decoder layers found in %s; its MLPs stay as they are", type(model)
         )
-    walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])}, segmented=segmented)
+    one_device = frozenset(
+        i for i, layer in enumerate(layers or []) if len({p.device for p in layer.parameters()}) == 1
+    )
+    walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])}, segmented=segmented,
+                 one_device=one_device)  # fmt: skip
     swaps: list[Swap] = []
 
     def visit(parent: torch.nn.Module) -> None:
