@@ -51,11 +51,11 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def prompt(vocab: int, batch: int, context: int, seed: int = 0) -> torch.Tensor:
+def prompt(vocab: int, batch: int, context: int, device="cuda:0", seed: int = 0) -> torch.Tensor:
     """``[B, context]`` random ids whose second half repeats the first (text worth looking up)."""
     gen = torch.Generator().manual_seed(seed)
     half = torch.randint(0, vocab, (batch, (context + 1) // 2), generator=gen)
-    return torch.cat([half, half], dim=1)[:, :context].to("cuda:0")
+    return torch.cat([half, half], dim=1)[:, :context].to(device)
 
 
 def gpu_kind() -> str:
