@@ -13,9 +13,14 @@ from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: positions compared per iteration of a row's scan
 BLOCK = 1024
+#: draft lanes of one launch for up to this many draft tokens: one compiled kernel serves every K up to it. K_PAD
+#: followed K (2, 4, 8, 16) and Triton specialised on K itself, so the first step at a new K paid a compile inside a
+#: call (one H100, run5 of bench_e2e: prompt lookup with the utility policy at 1 x 4K drafted 29 ms per step where
+#: K = 4 took 0.16 ms, and the planner's cost profile took those compiles for the price of larger K)
+K_LANES = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["capacity", "num_tokens"])
 def _ngram_lookup_kernel(
     TOKENS, COMMITTED, PAD, DRAFTS, COUNTS,
     capacity, num_tokens,
@@ -70,7 +75,7 @@ def ngram_lookup_triton(
         return drafts, counts
     _ngram_lookup_kernel[(batch,)](
         tokens, committed, pad, drafts, counts, capacity, num_tokens,
-        MAX_N=max_ngram, MIN_N=min_ngram, K_PAD=max(2, next_power_of_2(num_tokens)), BLOCK=BLOCK,
+        MAX_N=max_ngram, MIN_N=min_ngram, K_PAD=max(K_LANES, next_power_of_2(num_tokens)), BLOCK=BLOCK,
         **pdl_launch(tokens.device),
     )  # fmt: skip
     return drafts, counts
