@@ -50,12 +50,17 @@ def _shape_key(shape: str) -> tuple[int, int]:
 def from_runs(records: list[dict], runs: list[str]) -> list[dict]:
     """Per shape, the records of the first of ``runs`` (record field ``run``) that measured it: a figure compares
     cases within one run only."""
-    chosen: dict[str, str] = {}
+    chosen: dict[tuple, str] = {}
     for run in runs:
         for r in records:
             if r.get("run") == run:
-                chosen.setdefault(r.get("shape"), run)
-    return [r for r in records if r.get("run") is not None and chosen.get(r.get("shape")) == r.get("run")]
+                chosen.setdefault(_figure_key(r), run)
+    return [r for r in records if r.get("run") is not None and chosen.get(_figure_key(r)) == r.get("run")]
+
+
+def _figure_key(record: dict) -> tuple:
+    """A shape and its prompt kind: a run of random-token prompts does not stand for the held-out prompts' shape."""
+    return (record.get("shape"), ":random:" in (record.get("setting") or ""))
 
 
 def plot(

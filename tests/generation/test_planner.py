@@ -506,3 +506,19 @@ def test_a_hub_model_s_profile_is_fetched_from_its_repository(tmp_path, monkeypa
         ("org/has-profile", "speculation_profile.json"),
         ("org/no-profile", "speculation_profile.json"),
     ]
+
+
+def test_a_one_off_cost_at_one_k_does_not_price_a_search_out():
+    """Prompt lookup's search costs the same at every K: one slow step at K = 6 (a kernel compiled for it) must not
+    price K = 6 at that step's cost for the rest of the profile's life."""
+    profile = CostProfile()
+    profile.grows["pl"] = False
+    for k in (4, 4, 4, 2, 0):
+        profile.add("pl", k, 0.0002, 0.001, 0.0001)
+    profile.add("pl", 6, 0.3, 0.001, 0.0001)  # one step with a 300 ms compile inside
+    assert profile.draft_s("pl", 6) == pytest.approx(0.0002)
+    assert profile.draft_s("pl", 9) == pytest.approx(0.0002)
+    profile.grows["dm"] = True  # a draft model's cost grows with K: priced per K as before
+    for _ in range(3):
+        profile.add("dm", 2, 0.002, 0.001, 0.0001)
+    assert profile.draft_s("dm", 4) == pytest.approx(0.004)

@@ -133,6 +133,7 @@ class CostProfile:
             if math.isfinite(value) and value >= 0:
                 table.setdefault(key, deque(maxlen=_COST_WINDOW)).append(value)
                 self._medians.pop((name, key), None)
+        self._medians.pop(("pooled", member), None)
 
     def _med(self, name: str, key) -> float:
         """The entry's median; of fewer than 3 measurements the least (a drafter's first step in a call can carry
@@ -185,21 +186,26 @@ class CostProfile:
         return max(0.0, low_s + (high_s - low_s) * (width - low) / (high - low))
 
     def draft_s(self, member: str, k: int) -> float | None:
-        """Draft seconds of ``member`` at K: measured, else a line through its measured Ks (constant for a
-        drafter whose cost does not grow with K; through the origin from one measured K)."""
+        """Draft seconds of ``member`` at K: measured, else a line through its measured Ks (through the origin from
+        one measured K). A drafter whose cost does not grow with K (prompt lookup's search) is priced by the median
+        of all its steps at every K, including those that found nothing: a one-off cost at one K (a kernel compiled
+        for it, say) then cannot price that K out for the rest of the profile's life."""
+        grows = self.grows.get(member, True)
+        if not grows and k > 0:
+            cached = self._medians.get(("pooled", member))
+            if cached is None:
+                pooled = [v for (m, _), values in self.draft.items() if m == member for v in values]
+                if not pooled:
+                    return None
+                cached = self._medians[("pooled", member)] = median(pooled)
+            return cached
         if (member, k) in self.draft:
             return self._med("draft", (member, k))
         if k == 0:  # a plain step, or a drafter that found nothing to propose: its search still ran
             return 0.0
-        grows = self.grows.get(member, True)
-        # a search's cost does not depend on K, so its steps that found nothing (K = 0) price every K
-        seen = sorted(
-            (kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and (kk > 0 or not grows)
-        )
+        seen = sorted((kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and kk > 0)
         if not seen:
             return None
-        if not grows:
-            return median(s for _, s in seen)
         if len(seen) == 1:
             kk, s = seen[0]
             return s * k / kk
