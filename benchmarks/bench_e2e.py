@@ -316,12 +316,15 @@ def run_shape(
     return out
 
 
-def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.0):
-    """The mixed workload (``mixed_sequence``) for every case and plain generate: ``[(setting, record), ...]``.
-    Each case runs the whole sequence as warm-up, then timed; ``total_s`` sums the timed calls' walls. ``vs_k0`` =
-    k0 total / this total, ``vs_plain`` = plain generate's total / this total; ``auto`` also gets ``vs_best_fixed``
-    (the fastest other case of ours, k0 included, over auto) and per call ``chosen``."""
-    cases = list(dict.fromkeys([*cases, "transformers"]))
+def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.0, save=None):
+    """The mixed workload (``mixed_sequence``) for every case and plain generate (last: the slowest):
+    ``[(setting, record), ...]``. Each case runs the whole sequence as warm-up, then timed; ``total_s`` sums the
+    timed calls' walls. ``vs_k0`` = k0 total / this total, ``vs_plain`` = plain generate's total / this total;
+    ``auto`` also gets ``vs_best_fixed`` (the fastest other case of ours, k0 included, over auto) and per call
+    ``chosen``. ``save(setting, record)``, when given, gets each case's record as soon as it is measured (before
+    the ratios), so a run cut short keeps what it measured."""
+    cases = list(dict.fromkeys([*(c for c in cases if c != "transformers"), "transformers"]))
+    setting_of = {case: f"{torch.device(device).type}:mixed:{case}" for case in cases}
     results = {}
     for case in tqdm(cases, desc="mixed"):
         parsed = parse_case(case)
@@ -366,6 +369,8 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
             first_capture_s=first_capture,
             per_call=per_call,
         )
+        if save is not None:
+            save(setting_of[case], results[case])
     k0 = results.get("k0", {}).get("total_s")
     plain = results["transformers"]["total_s"]
     fixed = {c: r["total_s"] for c, r in results.items() if c not in ("auto", "transformers")}
@@ -377,7 +382,7 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
             best = min(fixed, key=fixed.get) if fixed else None
             record["best_fixed"] = best
             record["vs_best_fixed"] = fixed[best] / record["total_s"] if best else None
-        out.append((f"{torch.device(device).type}:mixed:{case}", record))
+        out.append((setting_of[case], record))
     return out
 
 
@@ -442,8 +447,11 @@ def main(argv: list[str] | None = None) -> None:
             _records.save(args, record, args.device, setting=setting)
     if args.mixed:
         calls = mixed_sequence(prompts_path, tokenizer, args.mixed_scale, args.device)
+        def save(setting: str, record: dict) -> None:  # each case as measured (a cut run keeps it)
+            _records.save(args, record, args.device, setting=setting)
+
         for setting, record in run_mixed(
-            target, draft, calls, args.mixed_cases, args.device, args.mixed_scale
+            target, draft, calls, args.mixed_cases, args.device, args.mixed_scale, save=save
         ):
             _print(record)
             _records.save(args, record, args.device, setting=setting)

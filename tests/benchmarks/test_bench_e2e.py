@@ -94,8 +94,13 @@ def test_mixed_workload_records(shared_models, models, tmp_path):
     kinds = [("fresh", 1), ("copy", 1), ("random", 1), ("mix", 4)]
     calls = [next(c for c in calls if (c["content"], c["batch"]) == kind) for kind in kinds]
     args = argparse.Namespace(json=str(tmp_path / "e2e.json"), setting=None, no_save=False, benchmark="e2e")
-    for setting, record in bench_e2e.run_mixed(target, draft, calls, ["k0", "prompt_lookup:4"], "cpu", 0.005):
+    saved = []  # as each case is measured, plain generate last
+    cases = ["transformers", "k0", "prompt_lookup:4"]
+    for setting, record in bench_e2e.run_mixed(
+        target, draft, calls, cases, "cpu", 0.005, save=lambda setting, record: saved.append(setting)
+    ):
         _records.save(args, record, "cpu", setting=setting)
+    assert saved == ["cpu:mixed:k0", "cpu:mixed:prompt_lookup:4", "cpu:mixed:transformers"]
     records = {r["setting"]: r for r in _records.records(args.json)}
     assert set(records) == {"cpu:mixed:k0", "cpu:mixed:prompt_lookup:4", "cpu:mixed:transformers"}
     for record in records.values():
