@@ -1,0 +1,205 @@
+"""Quality of LOSSY sparse verification the way the field measures it: teacher-forced on held-out text, through the
+engine's own verify path, against dense verification.
+
+For each window of held-out text (a prompt and its true continuation) the continuation is fed to the target in
+verify steps of ``window`` tokens, as the decoding loop runs them (`ModelRunner` with the setting's
+`SparseVerifyState` step slot, the prompt prefilled densely first, every step's tokens kept: an oracle drafter whose
+drafts are all accepted). Every position after the first is scored against the same position under dense
+verification:
+
+- ``delta_nll_pct``: the setting's mean NLL of the true tokens over dense's, in percent, with a paired bootstrap 95%
+  interval over windows (``delta_nll_ci``; windows, not positions, are the independent units);
+- ``top1``: share of positions where the setting's argmax is dense's;
+- ``kl``: mean KL(dense || setting) in nats;
+- ``flips_margin1``: positions where dense's top-2 logit margin is at least 1 and the argmax changed.
+
+`grant` maps these (and the free-running measures a caller adds) to a precision class: ``near_exact`` and
+``balanced`` have gates (`GATES`); a gate whose measure is missing is not passed, so a class is granted only on
+evidence; ``fast`` is measured and reported, ungated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..generation.engine.runner import ModelRunner
+from ..integrations import Mode, speculation_mode
+from ..sparse.config import LossySparseVerify
+from ..sparse.state import SparseVerifyState
+from ..step import Phase
+
+#: a class's gates: (measure, comparison, bound). ``balanced``'s ``em_delta`` is in points of exact match
+GATES: dict[str, tuple[tuple[str, str, float], ...]] = {
+    "near_exact": (
+        ("delta_nll_pct", "<=", 0.1),
+        ("top1", ">=", 0.975),
+        ("kl", "<=", 0.005),
+        ("flips_margin1", "<=", 0),
+    ),
+    "balanced": (
+        ("delta_nll_pct", "<=", 1.0),
+        ("delta_nll_ci_high", "<=", 1.5),
+        ("top1", ">=", 0.95),
+        ("kl", "<=", 0.03),
+        ("em_delta", ">=", -1.0),
+        ("accept_ratio", ">=", 0.95),
+        ("accept_ratio", "<=", 1.05),
+    ),
+}
+
+
+@dataclass
+class WindowScores:
+    """Sums over the scored positions of one window."""
+
+    positions: int = 0
+    nll: float = 0.0  # the setting's (or dense's own) NLL of the true tokens
+    nll_dense: float = 0.0
+    top1: int = 0
+    kl: float = 0.0
+    flips_margin1: int = 0
+
+
+@dataclass
+class Quality:
+    """One setting's scores over every window (``windows``), and the aggregate measures."""
+
+    windows: list[WindowScores] = field(default_factory=list)
+
+    def summary(self, bootstrap: int = 2000, seed: int = 0) -> dict:
+        positions = sum(w.positions for w in self.windows)
+        nll = np.array([w.nll for w in self.windows])
+        dense = np.array([w.nll_dense for w in self.windows])
+        delta = 100.0 * (nll.sum() / dense.sum() - 1.0)
+        rng = np.random.default_rng(seed)
+        picks = rng.integers(0, len(self.windows), size=(bootstrap, len(self.windows)))
+        resampled = 100.0 * (nll[picks].sum(1) / dense[picks].sum(1) - 1.0)
+        low, high = np.percentile(resampled, [2.5, 97.5])
+        return dict(
+            positions=positions,
+            windows=len(self.windows),
+            nll=float(nll.sum() / positions),
+            nll_dense=float(dense.sum() / positions),
+            delta_nll_pct=float(delta),
+            delta_nll_ci=[float(low), float(high)],
+            top1=sum(w.top1 for w in self.windows) / positions,
+            kl=sum(w.kl for w in self.windows) / positions,
+            flips_margin1=sum(w.flips_margin1 for w in self.windows),
+        )
+
+
+def grant(measures: dict) -> tuple[str, str]:
+    """The highest class whose every gate is measured and met, and why the next one up was not granted."""
+    values = dict(measures)
+    ci = values.get("delta_nll_ci")
+    if ci is not None:
+        values["delta_nll_ci_high"] = ci[1]
+    missing_or_failed = {}
+    for name in ("near_exact", "balanced"):
+        failed = []
+        for measure, op, bound in GATES[name]:
+            value = values.get(measure)
+            if value is None:
+                failed.append(f"{measure} not measured")
+            elif not (value <= bound if op == "<=" else value >= bound):
+                failed.append(f"{measure} {value:.4g} (needs {op} {bound})")
+        missing_or_failed[name] = list(dict.fromkeys(failed))
+    if not missing_or_failed["near_exact"]:
+        return "near_exact", ""
+    if not missing_or_failed["balanced"]:
+        return "balanced", "near_exact: " + "; ".join(missing_or_failed["near_exact"])
+    return "fast", "balanced: " + "; ".join(missing_or_failed["balanced"])
+
+
+@torch.no_grad()
+def verify_logprobs(
+    model,
+    prompt: torch.Tensor,
+    continuation: torch.Tensor,
+    setting: LossySparseVerify | None,
+    calibration=None,
+    window: int = 7,
+) -> torch.Tensor:
+    """Float32 log-probabilities ``[N - 1, V]`` of the tokens after ``continuation[0]`` (``N`` tokens), computed by
+    verify steps of ``window`` true tokens after a dense prefill of ``prompt`` (1-D ids), with ``setting``'s
+    sparsity (None: dense verification)."""
+    device = model.get_input_embeddings().weight.device
+    prompt, continuation = prompt.to(device), continuation.to(device)
+    n, p = continuation.numel(), prompt.numel()
+    mode = Mode(
+        sparse_ffn=setting is not None and setting.ffn is not None,
+        expert_skipping=setting is not None and setting.moe is not None,
+    )
+    out = []
+    with speculation_mode(model, mode=mode) as switched:
+        runner = ModelRunner(model, 1, p + n + window, device, "reference")
+        runner.set_padding([0])
+        runner.prefill(prompt[None])
+        state = None
+        if setting is not None:
+            layers = model.config.get_text_config().num_hidden_layers
+            state = SparseVerifyState(setting, layers, calibration, runner.cache.layer_devices(device))
+            state.prefill(runner.cache, runner.pad_t, torch.full_like(runner.pad_t, p))
+        # the prompt's last logits predicted continuation[0]; each step writes true tokens and predicts the next
+        with switched.decoding_experts() if setting is not None else contextlib.nullcontext():
+            for first in range(0, n - 1, window):
+                chunk = continuation[first : min(first + window, n - 1)]
+                start = torch.tensor([p + first], device=device)
+                logits = runner.forward(
+                    chunk[None], start, Phase.VERIFY, kv_len=p + first + chunk.numel(), verify_sparsity=state
+                )
+                out.append(torch.log_softmax(logits[0].float(), dim=-1))
+    return torch.cat(out)
+
+
+def score_window(dense: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> WindowScores:
+    """``other``'s log-probabilities ``[P, V]`` against ``dense``'s at the same positions, ``targets`` ``[P]`` the
+    true tokens."""
+    nll = -other.gather(1, targets[:, None]).squeeze(1)
+    nll_dense = -dense.gather(1, targets[:, None]).squeeze(1)
+    top_dense = dense.topk(2, dim=-1)
+    argmax_other = other.argmax(-1)
+    same = argmax_other == top_dense.indices[:, 0]
+    margin = top_dense.values[:, 0] - top_dense.values[:, 1]  # log-probs differ from logits by a constant
+    kl = (dense.exp() * (dense - other)).sum(-1).clamp_min(0)
+    return WindowScores(
+        positions=int(targets.numel()),
+        nll=float(nll.sum()),
+        nll_dense=float(nll_dense.sum()),
+        top1=int(same.sum()),
+        kl=float(kl.sum()),
+        flips_margin1=int(((margin >= 1.0) & ~same).sum()),
+    )
+
+
+def teacher_forced(
+    model,
+    windows: list[tuple[torch.Tensor, torch.Tensor]],
+    settings: dict[str, LossySparseVerify],
+    calibration=None,
+    window: int = 7,
+    reference_model=None,
+    progress: bool = True,
+) -> dict[str, Quality]:
+    """`Quality` of every setting over ``windows`` (``(prompt, continuation)`` pairs of 1-D ids), each against dense
+    verification of ``model``; with ``reference_model`` (the same weights in another dtype, say) also
+    ``"noise_floor"``: ``model``'s dense verification scored against that model's (its own dense steps as the
+    reference), the difference two faithful runs of the same maths show."""
+    results = {name: Quality() for name in settings}
+    if reference_model is not None:
+        results["noise_floor"] = Quality()
+    for prompt, continuation in tqdm(windows, desc="teacher-forced windows", disable=not progress):
+        targets = continuation[1:].to(model.get_input_embeddings().weight.device)
+        dense = verify_logprobs(model, prompt, continuation, None, window=window)
+        for name, setting in settings.items():
+            other = verify_logprobs(model, prompt, continuation, setting, calibration, window)
+            results[name].windows.append(score_window(dense, other, targets))
+        if reference_model is not None:
+            reference = verify_logprobs(reference_model, prompt, continuation, None, window=window)
+            results["noise_floor"].windows.append(score_window(reference.to(dense.device), dense, targets))
+    return results
