@@ -311,15 +311,14 @@ def run_teacher_forced(args, device) -> list[dict]:
     records = []
     for context in args.contexts:
         windows = teacher_forced_windows(long_file, context, args.prompts, args.new_tokens, args.k + 1, tokenizer)
-        results = teacher_forced(model, windows, settings, window=args.k + 1, reference_model=reference)
+        results = teacher_forced(
+            model, windows, settings, window=args.k + 1, reference_model=reference, free_running=args.free_running
+        )
         floor = results.pop("noise_floor").summary()
         for name, quality in results.items():
             summary = quality.summary()
-            measures = dict(
-                summary,
-                # free-running and task measures of the gates: not in this suite yet
-                accept_ratio=None, copied_4gram_delta=None, em_delta=None, edit_sim_delta=None,
-            )  # fmt: skip
+            # the task score of the gates (next-line exact match, edit similarity): not in this suite yet
+            measures = dict(summary, em_delta=None, edit_sim_delta=None, free_running_tokens=args.free_running)
             klass, why = grant(measures)
             records.append(
                 dict(
@@ -356,6 +355,13 @@ def main() -> None:
         help="fixtures: free-running generation, dense against each setting; teacher_forced: delta NLL [bootstrap "
         "CI], top-1, KL and flips on held-out continuations through the verify path, with a noise floor, one record "
         "per (model, context, setting), and the precision class the measures grant (use --prompts 12)",
+    )
+    parser.add_argument(
+        "--free-running",
+        type=int,
+        default=128,
+        help="teacher_forced suite: new tokens of each window's free-running generation (prompt lookup, K = --k), "
+        "dense and per setting, for the acceptance ratio and copied 4-grams; 0: skip",
     )
     _records.add_arguments(parser, "sparse_quality")
     args = parser.parse_args()

@@ -13,6 +13,11 @@ verification:
 - ``kl``: mean KL(dense || setting) in nats;
 - ``flips_margin1``: positions where dense's top-2 logit margin is at least 1 and the argmax changed.
 
+With ``free_running`` new tokens, each window's prompt is also generated freely (greedy, prompt lookup at K = 6,
+dense and with the setting): ``accept_ratio`` is the setting's mean acceptance length over dense's, and
+``copied_4gram_delta`` the change in the share of output 4-grams found in the prompt (a lossy mode that drifts into
+copied text shows higher acceptance: a warning, not a win).
+
 `grant` maps these (and the free-running measures a caller adds) to a precision class: ``near_exact`` and
 ``balanced`` have gates (`GATES`); a gate whose measure is missing is not passed, so a class is granted only on
 evidence; ``fast`` is measured and reported, ungated.
@@ -66,10 +71,22 @@ class WindowScores:
 
 
 @dataclass
+class FreeRun:
+    """One window's free-running generation with a setting and with dense verification."""
+
+    acceptance: float
+    acceptance_dense: float
+    copied: float  # share of the output's 4-grams found in the prompt
+    copied_dense: float
+
+
+@dataclass
 class Quality:
-    """One setting's scores over every window (``windows``), and the aggregate measures."""
+    """One setting's scores over every window (``windows``, and ``free`` where free-running was measured), and the
+    aggregate measures."""
 
     windows: list[WindowScores] = field(default_factory=list)
+    free: list[FreeRun] = field(default_factory=list)
 
     def summary(self, bootstrap: int = 2000, seed: int = 0) -> dict:
         positions = sum(w.positions for w in self.windows)
@@ -90,6 +107,14 @@ class Quality:
             top1=sum(w.top1 for w in self.windows) / positions,
             kl=sum(w.kl for w in self.windows) / positions,
             flips_margin1=sum(w.flips_margin1 for w in self.windows),
+            accept_ratio=(
+                sum(f.acceptance for f in self.free) / sum(f.acceptance_dense for f in self.free)
+                if self.free
+                else None
+            ),
+            copied_4gram_delta=(
+                sum(f.copied - f.copied_dense for f in self.free) / len(self.free) if self.free else None
+            ),
         )
 
 
@@ -157,6 +182,30 @@ def verify_logprobs(
     return torch.cat(out)
 
 
+def copied_share(prompt: torch.Tensor, output: torch.Tensor, n: int = 4) -> float:
+    """Share of ``output``'s ``n``-grams that occur in ``prompt`` (0 for an output shorter than ``n``)."""
+    seen = {tuple(prompt[i : i + n].tolist()) for i in range(prompt.numel() - n + 1)}
+    grams = [tuple(output[i : i + n].tolist()) for i in range(output.numel() - n + 1)]
+    return sum(g in seen for g in grams) / len(grams) if grams else 0.0
+
+
+@torch.no_grad()
+def generate_freely(model, prompt: torch.Tensor, new_tokens: int, setting: LossySparseVerify | None, k: int = 6):
+    """Greedy generation with prompt lookup at K = ``k`` (dense verification, or ``setting``'s): ``(new token ids,
+    mean acceptance length)``."""
+    from ..generation.generate import generate
+
+    device = model.get_input_embeddings().weight.device
+    speculation = dict(strategy="prompt_lookup", num_draft_tokens=k)
+    if setting is not None:
+        speculation["lossy_sparse_verify"] = setting.to_dict()
+    out = model.generate(
+        input_ids=prompt[None].to(device), max_new_tokens=new_tokens, do_sample=False, custom_generate=generate,
+        speculation=speculation, return_dict_in_generate=True,
+    )  # fmt: skip
+    return out.sequences[0, prompt.numel() :].cpu(), out.speculation.mean_acceptance_length
+
+
 def score_window(dense: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> WindowScores:
     """``other``'s log-probabilities ``[P, V]`` against ``dense``'s at the same positions, ``targets`` ``[P]`` the
     true tokens."""
@@ -185,11 +234,13 @@ def teacher_forced(
     window: int = 7,
     reference_model=None,
     progress: bool = True,
+    free_running: int = 0,
 ) -> dict[str, Quality]:
     """`Quality` of every setting over ``windows`` (``(prompt, continuation)`` pairs of 1-D ids), each against dense
     verification of ``model``; with ``reference_model`` (the same weights in another dtype, say) also
     ``"noise_floor"``: ``model``'s dense verification scored against that model's (its own dense steps as the
-    reference), the difference two faithful runs of the same maths show."""
+    reference), the difference two faithful runs of the same maths show. ``free_running``: new tokens of the
+    free-running measures (0: none)."""
     results = {name: Quality() for name in settings}
     if reference_model is not None:
         results["noise_floor"] = Quality()
@@ -202,4 +253,10 @@ def teacher_forced(
         if reference_model is not None:
             reference = verify_logprobs(reference_model, prompt, continuation, None, window=window)
             results["noise_floor"].windows.append(score_window(reference.to(dense.device), dense, targets))
+        if free_running:
+            out_dense, acc_dense = generate_freely(model, prompt, free_running, None)
+            copied_dense = copied_share(prompt, out_dense)
+            for name, setting in settings.items():
+                out, acc = generate_freely(model, prompt, free_running, setting)
+                results[name].free.append(FreeRun(acc, acc_dense, copied_share(prompt, out), copied_dense))
     return results

@@ -8,7 +8,14 @@ import pytest
 import torch
 from conftest import make_model
 
-from hf_sparse_verify.drivers.quality import Quality, grant, score_window, teacher_forced, verify_logprobs
+from hf_sparse_verify.drivers.quality import (
+    Quality,
+    copied_share,
+    grant,
+    score_window,
+    teacher_forced,
+    verify_logprobs,
+)
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention
 
 #: block-sparse verify attention that acts on a short prompt: 16-token blocks, a fifth of them kept, from 64 tokens
@@ -72,3 +79,13 @@ def test_bootstrap_interval_is_paired_over_windows():
     s = quality.summary(bootstrap=500)
     assert s["delta_nll_pct"] == pytest.approx(0.5)
     assert -1.0 < s["delta_nll_ci"][0] < 0.5 < s["delta_nll_ci"][1] < 2.0
+
+
+def test_free_running_measures():
+    """Acceptance ratio and copied 4-grams: dense against itself gives 1 and 0; the shares are counted right."""
+    assert copied_share(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([2, 3, 4, 5, 9])) == 0.5
+    assert copied_share(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2])) == 0.0
+    model = make_model("llama")
+    results = teacher_forced(model, [_window(0, prompt=120)], {"dense_again": None}, progress=False, free_running=8)
+    s = results["dense_again"].summary()
+    assert s["accept_ratio"] == 1.0 and s["copied_4gram_delta"] == 0.0
