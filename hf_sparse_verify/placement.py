@@ -20,6 +20,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from accelerate.hooks import AlignDevicesHook
 
 from . import _compat
 
@@ -160,10 +161,6 @@ def moves_inputs_only(module: torch.nn.Module) -> bool:
             return False
         if hook is None:
             continue
-        try:
-            from accelerate.hooks import AlignDevicesHook
-        except ImportError:  # pragma: no cover - a hooked module means accelerate is there
-            return False
         if (
             type(hook) is not AlignDevicesHook
             or hook.offload

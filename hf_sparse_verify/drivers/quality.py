@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from ..generation.engine.runner import ModelRunner
+from ..generation.generate import generate
 from ..integrations import Mode, speculation_mode
 from ..sparse.config import LossySparseVerify
 from ..sparse.state import SparseVerifyState
@@ -193,8 +194,6 @@ def copied_share(prompt: torch.Tensor, output: torch.Tensor, n: int = 4) -> floa
 def generate_freely(model, prompt: torch.Tensor, new_tokens: int, setting: LossySparseVerify | None, k: int = 6):
     """Greedy generation with prompt lookup at K = ``k`` (dense verification, or ``setting``'s): ``(new token ids,
     mean acceptance length)``."""
-    from ..generation.generate import generate
-
     device = model.get_input_embeddings().weight.device
     speculation = dict(strategy="prompt_lookup", num_draft_tokens=k)
     if setting is not None:

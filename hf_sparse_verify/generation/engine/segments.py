@@ -118,7 +118,6 @@ class SegmentGraphs:
         self.keys: dict[tuple, Phase] = {}
         self.capture_s = 0.0
         self.captures = 0
-        self.pool = None
 
     # ------------------------------------------------------------------------------------------------- capture
     def add(self, widths, phase: Phase, slots: dict) -> None:
