@@ -3,9 +3,10 @@
 Target ``code-target``, draft ``code-draft``, held-out prompts of ``prompts_long.jsonl`` cut to the shape's context
 (rows cycle through the prompts when the batch is larger than their count), greedy. Each case runs one identical
 warm-up call (it also captures the CUDA graphs of a new shape bucket, and gives plain ``generate`` its cuDNN plans),
-then one timed call. Decode tokens/s = new tokens after each row's first / (wall - prefill - graph capture), from
-``out.speculation``; call tokens/s = all new tokens / wall. Plain transformers (``transformers``) has no step
-timers: its decode tokens/s takes the prefill from a third, prefill-only call (``max_new_tokens=1``), an estimate.
+then ``--repeats`` timed calls (default 3; the one of median decode time is kept). Decode tokens/s = new tokens
+after each row's first / (wall - prefill - graph capture), from ``out.speculation``; call tokens/s = all new tokens
+/ wall. Plain transformers (``transformers``) has no step timers: its decode tokens/s takes the prefill from a
+prefill-only call (``max_new_tokens=1``), an estimate.
 ``capture_s`` is the timed call's graph capture (0 once the warm-up captured), ``first_capture_s`` the warm-up's.
 
 Cases (``--cases``): ``k0`` (our K = 0 path), ``transformers`` (plain generate), ``STRATEGY:K`` (constant K),
@@ -221,14 +222,16 @@ def _chosen(stats):
     return json.loads(json.dumps(chosen, default=float)) if chosen is not None else None
 
 
-def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
-    """One warm-up call and one timed call of ``case``; the record's measured fields."""
+def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: int = 1) -> dict:
+    """One warm-up call and ``repeats`` timed calls of ``case``; the record's measured fields come from the timed
+    call of median decode time (``decode_tokens_per_s_all`` lists every timed call's, in order)."""
     parsed = parse_case(case)
     fields = {k: parsed[k] for k in ("strategy", "k_policy", "num_draft_tokens")}
     # plain generate: the call, then a prefill-only call for the decode figure
     if parsed["speculation"] is None:
-        for _ in range(2):
-            out, wall = _call(parsed, target, draft, ids, new_tokens, device)
+        out, _ = _call(parsed, target, draft, ids, new_tokens, device)  # warm-up
+        walls = sorted(_call(parsed, target, draft, ids, new_tokens, device)[1] for _ in range(repeats))
+        wall = walls[len(walls) // 2]
         _, prefill = _call(parsed, target, draft, ids, 1, device)
         new = out[:, ids.shape[1] :]
         generated = _generated(new, target.generation_config.eos_token_id)
@@ -246,11 +249,17 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
             first_capture_s=0.0,
             prefill_s=prefill,
             wall_s=wall,
+            repeats=repeats,
         )
     first, _ = _call(parsed, target, draft, ids, new_tokens, device)  # warm-up
-    out, _ = _call(parsed, target, draft, ids, new_tokens, device)  # timed
-    s = out.speculation
-    decode_s = s.wall_time_s - s.prefill_time_s - s.graph_capture_s
+
+    def decode_time(s) -> float:
+        return s.wall_time_s - s.prefill_time_s - s.graph_capture_s
+
+    timed = [_call(parsed, target, draft, ids, new_tokens, device)[0].speculation for _ in range(repeats)]
+    rates = [(sum(t.new_tokens) - len(t.new_tokens)) / decode_time(t) for t in timed]
+    s = sorted(timed, key=decode_time)[len(timed) // 2]
+    decode_s = decode_time(s)
     generated = sum(s.new_tokens)
     steps = max(s.steps, 1)
     record = dict(
@@ -266,6 +275,9 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device) -> dict:
         first_capture_s=first.speculation.graph_capture_s,
         prefill_s=s.prefill_time_s,
         wall_s=s.wall_time_s,
+        repeats=repeats,
+        decode_tokens_per_s_all=rates,
+        capture_s_all=[t.graph_capture_s for t in timed],
     )
     chosen = _chosen(s)
     if chosen is not None or parsed["strategy"] == "auto":
@@ -288,6 +300,7 @@ def run_shape(
     new_tokens: int,
     device,
     content: str = "held_out",
+    repeats: int = 1,
 ):
     """Every case at one ``BxL`` shape: ``[(setting, record), ...]``, with ``vs_k0`` (decode tokens/s over the
     ``k0`` case's) and ``vs_plain`` (call tokens/s over plain generate's), None where that case did not run.
@@ -295,7 +308,8 @@ def run_shape(
     batch, context = (int(x) for x in shape.split("x"))
     ids = prompts(Path(prompts_path), tokenizer, batch, context, device, content)
     results = {
-        case: run_case(case, target, draft, ids, new_tokens, device) for case in tqdm(cases, desc=shape)
+        case: run_case(case, target, draft, ids, new_tokens, device, repeats)
+        for case in tqdm(cases, desc=shape)
     }
     k0 = results.get("k0", {}).get("decode_tokens_per_s")
     plain = results.get("transformers", {}).get("call_tokens_per_s")
@@ -410,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", nargs="+", default=CASES)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument(
+        "--repeats", type=int, default=3, help="timed calls per case after the warm-up; the median one is kept"
+    )
+    parser.add_argument(
         "--prompt", choices=["held_out", "random"], default="held_out",
         help="the shapes' prompts: held-out code (default) or random tokens",
     )  # fmt: skip
@@ -442,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
             args.new_tokens,
             args.device,
             args.prompt,
+            args.repeats,
         ):
             _print(record)
             _records.save(args, record, args.device, setting=setting)
