@@ -209,13 +209,18 @@ def speculative_decode(
             if captured and target.capture([1], Phase.VERIFY, **plain_slots):
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s
+        loop_start = step_end = time.perf_counter()
         while any(state.active):
             remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
+            policy_start = time.perf_counter()
             member, k = policy.next_step(remaining)
+            stats.policy_time_s += time.perf_counter() - policy_start
             k = max(0, min(k, max_k, remaining - 1))
             drafter.choose(member if k > 0 else None, state)
             issued = k
             timer.mark("draft_start")
+            if stats.steps:
+                stats.between_steps_s += time.perf_counter() - step_end
             draft = drafter.get_candidates(state, k) if k > 0 else empty_draft(batch, device)
             draft = _trim(draft, state.active)
             k = draft.tokens.shape[1]
@@ -241,6 +246,7 @@ def speculative_decode(
             accepted_rows, before, proposed = settle(accepted, new_tokens, draft.counts)
             drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))
             timer.mark("step_end")
+            step_end = time.perf_counter()
 
             draft_s = timer.seconds("draft_start", "verify_start")
             verify_s = timer.seconds("verify_start", "verify_end")
@@ -248,6 +254,7 @@ def speculative_decode(
             ran = member if issued > 0 else None
             stats.record_step(k, accepted_rows, active_before, proposed, draft_s, verify_s, update_s, ran)
             parts = agreement.seconds(draft_s, verify_s, update_s)  # equal on every tensor-parallel rank
+            policy_start = time.perf_counter()
             policy.observe(
                 StepOutcome(
                     stats.steps - 1,
@@ -266,9 +273,11 @@ def speculative_decode(
                 )
             )
             policy_state = policy.state()
+            stats.policy_time_s += time.perf_counter() - policy_start
             if policy_state:
                 stats.policy_states.append(policy_state)
             emitter.flush()
+        stats.loop_time_s = time.perf_counter() - loop_start
 
     emitter.flush(final=True)
     stats.graph_capture_s += drafter.capture_seconds()

@@ -24,6 +24,11 @@ class SpeculationStats:
             graphs came from a session kept by an earlier call).
         proposed_tokens: per step, per row, drafts the drafter proposed (``<= K``; None for finished rows).
         step_parts_s: per step, (draft, verify, update) seconds.
+        loop_time_s: host seconds of the step loop (every step, from the first draft to the last flush); the rest
+            of ``wall - prefill - capture`` is set-up and finish (runner lookup, graph checks, the output).
+        between_steps_s: host seconds between one step's end and the next one's draft (the K policy's choice,
+            the drafter's switch, the statistics): time the device waits on the host.
+        policy_time_s: the part of it spent in the K policy (``next_step`` and ``observe``).
         members: per step, the drafter that drafted (``strategy="auto"`` names its member; a named strategy's
             drafting steps carry the strategy; None for plain steps).
     """
@@ -45,6 +50,9 @@ class SpeculationStats:
     proposed_tokens: list[list[int | None]] = field(default_factory=list)
     step_parts_s: list[tuple[float, float, float]] = field(default_factory=list)
     members: list[str | None] = field(default_factory=list)
+    loop_time_s: float = 0.0
+    between_steps_s: float = 0.0
+    policy_time_s: float = 0.0
 
     def record_step(
         self,
