@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_model, noisy_copy, ragged_batch
@@ -522,3 +523,72 @@ def test_a_one_off_cost_at_one_k_does_not_price_a_search_out():
     for _ in range(3):
         profile.add("dm", 2, 0.002, 0.001, 0.0001)
     assert profile.draft_s("dm", 4) == pytest.approx(0.004)
+
+
+def _simulate_rows(planner: Planner, accepts, rows: int, new_tokens: int, limit: int = 400) -> list:
+    """Steps until every row has ``new_tokens`` (rows stop; ``remaining`` and ``active`` are reported as the loop
+    reports them); ``accepts(member, k, row, i)`` gives a row's accepted drafts."""
+    done, picks = [0] * rows, []
+    for i in range(limit):
+        active = [d < new_tokens for d in done]
+        if not any(active):
+            break
+        member, k = planner.next_step(max(new_tokens - d for d, a in zip(done, active) if a))
+        picks.append((member or K0, k))
+        accepted = []
+        for row in range(rows):
+            if not active[row]:
+                accepted.append(None)
+                continue
+            a = min(k, accepts(member, k, row, i), new_tokens - done[row] - 1) if member else 0
+            accepted.append(a)
+            done[row] += a + 1
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, [a for a in accepted if a is not None], sum(parts), extra={
+            "member": member, "issued": k, "parts": parts, "rows": accepted,
+            "active": [d < new_tokens for d in done], "remaining": [new_tokens - d for d in done]}))  # fmt: skip
+    return picks
+
+
+def test_rows_that_finished_stop_vouching_for_a_drafter():
+    """Prompt lookup copies whole drafts on rows 1-3 and nothing on row 0; the draft model runs 2 on every row. Row 0
+    needs the most steps whatever drafts, so the call is as long as the draft model makes it: once rows 1-3 are
+    done (or not), prompt lookup's long runs there must not keep it drafting for row 0."""
+
+    def accepts(member, k, row, i):
+        if member == "pl":
+            return 0 if row == 0 else k
+        return 2
+
+    planner = Planner(_members(pl=4, dm=4), max_k=8, batch=4)
+    picks = _simulate_rows(planner, accepts, rows=4, new_tokens=120)
+    assert sum(m == "pl" for m, _ in picks) <= 6
+    assert len(picks) <= 1.15 * 120 / 3  # about as many steps as the draft model alone needs for row 0
+
+
+def test_recent_runs_weigh_more():
+    """18 full runs then 6 misses: the misses weigh more than the 18 older runs (half weight every 6 runs), so
+    the row's estimate has fallen by half; the reverse order keeps it high."""
+    from hf_sparse_verify.generation.policies.planner import row_expected_tokens
+
+    age = np.arange(23, -1, -1)[None, :]  # oldest first
+    issued = np.full((1, 24), 8)
+    turned = np.array([[8] * 18 + [0] * 6])
+    recovered = np.array([[0] * 6 + [8] * 18])
+    assert row_expected_tokens(age, issued, turned, 8)[0, 8] < 5.0  # 9 tokens per step before the misses
+    assert row_expected_tokens(age, issued, recovered, 8)[0, 8] > 7.0
+
+
+def test_a_drafter_priced_out_is_tried_once_the_best_fades():
+    """The draft model cannot beat prompt lookup's first steps even at a good acceptance, so it is not tried then;
+    when prompt lookup's runs stop (step 20 on), it is tried without waiting out a back-off."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, *_parts(None, 0))
+        for k in (2, 4):
+            profile.add("dm", k, *_parts("dm", k))
+    planner = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
+    picks = _simulate(planner, 60, lambda m, k, i: [k if i < 20 else 0] if m == "pl" else [2])
+    assert "dm" not in [m for m, _ in picks[:18]]
+    first_dm = next(i for i, (m, _) in enumerate(picks) if m == "dm")
+    assert first_dm <= 30

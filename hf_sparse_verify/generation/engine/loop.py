@@ -268,6 +268,7 @@ def speculative_decode(
                         "shadow": drafter.take_shadow(),
                         "rows": accepted_rows,
                         "active": state.active,
+                        "remaining": [settings.max_length - c for c in state.committed],
                     },
                     drafted=[n for n, act in zip(proposed, active_before) if act],
                 )

@@ -5,14 +5,18 @@ Cascade's utility (papers/002) generalised across drafters, with SSV's profile (
 
     utility(m, K) = tokens(m, K) / cost(m, K)          (tokens per row per second)
 
-- ``tokens(m, K)``: expected tokens a row emits per step when drafter ``m`` proposes K: 1 + sum of the survival
-  ``P(run >= j)`` for j = 1 .. K, the Kaplan-Meier estimate of `run_length_survival` over ``m``'s recent steps in
-  this call (drafts are text-dependent: they are never carried from another call). Past the longest run seen,
-  the survival falls geometrically at its last observed ratio (at most 0.85). Plain steps emit 1 token. Prompt
-  lookup's proposals are also scored while other drafters draft (`PortfolioDrafter` compares what it would have
-  proposed with the tokens committed: greedy output is the same whatever drafts), so the planner sees when the text
-  turns copyable without a trial. In a batch this is scaled by the slowest active row's rate over the mean row's
-  (`Planner._slowest_share`): a static batch runs as many steps as its slowest row needs.
+- ``tokens(m, K)``: tokens the call's *critical row* emits per step when drafter ``m`` proposes K. Each row's
+  expected tokens are 1 + the sum of its survival ``P(run >= j)`` for j = 1 .. K, a Kaplan-Meier estimate over
+  ``m``'s recent runs on that row (`run_length_survival`'s rule, recent runs weighted more: half weight every
+  `_HALF_LIFE` runs), shrunk towards the estimate over all active rows (`_ROW_PRIOR` runs' weight). Past the
+  longest run seen, survival falls geometrically at its last observed ratio (at most `_EXTRAPOLATION_RATIO`). Only
+  rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
+  needs the most steps to finish (remaining tokens over expected tokens): a static batch runs as many steps as it
+  needs, so a drafter that races through copy-heavy rows but proposes nothing useful for the others finishes the
+  call no sooner than a plain step would. Drafts are text-dependent: runs are never carried from another call.
+  Prompt lookup's proposals are also scored while other drafters draft (`PortfolioDrafter` compares what it would
+  have proposed with the tokens committed: greedy output is the same whatever drafts), so the planner sees when
+  the text turns copyable without a trial.
 - ``cost(m, K)``: the step's draft + verify + update seconds, from a `CostProfile`: medians of measured parts,
   verify by width (shared by every drafter: it is the target's forward), draft by drafter and K (a line through
   the Ks measured; prompt lookup's search does not grow with K), update by drafter. The profile belongs to the
@@ -31,7 +35,7 @@ Per step (`next_step`):
    far at a high prior acceptance. A drafter with a one-off cost before its first draft (a draft model's own
    prefill) is tried only when that cost is under ``warm_share`` of the decoding still ahead at the best rate so far.
 3. **exploit**: the (drafter, K) of highest utility, K up to 1.5 times the largest K in the drafter's evidence
-   (so K climbs on evidence, by half at most per step); a switch of drafter needs ``switch_margin`` more utility than
+   (so K climbs on evidence, by half at most per step; any K for a drafter whose cost does not grow with K); a switch of drafter needs ``switch_margin`` more utility than
    staying. K = 0 when nothing beats a plain step.
 
 Every choice is lossless: a step's output is the target's whatever drafted it, so greedy output equals plain
@@ -59,27 +63,33 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
+import numpy as np
+
 from .k_policy import KPolicy, StepOutcome
-from .utility_policy import Step, run_length_survival
 
 #: the plain step's name in profiles and stats
 K0 = "k0"
 #: measurements kept per cost entry (the most recent)
 _COST_WINDOW = 32
-#: a drafter's steps its acceptance estimate is drawn from (the most recent of this call): about 24 rows' worth, so
-#: the estimate follows the text within a few steps at large batches and within about a dozen at batch 1
-_EVIDENCE_ROWS = 24
-#: a row's steps its own rate under a drafter is drawn from (the slowest row bounds a static batch: `_slowest_share`)
-_ROW_WINDOW = 12
-#: steps' weight of the mean row in each row's rate (`Planner._slowest_share`)
-_ROW_PRIOR = 4
+#: runs kept per row and drafter (the most recent of this call)
+_ROW_WINDOW = 24
+#: a run this many runs older than a row's newest weighs half as much (the estimate follows the text within a few
+#: steps: one H100, 1 x 16K, prompt lookup kept K = 13 for 20 steps with a 24-step unweighted window)
+_HALF_LIFE = 6.0
+#: runs' weight of the all-rows estimate in each row's estimate: enough to give a row with no run of its own a rate,
+#: small against a row's own runs (a row that prompt lookup misses must not borrow its neighbours' long runs: at
+#: 4 x 16K on one H100 one such row decided the call's length)
+_ROW_PRIOR = 0.5
 #: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
-#: beyond what was tried; K climbs to where it is measured)
-_EXTRAPOLATION_RATIO = 0.85
+#: beyond what was tried; K climbs to where it is measured). One H100, 4 x 16K: at 0.85 Vegas stayed at K = 3 with
+#: nearly every draft accepted (K = 6 runs 14% faster there)
+_EXTRAPOLATION_RATIO = 0.92
 #: acceptance per draft token a first trial is priced with (a very good drafter on friendly text): a drafter that
 #: cannot beat the best choice so far even so is not tried (see `Planner._first_trial_k`). One H100, run4 of
 #: bench_e2e: at 1 x 4K trials of Vegas and the draft model while prompt lookup ran at 12.8 tokens per step cost 12%
 _PRIOR_ACCEPTANCE = 0.9
+#: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
+_COST_REFRESH = 8
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
 #: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
 _VERIFY_SLOPE_PRIOR = 0.08
@@ -123,6 +133,9 @@ class CostProfile:
         self._medians: dict[
             tuple[str, object], float
         ] = {}  # (table, key) -> median, dropped when the entry grows
+        self._adds = 0  # measurements added
+        self._entries = 0  # entries created (a new width, drafter or K)
+        self._vectors: dict = {}  # (member, max_k) -> (entries, adds, `costs`) when last computed
 
     def add(self, member: str, k: int, draft_s: float, verify_s: float, update_s: float) -> None:
         for name, table, key, value in (
@@ -131,9 +144,13 @@ class CostProfile:
             ("update", self.update, member, update_s),
         ):
             if math.isfinite(value) and value >= 0:
-                table.setdefault(key, deque(maxlen=_COST_WINDOW)).append(value)
+                if key not in table:
+                    table[key] = deque(maxlen=_COST_WINDOW)
+                    self._entries += 1
+                table[key].append(value)
                 self._medians.pop((name, key), None)
         self._medians.pop(("pooled", member), None)
+        self._adds += 1
 
     def _med(self, name: str, key) -> float:
         """The entry's median; of fewer than 3 measurements the least (a drafter's first step in a call can carry
@@ -215,6 +232,51 @@ class CostProfile:
         slope = sum((kk - mean_k) * (s - mean_s) for kk, s in seen) / spread
         return max(0.0, mean_s + slope * (k - mean_k))
 
+    def costs(self, member: str, max_k: int) -> np.ndarray | None:
+        """`cost` of ``member`` at every K = 0 .. max_k at once (NaN where not estimable; None when nothing is). Kept
+        for `_COST_REFRESH` measurements while no new entry appears (medians of `_COST_WINDOW` move slowly; the
+        planner asks every step)."""
+        kept = self._vectors.get((member, max_k))
+        if kept is not None and kept[0] == self._entries and self._adds - kept[1] < _COST_REFRESH:
+            return kept[2]
+        vector = self._costs(member, max_k)
+        self._vectors[(member, max_k)] = (self._entries, self._adds, vector)
+        return vector
+
+    def _costs(self, member: str, max_k: int) -> np.ndarray | None:
+        update = self.update_s(member)
+        seen = sorted(self.verify)
+        if update is None or not seen:
+            return None
+        widths = np.arange(1, max_k + 2, dtype=np.float64)
+        values = np.array([self._med("verify", w) for w in seen])
+        if len(seen) == 1:
+            verify = values[0] * (1.0 + _VERIFY_SLOPE_PRIOR * (widths - seen[0]))
+        else:  # interpolated between the measured widths around each width, else along the nearest two
+            at = np.array(seen, dtype=np.float64)
+            high = np.clip(np.searchsorted(at, widths), 1, len(seen) - 1)
+            low = high - 1
+            verify = values[low] + (values[high] - values[low]) * (widths - at[low]) / (at[high] - at[low])
+        verify = np.maximum(verify, 0.0)
+        draft = np.full(max_k + 1, np.nan)
+        draft[0] = self._med("draft", (member, 0)) if (member, 0) in self.draft else 0.0
+        if not self.grows.get(member, True):
+            pooled = self.draft_s(member, 1)
+            draft[1:] = np.nan if pooled is None else pooled
+        else:
+            measured = sorted((k, self._med("draft", (m, k))) for m, k in self.draft if m == member and k > 0)
+            if len(measured) == 1:
+                draft[1:] = measured[0][1] * np.arange(1, max_k + 1) / measured[0][0]
+            elif measured:
+                ks = np.array([k for k, _ in measured], dtype=np.float64)
+                ss = np.array([v for _, v in measured])
+                slope = ((ks - ks.mean()) * (ss - ss.mean())).sum() / ((ks - ks.mean()) ** 2).sum()
+                draft[1:] = np.maximum(0.0, ss.mean() + slope * (np.arange(1, max_k + 1) - ks.mean()))
+            for k, value in measured:
+                if k <= max_k:
+                    draft[k] = value
+        return draft + verify + update
+
     def update_s(self, member: str) -> float | None:
         return self._med("update", member) if member in self.update else self._any_update()
 
@@ -239,8 +301,8 @@ def expected_tokens(survival: list[float | None], k: int) -> float:
     Example:
         >>> round(expected_tokens([1.0, 0.8, 0.4, None, None], 4), 3)  # 1 + 0.8 + 0.4 + 0.2 + 0.1
         2.5
-        >>> round(expected_tokens([1.0, 1.0, None], 3), 4)  # runs censored at 1: 0.85 then 0.85^2 further
-        3.5725
+        >>> round(expected_tokens([1.0, 1.0, None], 3), 4)  # runs censored at 1: 0.92 then 0.92^2 further
+        3.7664
     """
     known = [s for s in survival if s is not None]
     ratio = 0.0
@@ -256,6 +318,92 @@ def expected_tokens(survival: list[float | None], k: int) -> float:
     return tokens
 
 
+def row_expected_tokens(
+    age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int
+) -> np.ndarray:
+    """Expected tokens per step of each row at K = 0 .. max_k, from its recent runs: ``[R, max_k + 1]``.
+
+    ``age``, ``issued``, ``accepted``: ``[R, W]`` runs per row (``age`` in runs behind the newest, negative for an
+    empty slot). Each row's Kaplan-Meier survival over its runs (a run that accepted every draft issued is censored
+    there, `run_length_survival`'s rule), runs weighted ``0.5 ** (age / _HALF_LIFE)``, plus `_ROW_PRIOR` runs'
+    weight of the all-rows estimate; past the longest run seen, falling at the last observed ratio (at most
+    `_EXTRAPOLATION_RATIO`). Tokens at K = 1 + P(run >= 1) + ... + P(run >= K).
+
+    Example (row 0 accepts all 2 drafts every time, row 1 none):
+        >>> age = np.array([[0, 1, 2], [0, 1, 2]])
+        >>> tokens = row_expected_tokens(age, np.full((2, 3), 2), np.array([[2, 2, 2], [0, 0, 0]]), 3)
+        >>> bool(tokens[0, 2] > 2.5 and tokens[1, 2] < 1.5 and tokens[0, 3] > tokens[0, 2])
+        True
+    """
+    rows = age.shape[0]
+    weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)  # [R, W]
+    capped = np.minimum(accepted, max_k)
+    ended = (accepted < issued) & (accepted < max_k)  # uncensored: the run is exactly ``accepted``
+    # weight of each row's runs by drafts accepted (0 .. max_k), all runs and the uncensored ones
+    slot = (np.arange(rows)[:, None] * (max_k + 1) + capped).ravel()
+    runs = np.bincount(slot, weight.ravel(), rows * (max_k + 1)).reshape(rows, max_k + 1)
+    exact = np.bincount(slot, (weight * ended).ravel(), rows * (max_k + 1)).reshape(rows, max_k + 1)
+    survived = np.cumsum(runs[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [R, K]: runs known to reach j = 1 .. K
+    died = exact[:, :-1]  # runs ending at exactly j - 1
+    total = weight.sum()
+    if total > 0:  # shrink each row towards all rows
+        survived = survived + _ROW_PRIOR * survived.sum(axis=0) / total
+        died = died + _ROW_PRIOR * died.sum(axis=0) / total
+    at_risk = survived + died
+    known = int((at_risk.max(axis=0) > 0).sum())  # a prefix of the Ks: no run reaches past where all stopped
+    survival = np.ones((rows, max_k + 1))
+    if known:
+        hazard = died[:, :known] / np.maximum(at_risk[:, :known], 1e-30)
+        survival[:, 1 : known + 1] = np.cumprod(1.0 - hazard, axis=1)
+    if known < max_k:
+        if known == 0:
+            ratio = np.zeros(rows)
+        else:
+            before = survival[:, known - 1]
+            ratio = np.where(
+                before > 0, np.minimum(_EXTRAPOLATION_RATIO, survival[:, known] / np.maximum(before, 1e-30)), 0.0
+            )
+        powers = np.arange(1, max_k - known + 1)
+        survival[:, known + 1 :] = survival[:, known : known + 1] * ratio[:, None] ** powers
+    return np.cumsum(survival, axis=1)
+
+
+class _Runs:
+    """One drafter's recent runs per row of this call, in a ring of `_ROW_WINDOW` per row: the step it was drafted
+    or scored at, the K issued, the drafts accepted."""
+
+    def __init__(self, batch: int):
+        self.at = np.full((max(batch, 1), _ROW_WINDOW), -1, dtype=np.int64)
+        self.issued = np.zeros_like(self.at)
+        self.accepted = np.zeros_like(self.at)
+        self.next = np.zeros(max(batch, 1), dtype=np.int64)
+
+    def add(self, row: int, step: int, issued: int, accepted: int) -> None:
+        if row >= self.at.shape[0]:  # more rows than announced: grow
+            grow = row + 1 - self.at.shape[0]
+            self.at = np.vstack([self.at, np.full((grow, _ROW_WINDOW), -1, dtype=np.int64)])
+            self.issued = np.vstack([self.issued, np.zeros((grow, _ROW_WINDOW), dtype=np.int64)])
+            self.accepted = np.vstack([self.accepted, np.zeros((grow, _ROW_WINDOW), dtype=np.int64)])
+            self.next = np.concatenate([self.next, np.zeros(grow, dtype=np.int64)])
+        slot = self.next[row] % _ROW_WINDOW
+        self.at[row, slot], self.issued[row, slot], self.accepted[row, slot] = step, issued, accepted
+        self.next[row] += 1
+
+    def any(self, rows: np.ndarray) -> bool:
+        return bool((self.at[rows] >= 0).any())
+
+    def largest_k(self, rows: np.ndarray) -> int:
+        seen = self.at[rows] >= 0
+        return int(self.issued[rows][seen].max()) if seen.any() else 0
+
+    def expected_tokens(self, rows: np.ndarray, max_k: int) -> np.ndarray:
+        """`row_expected_tokens` of ``rows`` (ages counted per row from its newest run)."""
+        at = self.at[rows]
+        newest = at.max(axis=1, keepdims=True)
+        age = np.where(at >= 0, newest - at, -1)
+        return row_expected_tokens(age, self.issued[rows], self.accepted[rows], max_k)
+
+
 @dataclass
 class _Trial:
     member: str
@@ -266,19 +414,15 @@ class _Trial:
 
 @dataclass
 class _MemberState:
-    evidence: deque
+    runs: _Runs
+    short: deque  # K of its recent drafting steps that ran shorter than issued (it had fewer drafts), else None
     last_step: int | None = None  # step index it last drafted at
     backoff: int = 0
-    steps: int = 0
+    steps: int = 0  # evidence updates (its own steps and scored proposals)
     best: tuple[int, float] | None = None  # (K, utility) of the last estimate
     scanned_at: int = -1  # its ``steps`` when the Ks around the best were last scanned
-    survival: tuple | None = (
-        None  # (its ``steps``, run-length survival, Ks of the steps cut short) of its evidence
-    )
+    tokens: tuple | None = None  # ((its ``steps``, active rows), expected tokens [R, K + 1]) of its runs
     shadowed: bool = False  # its proposals are scored while others draft (prompt lookup): no trial needed
-    row_tokens: dict = field(
-        default_factory=dict
-    )  # batch row -> tokens it emitted at this drafter's recent steps
 
 
 class Planner(KPolicy):
@@ -320,16 +464,19 @@ class Planner(KPolicy):
         self.give_up = give_up
         self.switch_margin = switch_margin
         self.warm_share = warm_share
-        window = max(4, _EVIDENCE_ROWS // max(1, batch))
+        self.batch = max(1, batch)
         self.state_of = {
-            name: _MemberState(deque(maxlen=window), backoff=first_backoff) for name in self.members
+            name: _MemberState(_Runs(self.batch), deque(maxlen=_ROW_WINDOW), backoff=first_backoff)
+            for name in self.members
         }
         self.step = 0  # index of the next step
         self.baseline_left = 0 if self.profile.cost(K0, 0) is not None else baseline_steps
         self.trial: _Trial | None = None
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
         self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
+        self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
         self.active: list[bool] = []  # rows still generating after the last step
+        self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
         self.current: tuple[str | None, int] = (None, 0)
         self.prefill_s: float | None = None
         self.last_reason = ""
@@ -355,20 +502,24 @@ class Planner(KPolicy):
         for name, row_steps in outcome.extra.get("shadow", {}).items():
             shadowed = self.state_of[name]
             for row, step in row_steps:  # (row, `Step`): a proposal scored against the row's continuation
-                shadowed.evidence.append(step)
-                shadowed.row_tokens.setdefault(row, deque(maxlen=_ROW_WINDOW)).append(step.accepted[0] + 1)
+                shadowed.runs.add(row, outcome.index, step.issued, step.accepted[0])
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
         if "active" in outcome.extra:
             self.active = list(outcome.extra["active"])
+        if "remaining" in outcome.extra:
+            self.remaining_rows = list(outcome.extra["remaining"])
         if member == K0:
             self.baseline_left = max(0, self.baseline_left - 1)
             return
         state = self.state_of[member]
-        state.evidence.append(Step(issued, outcome.k, tuple(outcome.accepted), outcome.time_s or 0.0))
-        for row, accepted in enumerate(outcome.extra.get("rows") or ()):
+        rows = outcome.extra.get("rows")
+        if rows is None:  # the accepted counts of the active rows, in row order
+            rows = list(outcome.accepted)
+        for row, accepted in enumerate(rows):
             if accepted is not None:
-                state.row_tokens.setdefault(row, deque(maxlen=_ROW_WINDOW)).append(accepted + 1)
+                state.runs.add(row, outcome.index, issued, accepted)
+        state.short.append(outcome.k if outcome.k < issued else None)
         state.last_step = outcome.index
         state.steps += 1
         if self.trial is not None and self.trial.member == member:
@@ -377,10 +528,13 @@ class Planner(KPolicy):
     # ------------------------------------------------------------------------------------------------ estimates
     def utility(self, member: str, k: int) -> float | None:
         """Tokens per row per second of ``member`` at K (a plain step at K = 0); None when not estimable."""
-        key = ("u", member, k)
-        if key not in self._memo:
-            self._memo[key] = self._utility(member, k)
-        return self._memo[key]
+        if k == 0:
+            cost = self._cost(K0, 0)
+            return None if not cost else 1.0 / cost
+        values = self._utilities(member)
+        if values is None or not np.isfinite(values[k]):
+            return None
+        return float(values[k])
 
     def _cost(self, member: str, k: int) -> float | None:
         key = ("c", member, k)
@@ -388,49 +542,61 @@ class Planner(KPolicy):
             self._memo[key] = self.profile.cost(member, k)
         return self._memo[key]
 
-    def _utility(self, member: str, k: int) -> float | None:
-        if k == 0:
-            cost = self._cost(K0, 0)
-            return None if not cost else 1.0 / cost
-        steps = self.state_of[member].evidence
-        cost = self._cost(member, k)
-        if not steps or not cost:
-            return None
-        state = self.state_of[member]
-        if state.survival is None or state.survival[0] != state.steps:
-            # steps where the drafter had fewer drafts than issued ran a smaller K: priced at what they ran
-            short = [s.k for s in steps if s.k < s.issued]
-            state.survival = (state.steps, run_length_survival(list(steps), self.max_k), short)
-        _, survival, short = state.survival
-        if short:
-            costs = [self._cost(member, min(r, k)) for r in short]
-            if any(c is None for c in costs):
-                return None
-            cost = (sum(costs) + cost * (len(steps) - len(short))) / len(steps)
-        return expected_tokens(survival, k) * self._slowest_share(member) / cost
+    def _active_rows(self) -> np.ndarray:
+        rows = self._memo.get("rows")
+        if rows is None:
+            rows = self._memo["rows"] = (
+                np.flatnonzero(np.array(self.active, dtype=bool)) if self.active else np.arange(self.batch)
+            )
+        return rows
 
-    def _slowest_share(self, member: str) -> float:
-        """The slowest active row's tokens per step under ``member`` over the mean row's (1 for one row). A static
-        batch runs as many steps as its slowest row needs: a drafter that races through copy-heavy rows and
-        proposes nothing useful for the others finishes the call no sooner than a plain step would, however high
-        its mean (4 x 16K on one H100: prompt lookup took 55% of auto's steps, 0.99x our K = 0, Vegas alone 1.38x)."""
-        key = ("slow", member)
+    def _has_runs(self, member: str) -> bool:
+        key = ("has", member)
+        if key not in self._memo:
+            rows = self._active_rows()
+            self._memo[key] = rows.size > 0 and self.state_of[member].runs.any(rows)
+        return self._memo[key]
+
+    def _critical_tokens(self, member: str) -> np.ndarray | None:
+        """Tokens per step at K = 0 .. max_k of the row that needs the most steps to finish (its expected tokens times
+        the most remaining tokens over its own remaining tokens); None without runs of active rows."""
+        key = ("crit", member)
         if key in self._memo:
             return self._memo[key]
-        rows = [
-            tokens
-            for row, tokens in self.state_of[member].row_tokens.items()
-            if len(tokens) >= 2 and (row >= len(self.active) or self.active[row])
-        ]
-        share = 1.0
-        if len(rows) >= 2:
-            mean = sum(sum(t) / len(t) for t in rows) / len(rows)
-            # each row's rate shrunk towards the mean by `_ROW_PRIOR` steps: the minimum of many short, noisy
-            # windows would otherwise rate every drafter by its unluckiest row
-            slowest = min((sum(t) + _ROW_PRIOR * mean) / (len(t) + _ROW_PRIOR) for t in rows)
-            share = slowest / mean
-        self._memo[key] = share
-        return share
+        state = self.state_of[member]
+        rows = self._active_rows()
+        tokens = None
+        if self._has_runs(member):
+            cache_key = (state.steps, tuple(rows.tolist()))
+            if state.tokens is None or state.tokens[0] != cache_key:
+                state.tokens = (cache_key, state.runs.expected_tokens(rows, self.max_k))
+            per_row = state.tokens[1]
+            if len(self.remaining_rows) >= (rows.max() + 1 if rows.size else 0):
+                remaining = np.maximum(np.array(self.remaining_rows, dtype=np.float64)[rows], 1.0)
+                per_row = np.minimum(per_row, remaining[:, None]) * (remaining.max() / remaining)[:, None]
+            tokens = per_row.min(axis=0)
+        self._memo[key] = tokens
+        return tokens
+
+    def _utilities(self, member: str) -> np.ndarray | None:
+        """`utility` of ``member`` at every K (index K; NaN where not estimable), once per step."""
+        key = ("u", member)
+        if key in self._memo:
+            return self._memo[key]
+        tokens = self._critical_tokens(member)
+        costs = self.profile.costs(member, self.max_k) if tokens is not None else None
+        values = None
+        if costs is not None:
+            ran = list(self.state_of[member].short)
+            short = [r for r in ran if r is not None]
+            if short:  # steps where the drafter had fewer drafts than issued ran a smaller K: priced at what they ran
+                ks = np.arange(self.max_k + 1)
+                shorter = sum(costs[np.minimum(r, ks)] for r in short)
+                costs = (shorter + costs * (len(ran) - len(short))) / len(ran)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = np.where(costs > 0, tokens / costs, np.nan)
+        self._memo[key] = values
+        return values
 
     def best_k(self, member: str) -> tuple[int, float | None]:
         """The K of highest utility for ``member`` (up to 1.5 times the largest K of its current evidence) and that
@@ -439,8 +605,10 @@ class Planner(KPolicy):
         if key in self._memo:
             return self._memo[key]
         state = self.state_of[member]
-        ran = max((s.issued for s in state.evidence), default=0)
+        ran = state.runs.largest_k(self._active_rows())
         top = min(self.max_k, max(ran, 1) + max(1, ran // 2))
+        if not self.members[member].draft_grows_with_k:
+            top = self.max_k  # a search costs the same at any K: only the verify's width holds K back
         if state.best is None:
             ks = range(1, top + 1)  # the first estimate: every K
         elif state.scanned_at != state.steps:
@@ -451,10 +619,13 @@ class Planner(KPolicy):
         else:
             ks = [min(state.best[0], top)]  # no new evidence (costs may have moved): re-price the last best
         best = (self.members[member].start_k, None)
-        for k in ks:
-            u = self.utility(member, k)
-            if u is not None and (best[1] is None or u > best[1]):
-                best = (k, u)
+        values = self._utilities(member)
+        if values is not None:
+            ks = np.asarray(ks)
+            scanned = np.where(np.isfinite(values[ks]), values[ks], -np.inf)
+            i = int(scanned.argmax())
+            if np.isfinite(scanned[i]):
+                best = (int(ks[i]), float(scanned[i]))
         if best[1] is not None:
             state.best, state.scanned_at = best, state.steps
         self._memo[key] = best
@@ -498,14 +669,7 @@ class Planner(KPolicy):
         due = self._due(remaining, plain, best_u)
         if due:
             name = max(due, key=lambda n: self.best_k(n)[1] or float("inf"))
-            if self.state_of[name].evidence:
-                k = self.best_k(name)[0]
-            else:
-                k = self._first_trial_k(name, best_u, remaining)
-            if k is None:  # priced, and it could not pay even at a good acceptance: no trial, back off
-                state = self.state_of[name]
-                state.last_step, state.backoff = self.step, min(4096, state.backoff * 2)
-                return self._choose(remaining)
+            k = self.best_k(name)[0] if self._has_runs(name) else self._first_k[name]
             self.trial = _Trial(name, k, self.trial_steps - 1)
             self.last_reason = f"trial {name}"
             return name, k
@@ -533,20 +697,19 @@ class Planner(KPolicy):
         member = self.members[name]
         if bar is None or not self.profile.known(name):
             return member.start_k
-        best, best_u = None, bar
-        for k in range(1, min(member.start_k, max(1, remaining - 1)) + 1):  # K climbs from evidence later
-            cost = self._cost(name, k)
-            if cost is None:
-                return member.start_k
-            tokens = sum(_PRIOR_ACCEPTANCE**j for j in range(k + 1))
-            if tokens / cost > best_u:
-                best, best_u = k, tokens / cost
-        return best
+        costs = self.profile.costs(name, self.max_k)
+        top = min(member.start_k, max(1, remaining - 1), self.max_k)  # K climbs from evidence later
+        if costs is None or not np.isfinite(costs[1 : top + 1]).all():
+            return member.start_k
+        tokens = np.cumsum(_PRIOR_ACCEPTANCE ** np.arange(top + 1))[1:]  # at K = 1 .. top
+        utilities = tokens / costs[1 : top + 1]
+        k = int(utilities.argmax())
+        return k + 1 if utilities[k] > bar else None
 
     def _ranked(self) -> list[tuple[str, int, float | None]]:
         out = []
         for name in self.members:
-            if not self.state_of[name].evidence:
+            if not self._has_runs(name):
                 continue
             k, u = self.best_k(name)
             if u is not None:
@@ -569,6 +732,11 @@ class Planner(KPolicy):
                 continue
             if state.shadowed and self.profile.known(name):
                 continue  # scored every step and priced: its estimate is live without a trial
+            if not self._has_runs(name):
+                k = self._first_trial_k(name, best_u, remaining)
+                if k is None:  # priced, and it cannot pay now even at a good acceptance: asked again next step
+                    continue
+                self._first_k[name] = k
             due.append(name)
         return due
 
