@@ -5,8 +5,9 @@ row's earlier history; the tokens that followed the most recent earlier occurren
 (else the earliest occurrence, which has the longest continuation) become the draft. Rows with no match propose
 nothing. Small batches search the host mirror of the history through an incremental n-gram index per row
 (`NgramIndex`: no device work, and the loop can trim K to the longest draft); from `DEVICE_SEARCH_MIN_BATCH` rows,
-and on a GPU from `DEVICE_SEARCH_MIN_PROMPT` prompt tokens, the search runs on the device, all rows at once, so the host cost no longer grows with the batch
-(`hf_sparse_verify.kernels.ngram_lookup`: one Triton launch per step where Triton runs). Gives no
+and on a GPU from `DEVICE_SEARCH_MIN_PROMPT` prompt tokens, the search runs on the device, all rows at once, so
+the host cost no longer grows with the batch (`hf_sparse_verify.kernels.ngram_lookup.NgramLookup`, kept per K:
+one Triton launch per step where Triton runs, with inactive rows' counts zeroed inside it). Gives no
 probabilities: sampling verification then samples from the target at every position.
 """
 
@@ -17,7 +18,7 @@ from bisect import bisect_right
 import numpy as np
 import torch
 
-from ...kernels.ngram_lookup import ngram_lookup
+from ...kernels.ngram_lookup import NgramLookup
 from ..engine.state import DecodeState
 from .base import Draft, Drafter
 
@@ -26,7 +27,8 @@ from .base import Draft, Drafter
 DEVICE_SEARCH_MIN_BATCH = 4
 #: prompt tokens from which a CUDA model's search runs on the device at any batch: the host index of a 16K-token
 #: prompt takes 50-100 ms to build (a 1 x 16K call on one H100 spent 0.57 ms per step drafting, 1.2x a K = 0 step),
-#: the one-launch device search about 0.05 ms per step
+#: the one-launch device search 0.05-0.08 ms of a step (`benchmarks/bench_ngram_lookup.py`, one H100, 1 x 16K to
+#: 32 x 8K, eager, an idle GPU: `get_candidates` 45-80 us where a K = 0 step's empty draft took 21-38 us)
 DEVICE_SEARCH_MIN_PROMPT = 2048
 #: the device search on the Triton kernel (None: where Triton runs) or the PyTorch reference (False); benchmarks
 #: switch it for A/B runs
@@ -110,6 +112,9 @@ class PromptLookupDrafter(Drafter):
         self._state: DecodeState | None = None  # the request `_indexes` belong to
         self._indexes: list[NgramIndex] = []
         self._staging: list[torch.Tensor] = []  # two pinned buffers, used in turn (see `_to_device`)
+        self._searched: DecodeState | None = None  # the request whose tensors the device searches checked
+        self._layout: tuple = ()  # (batch, capacity, device, kernel) of `_searches`
+        self._searches: dict[tuple[str, int], NgramLookup] = {}  # (caller, K) -> the device search
 
     @classmethod
     def from_config(cls, config, **_) -> PromptLookupDrafter:
@@ -127,13 +132,31 @@ class PromptLookupDrafter(Drafter):
         self, state: DecodeState, num_tokens: int
     ) -> tuple[torch.Tensor, torch.Tensor] | list[list[int]]:
         """What `get_candidates` would draft now, without a draft: ``(drafts, counts)`` on the device where the
-        search runs there, else one host list per row (empty for inactive rows)."""
+        search runs there (counts 0 for inactive rows; both overwritten by the next `propose` with this K), else
+        one host list per row (empty for inactive rows)."""
         if self.searches_on_device(state):
-            return ngram_lookup(
-                state.tokens, state.committed_t, state.pad_t, num_tokens, self.max_ngram, self.min_ngram,
-                kernel=DEVICE_SEARCH_KERNEL,
-            )  # fmt: skip
+            return self._device_search(state, num_tokens, "propose")
         return self._host_search(state, num_tokens)
+
+    def _device_search(
+        self, state: DecodeState, num_tokens: int, caller: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device search of ``state`` for ``num_tokens`` drafts: one `NgramLookup` per caller and K, kept
+        across steps and requests of the same layout; a request's tensors are checked at its first search."""
+        first = self._searched is not state
+        if first:
+            self._searched = state
+            layout = (state.batch_size, state.tokens.shape[1], state.device, DEVICE_SEARCH_KERNEL)
+            if layout != self._layout:
+                self._layout, self._searches = layout, {}
+        search = self._searches.get((caller, num_tokens))
+        if search is None:
+            batch, capacity, device, kernel = self._layout
+            search = NgramLookup(batch, capacity, num_tokens, self.max_ngram, self.min_ngram, device, kernel)
+            self._searches[(caller, num_tokens)] = search
+        if first:
+            search.check(state.tokens, state.committed_t, state.pad_t, state.active_t)
+        return search(state.tokens, state.committed_t, state.pad_t, state.active_t)
 
     def _host_search(self, state: DecodeState, num_tokens: int) -> list[list[int]]:
         indexes = self._row_indexes(state)
@@ -151,16 +174,8 @@ class PromptLookupDrafter(Drafter):
 
     def get_candidates(self, state: DecodeState, num_tokens: int) -> Draft:  # type: ignore[override]
         if self.searches_on_device(state):
-            drafts, counts = ngram_lookup(
-                state.tokens,
-                state.committed_t,
-                state.pad_t,
-                num_tokens,
-                self.max_ngram,
-                self.min_ngram,
-                kernel=DEVICE_SEARCH_KERNEL,
-            )
-            return Draft(drafts, counts * state.active_t, None, None)
+            drafts, counts = self._device_search(state, num_tokens, "draft")
+            return Draft(drafts, counts, None, None)
         drafts = np.zeros((state.batch_size, num_tokens + 1), dtype=np.int64)  # last column: the counts
         counts = [0] * state.batch_size
         for row, found in enumerate(self._host_search(state, num_tokens)):
@@ -192,4 +207,4 @@ class PromptLookupDrafter(Drafter):
         return staging.to(device, non_blocking=True)
 
     def close(self) -> None:
-        self._state, self._indexes = None, []
+        self._state, self._indexes, self._searched = None, [], None

@@ -1,6 +1,7 @@
-"""Prompt lookup's n-gram search for a whole batch on the device (`ngram_lookup`), one launch per step."""
+"""Prompt lookup's n-gram search for a whole batch on the device (`ngram_lookup`; `NgramLookup` for a decode
+loop), one launch per step."""
 
 from .naive import ngram_lookup_naive
-from .op import ngram_lookup
+from .op import NgramLookup, ngram_lookup
 
-__all__ = ["ngram_lookup", "ngram_lookup_naive"]
+__all__ = ["NgramLookup", "ngram_lookup", "ngram_lookup_naive"]

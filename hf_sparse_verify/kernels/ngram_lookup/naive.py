@@ -12,15 +12,18 @@ def ngram_lookup_naive(
     num_tokens: int,
     max_ngram: int,
     min_ngram: int,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the continuation of its trailing n-gram's most recent earlier occurrence that is followed by
     ``num_tokens`` tokens (else of its earliest occurrence, which has the longest continuation), longest ``n``
     first, from ``max_ngram`` down to ``min_ngram``.
 
     Args:
-        tokens: ``[B, C]`` int64 histories; row ``b`` holds its history in ``[pad[b], committed[b])``.
+        tokens: ``[B, C]`` int64 histories; row ``b`` holds its history in ``[pad[b], committed[b])``
+            (``0 <= pad[b]``, ``committed[b] <= C``).
         committed, pad: ``[B]`` int64.
         num_tokens: most draft tokens per row.
+        active: ``[B]`` bool, rows that draft; the others get count 0 (default: every row drafts).
 
     Returns:
         ``drafts [B, num_tokens]`` (positions past a row's count hold stale tokens) and ``counts [B]`` int64.
@@ -48,6 +51,8 @@ def ngram_lookup_naive(
         start = torch.where(latest_full >= 0, latest_full, torch.where(earliest < capacity, earliest, -1))
         source = torch.where((source < 0) & (start >= 0), start + n, source)
     found = source >= 0
+    if active is not None:
+        found &= active
     counts = torch.where(found, (committed - source).clamp(max=num_tokens), 0)
     slots = (source.clamp_min(0)[:, None] + torch.arange(num_tokens, device=device)).clamp_max(capacity - 1)
     return tokens.gather(1, slots), counts
