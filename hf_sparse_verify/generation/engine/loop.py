@@ -242,6 +242,9 @@ def speculative_decode(
             state.advance(accepted, new_tokens)
             if k > 0 or not drafter.idle_at_k0:
                 drafter.after_verify(start, accepted)
+            policy_start = time.perf_counter()
+            policy.prepare()  # the host would wait for the verify in the readback below
+            stats.policy_time_s += time.perf_counter() - policy_start
             active_before = list(state.active)
             accepted_rows, before, proposed = settle(accepted, new_tokens, draft.counts)
             drafter.on_verify(VerifyFeedback(before, accepted_rows, list(state.committed)))

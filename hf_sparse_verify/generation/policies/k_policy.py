@@ -76,6 +76,10 @@ class KPolicy(ABC):
     def begin(self, prefill_s: float | None) -> None:  # noqa: B027 - optional hook
         """Called once after the prefill with its seconds."""
 
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Called while the device runs a step's verify, before the step is read back (the host waits there
+        anyway): work for the next choice that need not see this step's outcome."""
+
     def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
         """Learn from a finished step; the default ignores it."""
 

@@ -76,10 +76,11 @@ _ROW_WINDOW = 24
 #: a run this many runs older than a row's newest weighs half as much (the estimate follows the text within a few
 #: steps: one H100, 1 x 16K, prompt lookup kept K = 13 for 20 steps with a 24-step unweighted window)
 _HALF_LIFE = 6.0
-#: runs' weight of the all-rows estimate in each row's estimate: enough to give a row with no run of its own a rate,
-#: small against a row's own runs (a row that prompt lookup misses must not borrow its neighbours' long runs: at
-#: 4 x 16K on one H100 one such row decided the call's length)
-_ROW_PRIOR = 0.5
+#: pseudo-runs at the all-rows hazard a row's estimate at draft position j gets when it has no own runs at risk there
+#: (fewer where it has some; see `row_expected_tokens`)
+_ROW_PRIOR = 2.0
+#: a row's own runs (by weight) at risk at j from which its estimate there is its own alone
+_OWN_RUNS = 3.0
 #: at most this share of the runs that reached the longest K seen is taken to go one further (a censored estimate
 #: beyond what was tried; K climbs to where it is measured). One H100, 4 x 16K: at 0.85 Vegas stayed at K = 3 with
 #: nearly every draft accepted (K = 6 runs 14% faster there)
@@ -325,8 +326,8 @@ def row_expected_tokens(
 
     ``age``, ``issued``, ``accepted``: ``[R, W]`` runs per row (``age`` in runs behind the newest, negative for an
     empty slot). Each row's Kaplan-Meier survival over its runs (a run that accepted every draft issued is censored
-    there, `run_length_survival`'s rule), runs weighted ``0.5 ** (age / _HALF_LIFE)``, plus `_ROW_PRIOR` runs'
-    weight of the all-rows estimate; past the longest run seen, falling at the last observed ratio (at most
+    there, `run_length_survival`'s rule), runs weighted ``0.5 ** (age / _HALF_LIFE)``; where a row's own runs at
+    risk at j weigh under `_OWN_RUNS`, up to `_ROW_PRIOR` pseudo-runs at the all-rows hazard; past the longest run seen, falling at the last observed ratio (at most
     `_EXTRAPOLATION_RATIO`). Tokens at K = 1 + P(run >= 1) + ... + P(run >= K).
 
     Example (row 0 accepts all 2 drafts every time, row 1 none):
@@ -345,12 +346,17 @@ def row_expected_tokens(
     exact = np.bincount(slot, (weight * ended).ravel(), rows * (max_k + 1)).reshape(rows, max_k + 1)
     survived = np.cumsum(runs[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [R, K]: runs known to reach j = 1 .. K
     died = exact[:, :-1]  # runs ending at exactly j - 1
-    total = weight.sum()
-    if total > 0:  # shrink each row towards all rows
-        survived = survived + _ROW_PRIOR * survived.sum(axis=0) / total
-        died = died + _ROW_PRIOR * died.sum(axis=0) / total
+    pooled_risk = survived.sum(axis=0) + died.sum(axis=0)  # [K]
+    known = int((pooled_risk > 0).sum())  # a prefix of the Ks: no run reaches past where all stopped
+    # where a row's own runs at risk at j weigh under `_OWN_RUNS`, pseudo-runs at the all-rows hazard make up the
+    # rest of `_ROW_PRIOR`: a row with plenty of its own runs at j keeps its own rate there (a row prompt lookup
+    # misses must not borrow its neighbours' long runs), one with few borrows (one unlucky run must not pin a row
+    # at K = 1, where its later runs never test j = 2)
+    pooled_hazard = died.sum(axis=0) / np.maximum(pooled_risk, 1e-30)
+    prior = _ROW_PRIOR * np.clip(1.0 - (survived + died) / _OWN_RUNS, 0.0, 1.0) * (pooled_risk > 0)
+    survived = survived + prior * (1.0 - pooled_hazard)
+    died = died + prior * pooled_hazard
     at_risk = survived + died
-    known = int((at_risk.max(axis=0) > 0).sum())  # a prefix of the Ks: no run reaches past where all stopped
     survival = np.ones((rows, max_k + 1))
     if known:
         hazard = died[:, :known] / np.maximum(at_risk[:, :known], 1e-30)
@@ -369,8 +375,9 @@ def row_expected_tokens(
 
 
 class _Runs:
-    """One drafter's recent runs per row of this call, in a ring of `_ROW_WINDOW` per row: the step it was drafted
-    or scored at, the K issued, the drafts accepted."""
+    """One drafter's recent runs per row of this call, in a ring of `_ROW_WINDOW` per row: the run's number in the
+    row's sequence (``at``; its age is counted in runs, not steps: a drafter tried again after 48 steps keeps what
+    its last trial found), the K issued, the drafts accepted."""
 
     def __init__(self, batch: int):
         self.at = np.full((max(batch, 1), _ROW_WINDOW), -1, dtype=np.int64)
@@ -386,8 +393,23 @@ class _Runs:
             self.accepted = np.vstack([self.accepted, np.zeros((grow, _ROW_WINDOW), dtype=np.int64)])
             self.next = np.concatenate([self.next, np.zeros(grow, dtype=np.int64)])
         slot = self.next[row] % _ROW_WINDOW
-        self.at[row, slot], self.issued[row, slot], self.accepted[row, slot] = step, issued, accepted
+        self.at[row, slot], self.issued[row, slot], self.accepted[row, slot] = self.next[row], issued, accepted
         self.next[row] += 1
+
+    def add_rows(self, step: int, rows: list[int], issued: list[int], accepted: list[int]) -> None:
+        """`add` for several rows at once (distinct rows)."""
+        if not rows:
+            return
+        if max(rows) >= self.at.shape[0]:
+            for row, i, a in zip(rows, issued, accepted):
+                self.add(row, step, i, a)
+            return
+        index = np.array(rows)
+        slot = self.next[index] % _ROW_WINDOW
+        self.at[index, slot] = self.next[index]
+        self.issued[index, slot] = issued
+        self.accepted[index, slot] = accepted
+        self.next[index] += 1
 
     def any(self, rows: np.ndarray) -> bool:
         return bool((self.at[rows] >= 0).any())
@@ -475,6 +497,7 @@ class Planner(KPolicy):
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
         self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
         self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
+        self._prepared = False  # `_memo` holds estimates `prepare` made for the next choice
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
         self.current: tuple[str | None, int] = (None, 0)
@@ -490,9 +513,25 @@ class Planner(KPolicy):
         """The target's prefill seconds of this call (prices a draft model's own prefill)."""
         self.prefill_s = prefill_s
 
+    def prepare(self) -> None:
+        """Estimates for the next choice from the runs so far, while the device verifies this step: the choice
+        then lags the evidence by one step, and the host's estimating hides behind the device's work (one H100,
+        bench_e2e: estimating took 0.4-0.7 ms per step, as much as a 1 x 4K step)."""
+        self._memo = {}
+        plain = self.utility(K0, 0)
+        for name in self.members:
+            if self._has_runs(name):
+                self.best_k(name)
+            elif plain is not None and self.profile.known(name):
+                self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
+        self._prepared = True
+
     def observe(self, outcome: StepOutcome) -> None:
-        self._memo.clear()  # estimates change with every observation
         member = outcome.extra.get("member") or K0
+        if not self._prepared or self.trial is not None or self._memo.get(("has", member)) is False:
+            # estimates change with every observation: none were prepared, or this step was a trial or a drafter's
+            # first runs (a choice that turns on them must see them)
+            self._memo.clear()
         parts = outcome.extra.get("parts")
         issued = outcome.extra.get("issued", outcome.k)
         if issued == 0:
@@ -501,8 +540,13 @@ class Planner(KPolicy):
             self.profile.add(member, outcome.k, *parts)
         for name, row_steps in outcome.extra.get("shadow", {}).items():
             shadowed = self.state_of[name]
-            for row, step in row_steps:  # (row, `Step`): a proposal scored against the row's continuation
-                shadowed.runs.add(row, outcome.index, step.issued, step.accepted[0])
+            # (row, `Step`): a proposal scored against the row's continuation
+            shadowed.runs.add_rows(
+                outcome.index,
+                [row for row, _ in row_steps],
+                [step.issued for _, step in row_steps],
+                [step.accepted[0] for _, step in row_steps],
+            )
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
         if "active" in outcome.extra:
@@ -516,9 +560,8 @@ class Planner(KPolicy):
         rows = outcome.extra.get("rows")
         if rows is None:  # the accepted counts of the active rows, in row order
             rows = list(outcome.accepted)
-        for row, accepted in enumerate(rows):
-            if accepted is not None:
-                state.runs.add(row, outcome.index, issued, accepted)
+        ran = [row for row, accepted in enumerate(rows) if accepted is not None]
+        state.runs.add_rows(outcome.index, ran, [issued] * len(ran), [rows[row] for row in ran])
         state.short.append(outcome.k if outcome.k < issued else None)
         state.last_step = outcome.index
         state.steps += 1
@@ -638,6 +681,7 @@ class Planner(KPolicy):
     def next_step(self, remaining: int) -> tuple[str | None, int]:
         """``(drafter or None, K)`` for the next step; ``remaining``: the most tokens a row still needs."""
         choice = self._choose(remaining)
+        self._prepared = False
         self.current = choice
         self.step += 1
         return choice
@@ -697,12 +741,17 @@ class Planner(KPolicy):
         member = self.members[name]
         if bar is None or not self.profile.known(name):
             return member.start_k
-        costs = self.profile.costs(name, self.max_k)
-        top = min(member.start_k, max(1, remaining - 1), self.max_k)  # K climbs from evidence later
-        if costs is None or not np.isfinite(costs[1 : top + 1]).all():
+        key = ("prior", name)
+        if key not in self._memo:  # utilities at K = 1 .. start K under the prior (None: not all priced)
+            top = min(member.start_k, self.max_k)
+            costs = self.profile.costs(name, self.max_k)
+            priced = costs is not None and np.isfinite(costs[1 : top + 1]).all()
+            tokens = np.cumsum(_PRIOR_ACCEPTANCE ** np.arange(top + 1))[1:]
+            self._memo[key] = tokens / costs[1 : top + 1] if priced else None
+        utilities = self._memo[key]
+        if utilities is None:
             return member.start_k
-        tokens = np.cumsum(_PRIOR_ACCEPTANCE ** np.arange(top + 1))[1:]  # at K = 1 .. top
-        utilities = tokens / costs[1 : top + 1]
+        utilities = utilities[: max(1, min(len(utilities), remaining - 1))]  # K climbs from evidence later
         k = int(utilities.argmax())
         return k + 1 if utilities[k] > bar else None
 
