@@ -89,6 +89,9 @@ _EXTRAPOLATION_RATIO = 0.92
 #: cannot beat the best choice so far even so is not tried (see `Planner._first_trial_k`). One H100, run4 of
 #: bench_e2e: at 1 x 4K trials of Vegas and the draft model while prompt lookup ran at 12.8 tokens per step cost 12%
 _PRIOR_ACCEPTANCE = 0.9
+#: steps an estimate made by `Planner.prepare` is kept (sooner cleared by a trial, a drafter's first runs, a row
+#: that finished)
+_REPLAN_EVERY = 4
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
@@ -498,6 +501,7 @@ class Planner(KPolicy):
         self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
         self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
         self._prepared = False  # `_memo` holds estimates `prepare` made for the next choice
+        self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
         self.current: tuple[str | None, int] = (None, 0)
@@ -516,22 +520,34 @@ class Planner(KPolicy):
     def prepare(self) -> None:
         """Estimates for the next choice from the runs so far, while the device verifies this step: the choice
         then lags the evidence by one step, and the host's estimating hides behind the device's work (one H100,
-        bench_e2e: estimating took 0.4-0.7 ms per step, as much as a 1 x 4K step)."""
+        bench_e2e: estimating took 0.4-0.7 ms per step, as much as a 1 x 4K step). Estimates are kept for
+        `_REPLAN_EVERY` steps unless a trial, a drafter's first runs or a finished row clears them sooner (the
+        device host spent 0.5-0.9 ms per estimate, more than a short verify hides)."""
+        self._prepared = True
+        if self._memo and self.step - self._estimated_at < _REPLAN_EVERY:
+            return
         self._memo = {}
+        self._estimated_at = self.step
         plain = self.utility(K0, 0)
         for name in self.members:
             if self._has_runs(name):
                 self.best_k(name)
             elif plain is not None and self.profile.known(name):
                 self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
-        self._prepared = True
 
     def observe(self, outcome: StepOutcome) -> None:
         member = outcome.extra.get("member") or K0
-        if not self._prepared or self.trial is not None or self._memo.get(("has", member)) is False:
+        finished = "active" in outcome.extra and list(outcome.extra["active"]) != self.active and bool(self.active)
+        if (
+            not self._prepared
+            or finished
+            or self.trial is not None
+            or self._memo.get(("has", member)) is False
+        ):
             # estimates change with every observation: none were prepared, or this step was a trial or a drafter's
             # first runs (a choice that turns on them must see them)
             self._memo.clear()
+            self._estimated_at = self.step
         parts = outcome.extra.get("parts")
         issued = outcome.extra.get("issued", outcome.k)
         if issued == 0:
