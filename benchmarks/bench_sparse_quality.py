@@ -301,7 +301,13 @@ def teacher_forced_windows(prompt_file: str, context: int, count: int, positions
 def run_teacher_forced(args, device) -> list[dict]:
     """The teacher-forced suite (`hf_sparse_verify.drivers.quality`) on code-target: one record per (model, context,
     setting), each with its context's noise floor (dense bfloat16 against dense float32 verification)."""
-    from hf_sparse_verify.drivers.quality import grant, teacher_forced
+    from hf_sparse_verify.drivers.quality import (
+        grant,
+        next_line_examples,
+        next_line_task,
+        paired_delta,
+        teacher_forced,
+    )
 
     path = os.path.join(args.models, "code-target")
     model, tokenizer = _load(path, device, torch.float32)
@@ -315,10 +321,26 @@ def run_teacher_forced(args, device) -> list[dict]:
             model, windows, settings, window=args.k + 1, reference_model=reference, free_running=args.free_running
         )
         floor = results.pop("noise_floor").summary()
+        task = {}
+        if args.task_lines:  # next-line completion: lines from held-out prompts longer than the context
+            texts = [t for n in (12288, 16384) if n > context for t in _prompts(long_file, n, 12, tokenizer)]
+            examples = next_line_examples(texts, tokenizer, context, args.task_lines)
+            if examples:
+                task = next_line_task(model, tokenizer, examples, {"dense": None, **settings}, k=args.k)
         for name, quality in results.items():
             summary = quality.summary()
-            # the task score of the issue's gates (next-line exact match, edit similarity): not in this suite yet
-            measures = dict(summary, em_delta=None, edit_sim_delta=None, free_running_tokens=args.free_running)
+            scores = dict(em_delta=None, edit_sim_delta=None)  # the task score: None where not measured
+            if name in task:
+                em, dense_em = ([100 * e for e, _ in task[key]["per_line"]] for key in (name, "dense"))
+                sim, dense_sim = ([100 * m for _, m in task[key]["per_line"]] for key in (name, "dense"))
+                em_delta, em_ci = paired_delta(em, dense_em)
+                sim_delta, sim_ci = paired_delta(sim, dense_sim)
+                scores = dict(
+                    em=task[name]["em"], em_dense=task["dense"]["em"], em_delta=em_delta, em_delta_ci=em_ci,
+                    edit_sim=task[name]["edit_sim"], edit_sim_dense=task["dense"]["edit_sim"],
+                    edit_sim_delta=sim_delta, edit_sim_delta_ci=sim_ci, task_lines=task[name]["lines"],
+                )  # fmt: skip
+            measures = dict(summary, **scores, free_running_tokens=args.free_running)
             klass, why = grant(measures)
             records.append(
                 dict(
@@ -362,6 +384,13 @@ def main() -> None:
         default=128,
         help="teacher_forced suite: new tokens of each window's free-running generation (prompt lookup, K = --k), "
         "dense and per setting, for the acceptance ratio and copied 4-grams; 0: skip",
+    )
+    parser.add_argument(
+        "--task-lines",
+        type=int,
+        default=0,
+        help="teacher_forced suite: lines of the next-line completion task (exact match and edit similarity, "
+        "paired against dense; the issue asks for >= 300) from held-out prompts longer than the context; 0: skip",
     )
     _records.add_arguments(parser, "sparse_quality")
     args = parser.parse_args()

@@ -205,6 +205,92 @@ def generate_freely(model, prompt: torch.Tensor, new_tokens: int, setting: Lossy
     return out.sequences[0, prompt.numel() :].cpu(), out.speculation.mean_acceptance_length
 
 
+def next_line_examples(
+    texts: list[torch.Tensor], tokenizer, context: int, count: int, spacing: int = 256
+) -> list[tuple[torch.Tensor, str]]:
+    """Next-line completion examples (papers/000 Table 2's task on LCC): ``(prompt, line)`` with the prompt the
+    ``context`` tokens before a line start (a token holding a newline ends it) and ``line`` the text of the line
+    that follows, non-blank. Up to ``count`` examples, cut points at least ``spacing`` tokens apart, taken from each
+    of ``texts`` (1-D ids) in turn."""
+    cuts: list[list[tuple[torch.Tensor, str]]] = []
+    for ids in texts:
+        found, last = [], -spacing
+        for p in range(context, ids.numel() - 1):
+            if p - last < spacing or "\n" not in tokenizer.decode(ids[p - 1 : p]):
+                continue
+            line = tokenizer.decode(ids[p : p + 64]).split("\n")[0]
+            if line.strip():
+                found.append((ids[p - context : p], line))
+                last = p
+        cuts.append(found)
+    examples = []
+    for i in range(max((len(c) for c in cuts), default=0)):
+        examples.extend(c[i] for c in cuts if i < len(c))
+    return examples[:count]
+
+
+def edit_similarity(a: str, b: str) -> float:
+    """1 - Levenshtein distance / the longer length (1.0 for two empty strings)."""
+    if not a and not b:
+        return 1.0
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return 1.0 - previous[-1] / max(len(a), len(b))
+
+
+@torch.no_grad()
+def next_line_task(
+    model,
+    tokenizer,
+    examples: list[tuple[torch.Tensor, str]],
+    settings: dict[str, LossySparseVerify | None],
+    batch: int = 8,
+    new_tokens: int = 40,
+    k: int = 6,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Exact match and edit similarity of the greedy next line (prompt lookup at K = ``k``; dense verification for a
+    None setting, else the setting's), per setting: ``{"em", "edit_sim", "lines", "per_line": [(em, sim), ...]}``
+    (EM in points, 0-100; the generated line is the text up to its first newline, both sides stripped)."""
+    device = model.get_input_embeddings().weight.device
+    out = {name: dict(per_line=[]) for name in settings}
+    chunks = [examples[i : i + batch] for i in range(0, len(examples), batch)]
+    for chunk in tqdm(chunks, desc="next-line task", disable=not progress):
+        ids = torch.stack([prompt for prompt, _ in chunk]).to(device)
+        for name, setting in settings.items():
+            speculation = dict(strategy="prompt_lookup", num_draft_tokens=k)
+            if setting is not None:
+                speculation["lossy_sparse_verify"] = setting.to_dict()
+            generated = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                custom_generate=generate, speculation=speculation,
+            )  # fmt: skip
+            for row, (_, line) in enumerate(chunk):
+                text = tokenizer.decode(generated[row, ids.shape[1] :]).split("\n")[0].strip()
+                out[name]["per_line"].append((float(text == line.strip()), edit_similarity(text, line.strip())))
+    for result in out.values():
+        lines = result["per_line"]
+        result.update(
+            lines=len(lines),
+            em=100.0 * sum(e for e, _ in lines) / max(len(lines), 1),
+            edit_sim=100.0 * sum(s for _, s in lines) / max(len(lines), 1),
+        )
+    return out
+
+
+def paired_delta(setting: list[float], dense: list[float], bootstrap: int = 2000, seed: int = 0) -> tuple:
+    """Mean of ``setting - dense`` over paired items and its bootstrap 95% interval (same units as the items)."""
+    diff = np.array(setting) - np.array(dense)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(bootstrap, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(diff.mean()), [float(low), float(high)]
+
+
 def score_window(dense: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> WindowScores:
     """``other``'s log-probabilities ``[P, V]`` against ``dense``'s at the same positions, ``targets`` ``[P]`` the
     true tokens."""

@@ -11,7 +11,11 @@ from conftest import make_model
 from hf_sparse_verify.drivers.quality import (
     Quality,
     copied_share,
+    edit_similarity,
     grant,
+    next_line_examples,
+    next_line_task,
+    paired_delta,
     score_window,
     teacher_forced,
     verify_logprobs,
@@ -89,3 +93,43 @@ def test_free_running_measures():
     results = teacher_forced(model, [_window(0, prompt=120)], {"dense_again": None}, progress=False, free_running=8)
     s = results["dense_again"].summary()
     assert s["accept_ratio"] == 1.0 and s["copied_4gram_delta"] == 0.0
+
+
+class _Letters:
+    """A tokenizer stand-in: id 5 is a newline, id i otherwise the letter chr(92 + i)."""
+
+    def decode(self, ids):
+        return "".join("\n" if int(i) == 5 else chr(92 + int(i)) for i in ids)
+
+
+def test_next_line_examples_cut_at_line_starts():
+    ids = torch.tensor([7, 8, 5, 9, 9, 5, 5, 10, 11, 5, 12, 5, 13])
+    examples = next_line_examples([ids], _Letters(), context=3, count=10, spacing=1)
+    letters = _Letters()
+    assert [line for _, line in examples] == [letters.decode([9, 9]), letters.decode([10, 11]),
+                                              letters.decode([12])]  # fmt: skip
+    assert all(prompt.numel() == 3 and int(prompt[-1]) == 5 for prompt, _ in examples)  # a line start each
+    assert len(next_line_examples([ids], letters, context=3, count=10, spacing=5)) == 2
+
+
+def test_next_line_task_pairs_lines_and_scores_them():
+    """Dense verification twice gives the same lines (delta 0); the scores count what a plain greedy generate gives;
+    edit similarity and the paired interval are right on known cases."""
+    assert edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
+    assert edit_similarity("", "") == 1.0 and edit_similarity("ab", "") == 0.0
+    assert paired_delta([1.0, 0.0, 1.0], [1.0, 0.0, 1.0]) == (0.0, [0.0, 0.0])
+    model = make_model("llama")
+    letters = _Letters()
+    ids = torch.randint(6, 60, (400,), generator=torch.Generator().manual_seed(1))
+    ids[::9] = 5
+    examples = next_line_examples([ids], letters, context=64, count=6, spacing=20)
+    result = next_line_task(model, letters, examples, {"dense": None, "again": None, "aggressive": AGGRESSIVE},
+                            batch=4, new_tokens=6, progress=False)  # fmt: skip
+    assert result["dense"]["per_line"] == result["again"]["per_line"] and result["dense"]["lines"] == 6
+    assert len(result["aggressive"]["per_line"]) == 6
+    expected = []
+    for prompt, line in examples:
+        out = model.generate(input_ids=prompt[None], max_new_tokens=6, do_sample=False)
+        text = letters.decode(out[0, prompt.numel() :]).split("\n")[0].strip()
+        expected.append((float(text == line.strip()), edit_similarity(text, line.strip())))
+    assert result["dense"]["per_line"] == expected
