@@ -378,55 +378,37 @@ def row_expected_tokens(
 
 
 class _Runs:
-    """One drafter's recent runs per row of this call, in a ring of `_ROW_WINDOW` per row: the run's number in the
-    row's sequence (``at``; its age is counted in runs, not steps: a drafter tried again after 48 steps keeps what
-    its last trial found), the K issued, the drafts accepted."""
+    """One drafter's recent runs per row of this call, the last `_ROW_WINDOW` of each row: (K issued, drafts
+    accepted), oldest first (a run's age is counted in runs, not steps: a drafter tried again after 48 steps keeps
+    what its last trial found). Plain lists: a step adds a few runs, and numpy's per-call cost would exceed the
+    work (the planner runs on the host between device steps)."""
 
     def __init__(self, batch: int):
-        self.at = np.full((max(batch, 1), _ROW_WINDOW), -1, dtype=np.int64)
-        self.issued = np.zeros_like(self.at)
-        self.accepted = np.zeros_like(self.at)
-        self.next = np.zeros(max(batch, 1), dtype=np.int64)
+        self.rows: list[deque] = [deque(maxlen=_ROW_WINDOW) for _ in range(max(batch, 1))]
 
-    def add(self, row: int, step: int, issued: int, accepted: int) -> None:
-        if row >= self.at.shape[0]:  # more rows than announced: grow
-            grow = row + 1 - self.at.shape[0]
-            self.at = np.vstack([self.at, np.full((grow, _ROW_WINDOW), -1, dtype=np.int64)])
-            self.issued = np.vstack([self.issued, np.zeros((grow, _ROW_WINDOW), dtype=np.int64)])
-            self.accepted = np.vstack([self.accepted, np.zeros((grow, _ROW_WINDOW), dtype=np.int64)])
-            self.next = np.concatenate([self.next, np.zeros(grow, dtype=np.int64)])
-        slot = self.next[row] % _ROW_WINDOW
-        self.at[row, slot], self.issued[row, slot], self.accepted[row, slot] = self.next[row], issued, accepted
-        self.next[row] += 1
+    def add_rows(self, rows: list[int], issued: list[int], accepted: list[int]) -> None:
+        for row, i, a in zip(rows, issued, accepted):
+            while row >= len(self.rows):  # more rows than announced
+                self.rows.append(deque(maxlen=_ROW_WINDOW))
+            self.rows[row].append((i, a))
 
-    def add_rows(self, step: int, rows: list[int], issued: list[int], accepted: list[int]) -> None:
-        """`add` for several rows at once (distinct rows)."""
-        if not rows:
-            return
-        if max(rows) >= self.at.shape[0]:
-            for row, i, a in zip(rows, issued, accepted):
-                self.add(row, step, i, a)
-            return
-        index = np.array(rows)
-        slot = self.next[index] % _ROW_WINDOW
-        self.at[index, slot] = self.next[index]
-        self.issued[index, slot] = issued
-        self.accepted[index, slot] = accepted
-        self.next[index] += 1
+    def any(self, rows) -> bool:
+        return any(r < len(self.rows) and self.rows[r] for r in rows)
 
-    def any(self, rows: np.ndarray) -> bool:
-        return bool((self.at[rows] >= 0).any())
+    def largest_k(self, rows) -> int:
+        return max((i for r in rows if r < len(self.rows) for i, _ in self.rows[r]), default=0)
 
-    def largest_k(self, rows: np.ndarray) -> int:
-        seen = self.at[rows] >= 0
-        return int(self.issued[rows][seen].max()) if seen.any() else 0
-
-    def expected_tokens(self, rows: np.ndarray, max_k: int) -> np.ndarray:
-        """`row_expected_tokens` of ``rows`` (ages counted per row from its newest run)."""
-        at = self.at[rows]
-        newest = at.max(axis=1, keepdims=True)
-        age = np.where(at >= 0, newest - at, -1)
-        return row_expected_tokens(age, self.issued[rows], self.accepted[rows], max_k)
+    def expected_tokens(self, rows, max_k: int) -> np.ndarray:
+        """`row_expected_tokens` of ``rows``."""
+        shape = (len(rows), _ROW_WINDOW)
+        age, issued, accepted = np.full(shape, -1), np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        for n, r in enumerate(rows):
+            runs = self.rows[r] if r < len(self.rows) else ()
+            if runs:
+                count = len(runs)
+                age[n, :count] = np.arange(count - 1, -1, -1)
+                issued[n, :count], accepted[n, :count] = zip(*runs)
+        return row_expected_tokens(age, issued, accepted, max_k)
 
 
 @dataclass
@@ -558,7 +540,6 @@ class Planner(KPolicy):
             shadowed = self.state_of[name]
             # (row, `Step`): a proposal scored against the row's continuation
             shadowed.runs.add_rows(
-                outcome.index,
                 [row for row, _ in row_steps],
                 [step.issued for _, step in row_steps],
                 [step.accepted[0] for _, step in row_steps],
@@ -577,7 +558,7 @@ class Planner(KPolicy):
         if rows is None:  # the accepted counts of the active rows, in row order
             rows = list(outcome.accepted)
         ran = [row for row, accepted in enumerate(rows) if accepted is not None]
-        state.runs.add_rows(outcome.index, ran, [issued] * len(ran), [rows[row] for row in ran])
+        state.runs.add_rows(ran, [issued] * len(ran), [rows[row] for row in ran])
         state.short.append(outcome.k if outcome.k < issued else None)
         state.last_step = outcome.index
         state.steps += 1
@@ -601,11 +582,11 @@ class Planner(KPolicy):
             self._memo[key] = self.profile.cost(member, k)
         return self._memo[key]
 
-    def _active_rows(self) -> np.ndarray:
+    def _active_rows(self) -> list[int]:
         rows = self._memo.get("rows")
         if rows is None:
             rows = self._memo["rows"] = (
-                np.flatnonzero(np.array(self.active, dtype=bool)) if self.active else np.arange(self.batch)
+                [r for r, a in enumerate(self.active) if a] if self.active else list(range(self.batch))
             )
         return rows
 
@@ -613,7 +594,7 @@ class Planner(KPolicy):
         key = ("has", member)
         if key not in self._memo:
             rows = self._active_rows()
-            self._memo[key] = rows.size > 0 and self.state_of[member].runs.any(rows)
+            self._memo[key] = bool(rows) and self.state_of[member].runs.any(rows)
         return self._memo[key]
 
     def _critical_tokens(self, member: str) -> np.ndarray | None:
@@ -626,11 +607,11 @@ class Planner(KPolicy):
         rows = self._active_rows()
         tokens = None
         if self._has_runs(member):
-            cache_key = (state.steps, tuple(rows.tolist()))
+            cache_key = (state.steps, tuple(rows))
             if state.tokens is None or state.tokens[0] != cache_key:
                 state.tokens = (cache_key, state.runs.expected_tokens(rows, self.max_k))
             per_row = state.tokens[1]
-            if len(self.remaining_rows) >= (rows.max() + 1 if rows.size else 0):
+            if len(self.remaining_rows) > max(rows):
                 remaining = np.maximum(np.array(self.remaining_rows, dtype=np.float64)[rows], 1.0)
                 per_row = np.minimum(per_row, remaining[:, None]) * (remaining.max() / remaining)[:, None]
             tokens = per_row.min(axis=0)
