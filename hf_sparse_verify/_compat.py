@@ -121,7 +121,8 @@ def check_architecture(model) -> None:
     """Raise `NotImplementedError` naming what is missing when ``model`` is not a causal decoder whose attention
     goes through `AttentionInterface` over a standard KV cache; return None otherwise.
 
-    The checks, in order: encoder-decoder; bidirectional attention; recurrent models (by name, or a class that
+    The checks, in order: encoder-decoder (a config that says so, or decoder layers that cross-attend to an
+    encoder); other non-causal cross-attention; bidirectional attention; recurrent models (by name, or a class that
     keeps a custom cache); hybrid recurrent/attention layers; a forward without ``position_ids``; ALiBi position biases;
     attention modules that do not dispatch through `AttentionInterface` (unless we replace them:
     `ATTENTION_REPLACED_MODEL_TYPES`); cache layer kinds other than full and sliding-window attention.
@@ -141,10 +142,20 @@ def architecture_refusal(model) -> str | None:
         return f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
     if getattr(text, "causal", True) is False:
         return f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
-    bidirectional = _bidirectional_attention(model)
-    if bidirectional is not None:
+    kind, where = _non_causal_attention(model)
+    if kind == "encoder_decoder":
         return (
-            f"{prefix} its self-attention ({bidirectional}) is bidirectional; a BERT-style model generates causally "
+            f"{prefix} it is the decoder of an encoder-decoder model: its layers cross-attend to an encoder's "
+            f"output ({where}); hf_sparse_verify supports decoder-only causal LMs"
+        )
+    if kind == "cross":
+        return (
+            f"{prefix} it has a non-causal cross-attention ({where}), which the 'sparse_verify' attention does not "
+            f"implement (it runs causal self-attention over the KV cache)"
+        )
+    if kind == "bidirectional":
+        return (
+            f"{prefix} its self-attention ({where}) is bidirectional; a BERT-style model generates causally "
             f"only when built with config.is_decoder=True"
         )
     if text.model_type in RECURRENT_MODEL_TYPES:
@@ -264,18 +275,23 @@ def experts_layers(model) -> dict:
     return found
 
 
-def _bidirectional_attention(model) -> str | None:
-    """The class name of a self-attention module of the text decoder that is not causal (``is_causal=False``:
-    BERT-style models built without ``config.is_decoder=True``), or None."""
+def _non_causal_attention(model) -> tuple[str | None, str]:
+    """What non-causal attention the text decoder has, and where: ``("encoder_decoder", ...)`` when its layers
+    cross-attend to an encoder (an ``encoder_attn`` module: the decoder of BART, Whisper, ...); ``("cross", ...)``
+    for another non-causal cross-attention (BLT's); ``("bidirectional", ...)`` for a non-causal self-attention
+    (BERT-style models built without ``config.is_decoder=True``); ``(None, "")`` for none."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    found: dict[str, str] = {}
     for name, module in decoder.named_modules():
-        if (
-            getattr(module, "is_causal", True) is False
-            and "cross" not in name
-            and hasattr(module, "layer_idx")
-        ):
-            return type(module).__name__
-    return None
+        if name.endswith("encoder_attn"):
+            found.setdefault("encoder_decoder", f"{name}: {type(module).__name__}")
+        elif getattr(module, "is_causal", True) is False and hasattr(module, "layer_idx"):
+            cross = "cross" in name or "CrossAttention" in type(module).__name__
+            found.setdefault("cross" if cross else "bidirectional", f"{name}: {type(module).__name__}")
+    for kind in ("encoder_decoder", "cross", "bidirectional"):
+        if kind in found:
+            return kind, found[kind]
+    return None, ""
 
 
 def _dispatches_attention(cls: type) -> bool:
