@@ -592,3 +592,52 @@ def test_a_drafter_priced_out_is_tried_once_the_best_fades():
     assert "dm" not in [m for m, _ in picks[:18]]
     first_dm = next(i for i, (m, _) in enumerate(picks) if m == "dm")
     assert first_dm <= 30
+
+
+class _Ordered(_Scripted):
+    """A scripted policy that records the order of its hooks."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.calls = []
+
+    def next_step(self, remaining: int):
+        self.calls.append("next")
+        return super().next_step(remaining)
+
+    def prepare(self) -> None:
+        self.calls.append("prepare")
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.calls.append("observe")
+
+
+def test_the_loop_lets_the_policy_prepare_before_each_readback(monkeypatch):
+    """Every step: the choice, then `prepare` (while the device verifies), then `observe` (after the readback)."""
+    model = make_model("llama")
+    policy = _Ordered([("prompt_lookup", 3), (None, 0), ("prompt_lookup", 2)])
+    monkeypatch.setattr(generate_module, "_planner", lambda *a: policy)
+    ids, mask = ragged_batch(2, length=20)
+    out = _auto(model, ids, mask)
+    steps = out.speculation.steps
+    assert policy.calls == ["next", "prepare", "observe"] * steps
+
+
+def test_prepared_estimates_keep_the_choices():
+    """Estimates made by `prepare` (one step behind, kept a few steps) choose as fresh ones do on a steady text."""
+    fresh = Planner(_members(pl=4, dm=4), max_k=8)
+    lagged = Planner(_members(pl=4, dm=4), max_k=8)
+    picks = {}
+    for name, planner in (("fresh", fresh), ("lagged", lagged)):
+        chosen = []
+        for i in range(120):
+            member, k = planner.next_step(10**6)
+            chosen.append(member or K0)
+            if name == "lagged":
+                planner.prepare()
+            accepted = [min(k, 3)] if member == "dm" else [0]
+            parts = _parts(member, k)
+            planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
+                                                                            "parts": parts}))  # fmt: skip
+        picks[name] = chosen
+    assert picks["lagged"][30:].count("dm") >= 85 and picks["fresh"][30:].count("dm") >= 85
