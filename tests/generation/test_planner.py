@@ -641,3 +641,37 @@ def test_prepared_estimates_keep_the_choices():
                                                                             "parts": parts}))  # fmt: skip
         picks[name] = chosen
     assert picks["lagged"][30:].count("dm") >= 85 and picks["fresh"][30:].count("dm") >= 85
+
+
+def test_cost_vectors_equal_the_scalar_costs():
+    """`CostProfile.costs` (what the planner reads every step) prices every K as `cost` does: measured widths and
+    Ks, interpolated and extrapolated ones, a flat search, a single measured K through the origin."""
+    profile = CostProfile()
+    profile.grows["pl"] = False
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.1)
+        profile.add("dm", 2, 0.2, 1.2, 0.1)
+        profile.add("dm", 5, 0.45, 1.5, 0.12)
+        profile.add("pl", 4, 0.3, 1.4, 0.1)
+        profile.add("pl", 0, 0.25, 1.0, 0.1)
+        profile.add("one", 3, 0.3, 1.3, 0.2)
+    for member in ("dm", "pl", "one", K0):
+        vector = profile.costs(member, 12)
+        for k in range(13):
+            scalar = profile.cost(member, k)
+            if scalar is None:  # not estimable (a plain step drafts nothing): NaN in the vector
+                assert np.isnan(vector[k]), (member, k)
+            else:
+                assert vector[k] == pytest.approx(scalar), (member, k)
+
+
+def test_one_unlucky_run_does_not_pin_a_row_at_k_1():
+    """A row whose only run at K = 4 stopped after one draft, then runs at K = 1 that all succeed: it borrows the
+    other rows' hazard beyond 1 (its own runs never test j = 2), so K = 4 is worth more than K = 1 to it."""
+    from hf_sparse_verify.generation.policies.planner import row_expected_tokens
+
+    age = np.array([[4, 3, 2, 1, 0], [4, 3, 2, 1, 0]])
+    issued = np.array([[4, 1, 1, 1, 1], [4, 4, 4, 4, 4]])
+    accepted = np.array([[1, 1, 1, 1, 1], [4, 4, 4, 4, 4]])
+    tokens = row_expected_tokens(age, issued, accepted, 4)
+    assert tokens[0, 4] > tokens[0, 1] + 0.5
