@@ -1,6 +1,10 @@
 """Survey of every causal LM in transformers' registry: a tiny random model per ``model_type``, plain greedy
 ``generate`` against ``hf_sparse_verify`` (prompt_lookup and vegas), float32, a left-padded batch of 2.
 
+Each tiny model is built from transformers' own model-tester config when a copy of transformers' ``tests`` folder is
+given (``tester_config``; those configs switch on each model's distinctive parts), else from the class defaults with
+size fields shrunk (``tiny_config``); every outcome records which (``tester`` or ``default``).
+
 Each architecture ends in one of: ``identical`` (every strategy token-identical), ``refused`` (our call raised
 `NotImplementedError` before generating; the reason is kept), ``skipped`` (no tiny model could be built offline,
 or plain ``generate`` itself fails), ``different`` or ``crashed`` (bugs: the test fails on them). Used by
@@ -10,11 +14,16 @@ or plain ``generate`` itself fails), ``different`` or ``crashed`` (bugs: the tes
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
+import sys
 import traceback
+import types
+import unittest
+from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import hf_sparse_verify as hsv
@@ -90,6 +99,8 @@ class Outcome:
     model_type: str
     status: str  # identical | refused | skipped | different | crashed
     reason: str = ""
+    config: str = "default"  # tester (transformers' model-tester config) | default (shrunk class defaults)
+    config_note: str = ""  # why a tester config was not used, when a tests folder was given
 
 
 def causal_lm_types() -> list[str]:
@@ -160,21 +171,23 @@ def tiny_config(model_type: str, keep_layers: bool = False, only_overrides: bool
     return config_cls(**kwargs)
 
 
-def _instantiate(
-    model_type: str, keep_layers: bool, seed: int, only_overrides: bool = False
-) -> torch.nn.Module:
-    config = tiny_config(model_type, keep_layers, only_overrides)
+def _from_config(config: PreTrainedConfig, seed: int) -> torch.nn.Module:
     with torch.device("meta"):  # size check first: some defaults stay large (byte-hash vocabularies)
         size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     if size > MAX_PARAMS:
-        raise ValueError(f"the shrunk config still has {size / 1e6:.0f}M parameters")
+        raise ValueError(f"the config still has {size / 1e6:.0f}M parameters")
     torch.manual_seed(seed)
     with torch.device("cpu"):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def build_model(model_type: str, seed: int = 0) -> torch.nn.Module:
-    """A tiny float32 random model of ``model_type`` in eval mode."""
+def _instantiate(
+    model_type: str, keep_layers: bool, seed: int, only_overrides: bool = False
+) -> torch.nn.Module:
+    return _from_config(tiny_config(model_type, keep_layers, only_overrides), seed)
+
+
+def _default_model(model_type: str, seed: int) -> torch.nn.Module:
     try:
         return _instantiate(model_type, keep_layers=False, seed=seed)
     except Exception:  # noqa: BLE001 - a shrunk layer count the config or a module refuses: default structure
@@ -185,10 +198,135 @@ def build_model(model_type: str, seed: int = 0) -> torch.nn.Module:
         return _instantiate(model_type, keep_layers=False, seed=seed, only_overrides=True)
 
 
-def prompts() -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``[2, 12]`` ids and mask; the second row repeats itself so prompt lookup finds drafts."""
+def build(model_type: str, seed: int = 0, tests_dir: Path | None = None) -> tuple[torch.nn.Module, str, str]:
+    """A tiny float32 random model of ``model_type`` in eval mode, the config it came from (``tester`` or
+    ``default``), and why no tester config was used (empty when one was, or when ``tests_dir`` is None)."""
+    note = ""
+    if tests_dir is not None:
+        config, note = _tester_config(model_type, tests_folder(tests_dir))
+        if config is not None:
+            try:
+                return _from_config(_with_survey_ids(config), seed), "tester", ""
+            except Exception as e:  # noqa: BLE001 - a tester config we cannot build: the shrunk defaults
+                note = f"tester config not buildable: {type(e).__name__}: {_first_line(e)}"
+    return _default_model(model_type, seed), "default", note
+
+
+def build_model(model_type: str, seed: int = 0, tests_dir: Path | None = None) -> torch.nn.Module:
+    """A tiny float32 random model of ``model_type`` in eval mode (see ``build``)."""
+    return build(model_type, seed, tests_dir)[0]
+
+
+# ------------------------------------------------------------------------------- transformers' tester configs
+#: the import name each transformers ``tests`` folder is loaded under (not ``tests``: that name is ours)
+_TEST_PACKAGES: dict[Path, str] = {}
+
+
+def tests_folder(path: Path) -> Path:
+    """transformers' ``tests`` folder at ``path``: the folder itself, or the source tree that holds it."""
+    path = Path(path).resolve()
+    return path / "tests" if (path / "tests" / "models").is_dir() else path
+
+
+def _import_test_module(tests_dir: Path, folder: str) -> types.ModuleType:
+    """``tests/models/<folder>/test_modeling_<folder>.py`` of ``tests_dir``, imported as a submodule of a package
+    rooted at ``tests_dir`` so its relative imports (``...test_modeling_common``) resolve."""
+    if tests_dir not in _TEST_PACKAGES:
+        name = f"_transformers_tests_{len(_TEST_PACKAGES)}"
+        package = types.ModuleType(name)
+        package.__path__ = [str(tests_dir)]
+        sys.modules[name] = package
+        _TEST_PACKAGES[tests_dir] = name
+    return importlib.import_module(f"{_TEST_PACKAGES[tests_dir]}.models.{folder}.test_modeling_{folder}")
+
+
+def _tester_classes(module: types.ModuleType, causal_lm_class: str) -> list[type]:
+    """The ``*ModelTester`` classes defined in ``module``: the one named after the model first, then its text
+    tester (composite models), then the rest in file order."""
+    prefix = causal_lm_class.split("For")[0]
+    testers = [
+        cls
+        for name, cls in vars(module).items()
+        if isinstance(cls, type) and name.endswith("ModelTester") and cls.__module__ == module.__name__
+    ]
+    preferred = (f"{prefix}ModelTester", f"{prefix}TextModelTester")
+
+    def rank(cls: type) -> int:
+        return preferred.index(cls.__name__) if cls.__name__ in preferred else len(preferred)
+
+    return sorted(testers, key=rank)  # stable: file order among the rest
+
+
+def _config_of(tester_cls: type) -> PreTrainedConfig | None:
+    """The config a tester builds: ``get_config()``, else the config among ``prepare_config_and_inputs*()``."""
+    tester = tester_cls(unittest.TestCase())  # testers call parent.assertEqual and friends
+    if hasattr(tester, "get_config"):
+        try:
+            return tester.get_config()
+        except Exception:  # noqa: BLE001 - some get_config need fields set by prepare_config_and_inputs
+            pass
+    for method in ("prepare_config_and_inputs_for_common", "prepare_config_and_inputs"):
+        if hasattr(tester, method):
+            configs = [x for x in getattr(tester, method)() if isinstance(x, PreTrainedConfig)]
+            if configs:
+                return configs[0]
+    return None
+
+
+def _tester_config(model_type: str, tests_dir: Path) -> tuple[PreTrainedConfig | None, str]:
+    folder = type(AutoConfig.for_model(model_type)).__module__.split(".")[2]  # transformers.models.<folder>
+    if not (tests_dir / "models" / folder / f"test_modeling_{folder}.py").is_file():
+        return None, f"no tests/models/{folder}/test_modeling_{folder}.py"
+    try:
+        module = _import_test_module(tests_dir, folder)
+    except Exception as e:  # noqa: BLE001 - a test module that needs what we lack (a backend, a test helper)
+        return None, f"test module import failed: {type(e).__name__}: {_first_line(e)}"
+    errors = []
+    for tester_cls in _tester_classes(module, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]):
+        try:
+            config = _config_of(tester_cls)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{tester_cls.__name__}: {type(e).__name__}: {_first_line(e)}")
+            continue
+        if config is not None and config.model_type == model_type:
+            return config, ""
+    return None, "; ".join(errors) or f"no tester in test_modeling_{folder}.py builds a '{model_type}' config"
+
+
+def tester_config(model_type: str, tests_dir: Path) -> PreTrainedConfig | None:
+    """The config transformers' own test suite builds for ``model_type`` (its ``*ModelTester``'s ``get_config()``),
+    from a copy of transformers' ``tests`` folder at ``tests_dir``; None where there is no such tester, its module
+    does not import, or no tester builds a config of this ``model_type``.
+
+    Example: ``tester_config("llama", Path(".carry/transformers-tests/tests"))`` -> a ``LlamaConfig`` with the
+    tester's sizes (vocabulary 99, 2 layers, hidden size 32).
+    """
+    return _tester_config(model_type, tests_folder(tests_dir))[0]
+
+
+def _with_survey_ids(config: PreTrainedConfig) -> PreTrainedConfig:
+    """``config`` with the survey's special token ids and, for BERT-style models, decoder mode."""
+    text_config = config.get_text_config()
+    for sub in [config] if text_config is config else [config, text_config]:
+        fields = sub.to_dict()
+        for name, value in _TOKEN_IDS.items():
+            if name in fields:
+                setattr(sub, name, value)
+        if "is_decoder" in fields:  # BERT-style models generate causally only as decoders
+            sub.is_decoder = True
+    return config
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The vocabulary the survey's prompts must stay within: the model's, at most ``VOCAB``."""
+    return min(VOCAB, getattr(model.config.get_text_config(), "vocab_size", VOCAB) or VOCAB)
+
+
+def prompts(vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[2, 12]`` ids in ``[3, vocab)`` and mask; the second row repeats itself so prompt lookup finds
+    drafts."""
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (2, 12), generator=gen)
+    ids = torch.randint(3, vocab, (2, 12), generator=gen)
     ids[1, 7:] = ids[1, 2:7]
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
@@ -196,15 +334,21 @@ def prompts() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def survey(model_type: str) -> Outcome:
-    """Run one architecture; never raises."""
+def survey(model_type: str, tests_dir: Path | None = None) -> Outcome:
+    """Run one architecture (from its tester config when ``tests_dir``, transformers' ``tests`` folder, is given
+    and has one); never raises."""
     try:
-        model = build_model(model_type)
+        model, source, note = build(model_type, tests_dir=tests_dir)
     except Exception as e:  # noqa: BLE001 - a config that cannot be built offline is a skip, with its reason
         return Outcome(
             model_type, "skipped", f"tiny model not buildable: {type(e).__name__}: {_first_line(e)}"
         )
-    ids, mask = prompts()
+    outcome = _compare(model_type, model)
+    return dataclasses.replace(outcome, config=source, config_note=note)
+
+
+def _compare(model_type: str, model: torch.nn.Module) -> Outcome:
+    ids, mask = prompts(vocab_size(model))
     common = dict(
         input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD
     )
