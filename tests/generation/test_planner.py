@@ -17,7 +17,7 @@ from test_verify import E2E_PROMPT, E2E_ROWS, _joint_next_tokens, _joint_pvalue,
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
 from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
-from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner, expected_tokens
+from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner
 
 generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
 
@@ -194,12 +194,6 @@ def test_cost_profile_estimates():
     assert profile.draft_s("dm", 6) == pytest.approx(0.6)  # a line through K = 2 and 4
     assert profile.draft_s("pl", 8) == pytest.approx(0.3)  # a search: flat in K
     assert profile.draft_s("unseen", 4) is None and profile.cost("unseen", 4) is None
-
-
-def test_expected_tokens():
-    assert expected_tokens([1.0, 1.0, 1.0], 2) == pytest.approx(3.0)
-    assert expected_tokens([1.0, 0.0, None], 4) == pytest.approx(1.0)
-    assert expected_tokens([1.0, 0.5, None], 2) == pytest.approx(1.75)  # 0.5 then 0.25
 
 
 # ------------------------------------------------------------------------------------------------ the engine

@@ -8,9 +8,9 @@ Cascade's utility (papers/002) generalised across drafters, with SSV's profile (
 - ``tokens(m, K)``: tokens the call's *critical row* emits per step when drafter ``m`` proposes K. Each row's
   expected tokens are 1 + the sum of its survival ``P(run >= j)`` for j = 1 .. K, a Kaplan-Meier estimate over
   ``m``'s recent runs on that row (`run_length_survival`'s rule, recent runs weighted more: half weight every
-  `_HALF_LIFE` runs), shrunk towards the estimate over all active rows (`_ROW_PRIOR` runs' weight). Past the
-  longest run seen, survival falls geometrically at its last observed ratio (at most `_EXTRAPOLATION_RATIO`). Only
-  rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
+  `_HALF_LIFE` runs); where the row's own runs at a draft position are few, it borrows the all-rows estimate there
+  (`row_expected_tokens`). Past the longest run seen, survival falls geometrically at its last observed ratio (at
+  most `_EXTRAPOLATION_RATIO`). Only rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
   needs the most steps to finish (remaining tokens over expected tokens): a static batch runs as many steps as it
   needs, so a drafter that races through copy-heavy rows but proposes nothing useful for the others finishes the
   call no sooner than a plain step would. Drafts are text-dependent: runs are never carried from another call.
@@ -35,8 +35,8 @@ Per step (`next_step`):
    far at a high prior acceptance. A drafter with a one-off cost before its first draft (a draft model's own
    prefill) is tried only when that cost is under ``warm_share`` of the decoding still ahead at the best rate so far.
 3. **exploit**: the (drafter, K) of highest utility, K up to 1.5 times the largest K in the drafter's evidence
-   (so K climbs on evidence, by half at most per step; any K for a drafter whose cost does not grow with K); a switch of drafter needs ``switch_margin`` more utility than
-   staying. K = 0 when nothing beats a plain step.
+   (so K climbs on evidence, by half at most per step; any K for a drafter whose cost does not grow with K); a
+   switch of drafter needs ``switch_margin`` more utility than staying. K = 0 when nothing beats a plain step.
 
 Every choice is lossless: a step's output is the target's whatever drafted it, so greedy output equals plain
 ``generate`` and sampling keeps the target's distribution, whatever the planner picks.
@@ -248,38 +248,10 @@ class CostProfile:
         return vector
 
     def _costs(self, member: str, max_k: int) -> np.ndarray | None:
-        update = self.update_s(member)
-        seen = sorted(self.verify)
-        if update is None or not seen:
+        costs = [self.cost(member, k) for k in range(max_k + 1)]
+        if all(c is None for c in costs):
             return None
-        widths = np.arange(1, max_k + 2, dtype=np.float64)
-        values = np.array([self._med("verify", w) for w in seen])
-        if len(seen) == 1:
-            verify = values[0] * (1.0 + _VERIFY_SLOPE_PRIOR * (widths - seen[0]))
-        else:  # interpolated between the measured widths around each width, else along the nearest two
-            at = np.array(seen, dtype=np.float64)
-            high = np.clip(np.searchsorted(at, widths), 1, len(seen) - 1)
-            low = high - 1
-            verify = values[low] + (values[high] - values[low]) * (widths - at[low]) / (at[high] - at[low])
-        verify = np.maximum(verify, 0.0)
-        draft = np.full(max_k + 1, np.nan)
-        draft[0] = self._med("draft", (member, 0)) if (member, 0) in self.draft else 0.0
-        if not self.grows.get(member, True):
-            pooled = self.draft_s(member, 1)
-            draft[1:] = np.nan if pooled is None else pooled
-        else:
-            measured = sorted((k, self._med("draft", (m, k))) for m, k in self.draft if m == member and k > 0)
-            if len(measured) == 1:
-                draft[1:] = measured[0][1] * np.arange(1, max_k + 1) / measured[0][0]
-            elif measured:
-                ks = np.array([k for k, _ in measured], dtype=np.float64)
-                ss = np.array([v for _, v in measured])
-                slope = ((ks - ks.mean()) * (ss - ss.mean())).sum() / ((ks - ks.mean()) ** 2).sum()
-                draft[1:] = np.maximum(0.0, ss.mean() + slope * (np.arange(1, max_k + 1) - ks.mean()))
-            for k, value in measured:
-                if k <= max_k:
-                    draft[k] = value
-        return draft + verify + update
+        return np.array([np.nan if c is None else c for c in costs])
 
     def update_s(self, member: str) -> float | None:
         return self._med("update", member) if member in self.update else self._any_update()
@@ -298,30 +270,6 @@ class CostProfile:
         return min(values) if values else None
 
 
-def expected_tokens(survival: list[float | None], k: int) -> float:
-    """Tokens a row emits per step at K: 1 + P(run >= 1) + ... + P(run >= K), past the last known survival
-    falling at its last observed ratio.
-
-    Example:
-        >>> round(expected_tokens([1.0, 0.8, 0.4, None, None], 4), 3)  # 1 + 0.8 + 0.4 + 0.2 + 0.1
-        2.5
-        >>> round(expected_tokens([1.0, 1.0, None], 3), 4)  # runs censored at 1: 0.92 then 0.92^2 further
-        3.7664
-    """
-    known = [s for s in survival if s is not None]
-    ratio = 0.0
-    if len(known) >= 2 and known[-2] > 0:
-        ratio = min(_EXTRAPOLATION_RATIO, known[-1] / known[-2])
-    tokens, last = 1.0, known[-1] if known else 0.0
-    for j in range(1, k + 1):
-        if j < len(survival) and survival[j] is not None:
-            last = survival[j]
-        else:
-            last *= ratio
-        tokens += last
-    return tokens
-
-
 def row_expected_tokens(
     age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int
 ) -> np.ndarray:
@@ -330,8 +278,8 @@ def row_expected_tokens(
     ``age``, ``issued``, ``accepted``: ``[R, W]`` runs per row (``age`` in runs behind the newest, negative for an
     empty slot). Each row's Kaplan-Meier survival over its runs (a run that accepted every draft issued is censored
     there, `run_length_survival`'s rule), runs weighted ``0.5 ** (age / _HALF_LIFE)``; where a row's own runs at
-    risk at j weigh under `_OWN_RUNS`, up to `_ROW_PRIOR` pseudo-runs at the all-rows hazard; past the longest run seen, falling at the last observed ratio (at most
-    `_EXTRAPOLATION_RATIO`). Tokens at K = 1 + P(run >= 1) + ... + P(run >= K).
+    risk at j weigh under `_OWN_RUNS`, up to `_ROW_PRIOR` pseudo-runs at the all-rows hazard; past the longest run
+    seen, falling at the last observed ratio (at most `_EXTRAPOLATION_RATIO`). Tokens at K = 1 + P(run >= 1) + ... + P(run >= K).
 
     Example (row 0 accepts all 2 drafts every time, row 1 none):
         >>> age = np.array([[0, 1, 2], [0, 1, 2]])
