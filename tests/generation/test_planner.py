@@ -17,6 +17,7 @@ from test_verify import E2E_PROMPT, E2E_ROWS, _joint_next_tokens, _joint_pvalue,
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
 from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
+from hf_sparse_verify.generation.policies import planner as planner_module
 from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner
 
 generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
@@ -669,3 +670,27 @@ def test_one_unlucky_run_does_not_pin_a_row_at_k_1():
     accepted = np.array([[1, 1, 1, 1, 1], [4, 4, 4, 4, 4]])
     tokens = row_expected_tokens(age, issued, accepted, 4)
     assert tokens[0, 4] > tokens[0, 1] + 0.5
+
+
+def test_planning_happens_in_prepare_not_after_the_readback(monkeypatch):
+    """With `prepare` called while the device verifies, `observe` (right after the readback) only keeps the outcome
+    and `next_step` hands out the prepared choice: no estimate runs between the readback and the next launch."""
+    planner = Planner(_members(pl=4, dm=4), max_k=8)
+    estimates = []
+    real = planner_module.row_expected_tokens
+    monkeypatch.setattr(planner_module, "row_expected_tokens", lambda *a: estimates.append(1) or real(*a))
+    after_readback = 0
+    for i in range(60):
+        before = len(estimates)
+        member, k = planner.next_step(10**6)
+        if i > 0:
+            after_readback += len(estimates) - before
+        planner.prepare()
+        before = len(estimates)
+        accepted = [min(k, 3)] if member == "dm" else [0]
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+        after_readback += len(estimates) - before
+    assert estimates, "prepare never estimated"
+    assert after_readback == 0
+    assert planner.current[0] == "dm"  # the lagged choices still find the drafter that pays

@@ -430,7 +430,9 @@ class Planner(KPolicy):
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
         self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
         self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
-        self._prepared = False  # `_memo` holds estimates `prepare` made for the next choice
+        self._pending: deque[StepOutcome] = deque()  # outcomes observed, not yet taken in
+        self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
+        self._remaining = max_k + 1  # the most tokens a row needed at the last `next_step`
         self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
@@ -448,34 +450,49 @@ class Planner(KPolicy):
         self.prefill_s = prefill_s
 
     def prepare(self) -> None:
-        """Estimates for the next choice from the runs so far, while the device verifies this step: the choice
-        then lags the evidence by one step, and the host's estimating hides behind the device's work (one H100,
-        bench_e2e: estimating took 0.4-0.7 ms per step, as much as a 1 x 4K step). Estimates are kept for
-        `_REPLAN_EVERY` steps unless a trial, a drafter's first runs or a finished row clears them sooner (the
-        device host spent 0.5-0.9 ms per estimate, more than a short verify hides)."""
-        self._prepared = True
-        if self._memo and self.step - self._estimated_at < _REPLAN_EVERY:
-            return
-        self._memo = {}
-        self._estimated_at = self.step
-        plain = self.utility(K0, 0)
-        for name in self.members:
-            if self._has_runs(name):
-                self.best_k(name)
-            elif plain is not None and self.profile.known(name):
-                self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
+        """The next step's choice, made while the device verifies this step (the loop calls this between enqueuing
+        the verify and reading it back): the outcomes observed so far are taken in, estimates made, and the choice
+        kept for `next_step`. The choice then lags the evidence by one step (this step's outcome is not read yet),
+        and the host's planning hides behind the device's work instead of stalling it between steps (one H100,
+        bench_e2e run8: planning after the readback took 0.5-0.9 ms per step, as much as a whole 1 x 4K step).
+        Estimates are kept for `_REPLAN_EVERY` steps unless a trial, a drafter's first runs or a finished row
+        clears them sooner."""
+        self._take_in(kept=True)
+        if not self._memo or self.step - self._estimated_at >= _REPLAN_EVERY:
+            self._memo = {}
+            self._estimated_at = self.step
+            plain = self.utility(K0, 0)
+            for name in self.members:
+                if self._has_runs(name):
+                    self.best_k(name)
+                elif plain is not None and self.profile.known(name):
+                    self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
+        reason = self.last_reason
+        self._next = (self._choose(self._most_remaining()), self.last_reason)
+        self.last_reason = reason  # `state` reports the step that ran
+
+    def _most_remaining(self) -> int:
+        """The most tokens an active row may still generate, as of the last outcome taken in."""
+        rows = [r for r, a in zip(self.remaining_rows, self.active or [True] * len(self.remaining_rows)) if a]
+        return max(rows) if rows else self._remaining
 
     def observe(self, outcome: StepOutcome) -> None:
+        """Keeps the outcome; it is taken in by the next `prepare` (while the device verifies) or `next_step`: the
+        host does no planning between the readback and the next step's launch."""
+        self._pending.append(outcome)
+
+    def _take_in(self, kept: bool) -> None:
+        """Takes in the outcomes observed since the last call; ``kept``: estimates may be kept across them (see
+        `prepare`), else they are cleared."""
+        while self._pending:
+            self._take(self._pending.popleft(), kept)
+
+    def _take(self, outcome: StepOutcome, kept: bool) -> None:
         member = outcome.extra.get("member") or K0
         finished = "active" in outcome.extra and list(outcome.extra["active"]) != self.active and bool(self.active)
-        if (
-            not self._prepared
-            or finished
-            or self.trial is not None
-            or self._memo.get(("has", member)) is False
-        ):
-            # estimates change with every observation: none were prepared, or this step was a trial or a drafter's
-            # first runs (a choice that turns on them must see them)
+        if not kept or finished or self.trial is not None or self._memo.get(("has", member)) is False:
+            # estimates change with every observation: none are kept, or this step was a trial or a drafter's first
+            # runs, or a row finished (a choice that turns on them must see them)
             self._memo.clear()
             self._estimated_at = self.step
         parts = outcome.extra.get("parts")
@@ -499,7 +516,6 @@ class Planner(KPolicy):
         if "remaining" in outcome.extra:
             self.remaining_rows = list(outcome.extra["remaining"])
         if member == K0:
-            self.baseline_left = max(0, self.baseline_left - 1)
             return
         state = self.state_of[member]
         rows = outcome.extra.get("rows")
@@ -624,15 +640,22 @@ class Planner(KPolicy):
         return self.next_step(remaining=self.max_k + 1)[1]
 
     def next_step(self, remaining: int) -> tuple[str | None, int]:
-        """``(drafter or None, K)`` for the next step; ``remaining``: the most tokens a row still needs."""
-        choice = self._choose(remaining)
-        self._prepared = False
+        """``(drafter or None, K)`` for the next step; ``remaining``: the most tokens a row still needs. The choice
+        `prepare` made, else one made now from every outcome observed."""
+        if self._next is not None:
+            choice, self.last_reason = self._next
+            self._next = None
+        else:
+            self._take_in(kept=False)
+            choice = self._choose(remaining)
         self.current = choice
+        self._remaining = remaining
         self.step += 1
         return choice
 
     def _choose(self, remaining: int) -> tuple[str | None, int]:
         if self.baseline_left > 0:
+            self.baseline_left -= 1
             self.last_reason = "baseline"
             return None, 0
         plain = self.utility(K0, 0)
