@@ -16,8 +16,8 @@ from test_verify import E2E_PROMPT, E2E_ROWS, _joint_next_tokens, _joint_pvalue,
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
-from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
 from hf_sparse_verify.generation.policies import planner as planner_module
+from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
 from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner
 
 generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
