@@ -285,7 +285,15 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: in
     chosen = _chosen(s)
     if chosen is not None or parsed["strategy"] == "auto":
         record["chosen"] = chosen
+    record["trace"] = step_trace(s)
     return record
+
+
+def step_trace(s) -> dict:
+    """The kept call's steps, for ``--trace``: per step the drafter, K, accepted and proposed drafts per row (None
+    for finished rows), the (draft, verify, update) seconds and what the K policy reported."""
+    fields = ("members", "draft_tokens", "accepted_tokens", "proposed_tokens", "step_parts_s", "policy_states")
+    return {name: getattr(s, name) for name in fields}
 
 
 def device_name(device) -> str:
@@ -443,6 +451,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
+    parser.add_argument(
+        "--trace", default=None, help="also write each case's per-step trace (drafter, K, accepted per row, step "
+        "parts, policy reports) to this JSON file, keyed by setting",
+    )  # fmt: skip
     _records.add_arguments(parser, "e2e")
     args = parser.parse_args(argv)
     if args.setting:
@@ -464,6 +476,12 @@ def main(argv: list[str] | None = None) -> None:
             args.prompt,
             args.repeats,
         ):
+            trace = record.pop("trace", None)
+            if args.trace and trace is not None:
+                path = Path(args.trace)
+                traces = json.loads(path.read_text()) if path.exists() else {}
+                traces[setting] = trace
+                path.write_text(json.dumps(traces))
             _print(record)
             _records.save(args, record, args.device, setting=setting)
     if args.mixed:

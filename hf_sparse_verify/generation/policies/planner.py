@@ -433,6 +433,7 @@ class Planner(KPolicy):
         self._pending: deque[StepOutcome] = deque()  # outcomes observed, not yet taken in
         self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
         self._remaining = max_k + 1  # the most tokens a row needed at the last `next_step`
+        self._estimates: dict = {}  # what the last `prepare` estimated (reported by `state`)
         self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
@@ -470,6 +471,11 @@ class Planner(KPolicy):
         reason = self.last_reason
         self._next = (self._choose(self._most_remaining()), self.last_reason)
         self.last_reason = reason  # `state` reports the step that ran
+        self._estimates = {K0: self.utility(K0, 0)}
+        for name in self.members:
+            k, u = self._memo.get(("b", name), (None, None))
+            tokens = self._memo.get(("crit", name))
+            self._estimates[name] = None if u is None else (k, u, None if tokens is None else float(tokens[k]))
 
     def _most_remaining(self) -> int:
         """The most tokens an active row may still generate, as of the last outcome taken in."""
@@ -772,5 +778,11 @@ class Planner(KPolicy):
 
     # ------------------------------------------------------------------------------------------------ reports
     def state(self) -> dict:
+        """The step that ran (``member``, ``k``, ``reason``) and, once `prepare` ran, ``estimates``: what it saw for
+        the next choice, per drafter ``(K, utility, critical row's tokens per step)`` at its best K (None when
+        not estimable), and the plain step's utility under ``k0`` (tokens per row per second)."""
         member, k = self.current
-        return {"member": member or K0, "k": k, "reason": self.last_reason}
+        report = {"member": member or K0, "k": k, "reason": self.last_reason}
+        if self._estimates:
+            report["estimates"] = self._estimates
+        return report
