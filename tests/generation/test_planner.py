@@ -694,3 +694,34 @@ def test_planning_happens_in_prepare_not_after_the_readback(monkeypatch):
     assert estimates, "prepare never estimated"
     assert after_readback == 0
     assert planner.current[0] == "dm"  # the lagged choices still find the drafter that pays
+
+
+def test_wider_verifies_are_priced_along_all_measured_widths():
+    """Beyond the widest measured verify, the price follows the slope of every measured width: two neighbouring
+    widths whose medians differ by noise do not price wider verifies out."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.00, 0.1)  # width 1
+        profile.add("pl", 12, 0.1, 1.12, 0.1)  # width 13
+        profile.add("pl", 13, 0.1, 1.20, 0.1)  # width 14: a noisy bump
+    slope = profile._verify_slope()
+    assert 0.0 < slope < 0.02
+    assert profile.verify_s(17) == pytest.approx(1.20 + 3 * slope)
+    assert profile.verify_s(17) < 1.20 + 3 * 0.08 / 2  # not the last two widths' slope
+    assert profile.verify_s(7) == pytest.approx(1.0 + 6 * 0.12 / 12)  # between measured widths: interpolated
+
+
+def test_k_climbs_when_every_draft_is_accepted_despite_a_noisy_verify_bump():
+    """A flat-cost drafter accepting every draft climbs to the largest K even when the widest verify it measured
+    came out a little dear (one H100, 1 x 4K: K stayed at 13 of 16 with every draft accepted)."""
+    planner = Planner(_members(pl=14), max_k=16, baseline_steps=0)
+    profile = planner.profile
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.00, 0.2)
+    for i in range(12):
+        member, k = planner.next_step(10**6)
+        assert member == "pl"
+        verify = 1.0 + 0.01 * k + (0.1 if k == 14 else 0.0)  # width 15 measured dear by noise
+        parts = (0.05, verify, 0.2)
+        planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+    assert k == 16

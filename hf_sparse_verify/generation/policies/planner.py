@@ -154,6 +154,7 @@ class CostProfile:
                 table[key].append(value)
                 self._medians.pop((name, key), None)
         self._medians.pop(("pooled", member), None)
+        self._medians.pop(("slope", None), None)
         self._adds += 1
 
     def _med(self, name: str, key) -> float:
@@ -188,8 +189,11 @@ class CostProfile:
         return member in self.update
 
     def verify_s(self, width: int) -> float | None:
-        """Verify seconds at ``width`` tokens per row: measured, else interpolated (or extrapolated) along the
-        measured widths, else the prior slope from the one measured width."""
+        """Verify seconds at ``width`` tokens per row: measured, else interpolated between the nearest measured
+        widths, else (outside them) extended from the nearest measured width along the least-squares slope of all
+        of them (not the slope of the last two: two close widths' noisy medians can slope steeply and price every
+        wider verify out, which kept K = 13 with every draft accepted at 1 x 4K on one H100); from one measured
+        width, the prior slope."""
         seen = sorted(self.verify)
         if not seen:
             return None
@@ -200,11 +204,24 @@ class CostProfile:
             return max(0.0, base * (1.0 + _VERIFY_SLOPE_PRIOR * (width - seen[0])))
         below = [w for w in seen if w < width]
         above = [w for w in seen if w > width]
-        low, high = (
-            (below[-1], above[0]) if below and above else ((seen[-2], seen[-1]) if below else seen[:2])
-        )
-        low_s, high_s = self._med("verify", low), self._med("verify", high)
-        return max(0.0, low_s + (high_s - low_s) * (width - low) / (high - low))
+        if below and above:
+            low, high = below[-1], above[0]
+            low_s, high_s = self._med("verify", low), self._med("verify", high)
+            return max(0.0, low_s + (high_s - low_s) * (width - low) / (high - low))
+        nearest = seen[-1] if below else seen[0]
+        return max(0.0, self._med("verify", nearest) + self._verify_slope() * (width - nearest))
+
+    def _verify_slope(self) -> float:
+        """Seconds per verify token: the least-squares slope over every measured width (not below 0)."""
+        cached = self._medians.get(("slope", None))
+        if cached is None:
+            widths = sorted(self.verify)
+            values = [self._med("verify", w) for w in widths]
+            mean_w, mean_v = sum(widths) / len(widths), sum(values) / len(values)
+            spread = sum((w - mean_w) ** 2 for w in widths)
+            slope = sum((w - mean_w) * (v - mean_v) for w, v in zip(widths, values)) / spread
+            cached = self._medians[("slope", None)] = max(0.0, slope)
+        return cached
 
     def draft_s(self, member: str, k: int) -> float | None:
         """Draft seconds of ``member`` at K: measured, else a line through its measured Ks (through the origin from
