@@ -121,6 +121,11 @@ class SpecCache(Cache):
                 "size the cache from prompt + max_new_tokens + max_draft_tokens"
             )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys and values allocated so far (layers allocate on their first write)."""
+        return sum(t.nbytes for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values))
+
     def layer_device(self, layer_idx: int) -> torch.device | None:
         layer = self.layers[layer_idx]
         return layer.device if layer.is_initialized else None
