@@ -725,3 +725,31 @@ def test_k_climbs_when_every_draft_is_accepted_despite_a_noisy_verify_bump():
         parts = (0.05, verify, 0.2)
         planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
     assert k == 16
+
+
+def test_first_trials_priced_by_the_acceptance_of_earlier_calls():
+    """A drafter that accepted little in the profile's earlier calls is not tried in a new call where another
+    drafter already runs well; with no earlier calls it is tried (at the optimistic prior)."""
+    profile = CostProfile()
+
+    def call(planner, steps=60):
+        return _simulate(planner, steps, lambda m, k, i: [k if m == "pl" and i % 3 else (1 if m == "dm" else 0)])
+
+    first = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
+    picks = call(first)
+    assert any(m == "dm" for m, _ in picks)  # tried in the first call
+    assert profile.prior_acceptance("dm") == pytest.approx(0.9)  # the current call does not count yet
+    second = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
+    assert profile.prior_acceptance("dm") < 0.8
+    picks = call(second)
+    assert not any(m == "dm" for m, _ in picks)
+
+
+def test_prior_acceptance_takes_the_best_recent_call():
+    profile = CostProfile()
+    for accepted, ended in ((2, 10), (30, 10), (0, 0)):  # the last call did not run it
+        profile.start_call(["a"])
+        profile.add_runs("a", accepted, ended)
+    profile.start_call(["a"])  # the current call
+    assert profile.prior_acceptance("a") == pytest.approx((30 + 2 * 0.9) / (40 + 2))
+    assert CostProfile().prior_acceptance("a") == pytest.approx(0.9)

@@ -89,6 +89,13 @@ _EXTRAPOLATION_RATIO = 0.92
 #: cannot beat the best choice so far even so is not tried (see `Planner._first_trial_k`). One H100, run4 of
 #: bench_e2e: at 1 x 4K trials of Vegas and the draft model while prompt lookup ran at 12.8 tokens per step cost 12%
 _PRIOR_ACCEPTANCE = 0.9
+#: calls of a profile whose acceptance per drafter is kept: a drafter's first trial in a call is priced at the best
+#: of them (`CostProfile.prior_acceptance`). One H100, bench_e2e's mixed workload: every call tried the draft model
+#: and Vegas again at the 0.9 prior (the draft model never won a call, and its trials cost its own prefill)
+_CALLS_KEPT = 8
+#: pseudo-runs at `_PRIOR_ACCEPTANCE` each call's acceptance is shrunk with (a two-step trial on one row is thin
+#: evidence: one unlucky trial must not keep a drafter out for `_CALLS_KEPT` calls)
+_PRIOR_RUNS = 2.0
 #: steps an estimate made by `Planner.prepare` is kept (sooner cleared by a trial, a drafter's first runs, a row
 #: that finished)
 _REPLAN_EVERY = 4
@@ -140,6 +147,8 @@ class CostProfile:
         self._adds = 0  # measurements added
         self._entries = 0  # entries created (a new width, drafter or K)
         self._vectors: dict = {}  # (member, max_k) -> (entries, adds, `costs`) when last computed
+        # per drafter, the last `_CALLS_KEPT` calls' [drafts accepted, runs ended by a rejection]
+        self.acceptance: dict[str, deque] = {}
 
     def add(self, member: str, k: int, draft_s: float, verify_s: float, update_s: float) -> None:
         for name, table, key, value in (
@@ -165,6 +174,30 @@ class CostProfile:
             values = getattr(self, name)[key]
             cached = self._medians[(name, key)] = median(values) if len(values) >= 3 else min(values)
         return cached
+
+    def start_call(self, members) -> None:
+        """Opens this call's acceptance record for each of ``members``."""
+        for name in members:
+            self.acceptance.setdefault(name, deque(maxlen=_CALLS_KEPT)).append([0, 0])
+
+    def add_runs(self, member: str, accepted: int, ended: int) -> None:
+        """Runs of ``member`` in the current call: ``accepted`` drafts in all, ``ended`` of them cut by a rejection."""
+        calls = self.acceptance.get(member)
+        if calls:
+            calls[-1][0] += accepted
+            calls[-1][1] += ended
+
+    def prior_acceptance(self, member: str) -> float:
+        """Acceptance per draft a first trial of ``member`` is priced with: the best over the earlier calls of this
+        profile where it ran, each call's censored-geometric estimate (drafts accepted over accepted plus runs
+        ended by a rejection) shrunk toward `_PRIOR_ACCEPTANCE` by `_PRIOR_RUNS` pseudo-runs; `_PRIOR_ACCEPTANCE`
+        when it ran in none of them."""
+        best = None
+        for accepted, ended in list(self.acceptance.get(member, ()))[:-1]:  # the current call is the last
+            if accepted + ended > 0:
+                alpha = (accepted + _PRIOR_RUNS * _PRIOR_ACCEPTANCE) / (accepted + ended + _PRIOR_RUNS)
+                best = alpha if best is None else max(best, alpha)
+        return _PRIOR_ACCEPTANCE if best is None else min(best, _PRIOR_ACCEPTANCE)
 
     def to_dict(self) -> dict:
         """The measurements, JSON-ready (what `hf_sparse_verify.generation.profiles` saves beside a model)."""
@@ -430,6 +463,7 @@ class Planner(KPolicy):
         self.profile = profile if profile is not None else CostProfile()
         for name, member in self.members.items():
             self.profile.grows[name] = member.draft_grows_with_k
+        self.profile.start_call(self.members)
         self.baseline_steps = baseline_steps
         self.trial_steps = trial_steps if trial_steps is not None else (2 if batch < 4 else 1)
         self.first_backoff = first_backoff
@@ -534,6 +568,11 @@ class Planner(KPolicy):
             )
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
+            self.profile.add_runs(
+                name,
+                sum(step.accepted[0] for _, step in row_steps),
+                sum(step.accepted[0] < step.issued for _, step in row_steps),
+            )
         if "active" in outcome.extra:
             self.active = list(outcome.extra["active"])
         if "remaining" in outcome.extra:
@@ -546,6 +585,7 @@ class Planner(KPolicy):
             rows = list(outcome.accepted)
         ran = [row for row, accepted in enumerate(rows) if accepted is not None]
         state.runs.add_rows(ran, [issued] * len(ran), [rows[row] for row in ran])
+        self.profile.add_runs(member, sum(rows[row] for row in ran), sum(rows[row] < issued for row in ran))
         state.short.append(outcome.k if outcome.k < issued else None)
         state.last_step = outcome.index
         state.steps += 1
@@ -725,7 +765,8 @@ class Planner(KPolicy):
 
     def _first_trial_k(self, name: str, bar: float | None, remaining: int) -> int | None:
         """K of a drafter's first trial in this call: where the profile prices it, the K (up to its start K) of best
-        utility under a good prior acceptance (each draft accepted with probability `_PRIOR_ACCEPTANCE`), or None
+        utility under a good prior acceptance (each draft accepted with the probability
+        `CostProfile.prior_acceptance` gives: the best of the profile's recent calls), or None
         when even that cannot beat ``bar``, the best utility so far (a plain step's, or a drafter's that runs well:
         a verify of K + 1 tokens can cost several plain steps on a CPU or at a large batch, and a trial against
         a drafter emitting a dozen tokens per step costs more than it can find); unpriced, its start K."""
@@ -737,7 +778,7 @@ class Planner(KPolicy):
             top = min(member.start_k, self.max_k)
             costs = self.profile.costs(name, self.max_k)
             priced = costs is not None and np.isfinite(costs[1 : top + 1]).all()
-            tokens = np.cumsum(_PRIOR_ACCEPTANCE ** np.arange(top + 1))[1:]
+            tokens = np.cumsum(self.profile.prior_acceptance(name) ** np.arange(top + 1))[1:]
             self._memo[key] = tokens / costs[1 : top + 1] if priced else None
         utilities = self._memo[key]
         if utilities is None:
