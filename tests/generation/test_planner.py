@@ -753,3 +753,32 @@ def test_prior_acceptance_takes_the_best_recent_call():
     profile.start_call(["a"])  # the current call
     assert profile.prior_acceptance("a") == pytest.approx((30 + 2 * 0.9) / (40 + 2))
     assert CostProfile().prior_acceptance("a") == pytest.approx(0.9)
+
+
+def test_k_climbs_every_step_while_every_draft_is_accepted():
+    """With estimates kept between re-plans, a drafter whose every draft is accepted still climbs K by half each
+    step (one H100, 1 x 16K random tokens: after plain steps whose shadow scores showed prompt lookup turning
+    copyable, its K went 2 -> 4 -> 16 four steps apart)."""
+    from hf_sparse_verify.generation.policies.utility_policy import Step
+
+    planner = Planner(_members(pl=4), max_k=16, baseline_steps=0)
+    for _ in range(3):
+        planner.profile.add(K0, 0, 0.0, 1.0, 0.2)
+        planner.profile.add("pl", 4, 0.05, 1.04, 0.2)
+    ks = []
+    for i in range(40):
+        member, k = planner.next_step(10**6)
+        ks.append(k)
+        planner.prepare()
+        parts = (0.05 if k else 0.0, 1.0 + 0.01 * k, 0.2)
+        accepted = [k] if i >= 12 else [0]  # the text turns copyable at step 12
+        shadow = {}
+        if member != "pl":  # scored against the one token a plain step commits: censored there
+            shadow = {"pl": [(0, Step(1, 1, (1,), 0.0) if i >= 12 else Step(8, 8, (0,), 0.0))]}
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
+            "member": member, "issued": k, "parts": parts, "shadow": shadow}))  # fmt: skip
+    first = next(i for i, k in enumerate(ks) if i >= 12 and k > 0)
+    run = ks[first:]
+    assert all(b >= a for a, b in zip(run, run[1:])), ks  # never back down while every draft is accepted
+    assert run[2] > run[0] and run[3] > run[2], ks  # up every step, not once per re-plan
+    assert run.count(16) >= len(run) - 6, ks

@@ -485,6 +485,7 @@ class Planner(KPolicy):
         self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
         self._remaining = max_k + 1  # the most tokens a row needed at the last `next_step`
         self._estimates: dict = {}  # what the last `prepare` estimated (reported by `state`)
+        self._filled: tuple[str, int] | None = None  # (drafter, K) of the last step if every row accepted all K
         self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
@@ -520,7 +521,15 @@ class Planner(KPolicy):
                 elif plain is not None and self.profile.known(name):
                     self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
         reason = self.last_reason
-        self._next = (self._choose(self._most_remaining()), self.last_reason)
+        choice = self._choose(self._most_remaining())
+        if self._filled is not None and choice[0] == self._filled[0] and self.trial is None:
+            # every active row accepted all K drafts of the last step, and the drafter goes on: K climbs by half
+            # now rather than at the next estimate (one H100, 1 x 16K random tokens: K went 2 -> 4 -> 16 four steps
+            # apart with every draft accepted, the estimates being kept `_REPLAN_EVERY` steps)
+            name, k = self._filled
+            top = self.max_k if not self.members[name].draft_grows_with_k else min(self.max_k, k + max(1, k // 2))
+            choice = (name, max(choice[1], min(top, k + max(1, k // 2))))
+        self._next = (choice, self.last_reason)
         self.last_reason = reason  # `state` reports the step that ran
         self._estimates = {K0: self.utility(K0, 0)}
         for name in self.members:
@@ -578,6 +587,7 @@ class Planner(KPolicy):
         if "remaining" in outcome.extra:
             self.remaining_rows = list(outcome.extra["remaining"])
         if member == K0:
+            self._filled = None
             return
         state = self.state_of[member]
         rows = outcome.extra.get("rows")
@@ -585,6 +595,7 @@ class Planner(KPolicy):
             rows = list(outcome.accepted)
         ran = [row for row, accepted in enumerate(rows) if accepted is not None]
         state.runs.add_rows(ran, [issued] * len(ran), [rows[row] for row in ran])
+        self._filled = (member, issued) if ran and all(rows[row] >= issued for row in ran) else None
         self.profile.add_runs(member, sum(rows[row] for row in ran), sum(rows[row] < issued for row in ran))
         state.short.append(outcome.k if outcome.k < issued else None)
         state.last_step = outcome.index
