@@ -527,6 +527,8 @@ class Planner(KPolicy):
             # now rather than at the next estimate (one H100, 1 x 16K random tokens: K went 2 -> 4 -> 16 four steps
             # apart with every draft accepted, the estimates being kept `_REPLAN_EVERY` steps)
             name, k = self._filled
+            if self.current[0] == name:  # the step now verifying was chosen after it: climb from there
+                k = max(k, self.current[1])
             top = self.max_k if not self.members[name].draft_grows_with_k else min(self.max_k, k + max(1, k // 2))
             choice = (name, max(choice[1], min(top, k + max(1, k // 2))))
         self._next = (choice, self.last_reason)
