@@ -31,14 +31,14 @@ from .base import Draft, Drafter, VerifyFeedback
 #: the prompt and its draft step costs about a whole step
 VEGAS_MIN_PROMPT = 2048
 #: prompt lookup's proposals scored while other drafters draft: this many tokens per row, at every step in calls of
-#: fewer rows than `SHADOW_MAX_BATCH` (a search per step; at 1 x 16K on a GPU one device search, about 0.05 ms), at
-#: every `SHADOW_EVERY`-th step in larger ones (a search of 16 x 16K costs about 0.25 ms on one H100, a fifth of a
-#: plain step: every eighth step keeps it under 3%, and the planner still sees text turn copyable within a few
-#: dozen steps: on random-token prompts the target's own output turns repetitive, and prompt lookup then runs at
-#: 4.9x our K = 0, run4 of bench_e2e at 16 x 16K)
+#: fewer rows than `SHADOW_MAX_BATCH` (one device search per step, about 0.05 ms at 1 x 16K on a GPU), at every
+#: `SHADOW_EVERY`-th step in larger ones: prompt lookup's draft part of a step is 0.09 ms at 16 x 16K on one H100
+#: (run8 of bench_e2e, the one-launch search; 0.25 ms before it), 0.09x a plain step, so every fourth step costs
+#: about 2% and the planner sees text turn copyable within a few steps (on random-token prompts the target's own
+#: output turns repetitive, and prompt lookup then runs at 4x our K = 0: run9 at 16 x 16K)
 SHADOW_WIDTH = 8
 SHADOW_MAX_BATCH = 4
-SHADOW_EVERY = 8
+SHADOW_EVERY = 4
 #: start K of each member's first trial (measured best constant K on the fixtures: prompt lookup and the draft model
 #: 4, Vegas 6; benchmarks/results/e2e.json)
 START_K = {"prompt_lookup": 4, "draft_model": 4, "vegas": 6}
