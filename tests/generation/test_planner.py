@@ -782,3 +782,27 @@ def test_k_climbs_every_step_while_every_draft_is_accepted():
     assert all(b >= a for a, b in zip(run, run[1:])), ks  # never back down while every draft is accepted
     assert run[2] > run[0] and run[3] > run[2], ks  # up every step, not once per re-plan
     assert run.count(16) >= len(run) - 6, ks
+
+
+def test_no_planning_while_a_flat_cost_drafter_fills_the_largest_k(monkeypatch):
+    """While prompt lookup (drafting cost flat in K) has every draft accepted at the largest K, nothing can emit more
+    per step for less: `prepare` keeps the choice without estimating. A drafter whose cost grows with K is still
+    re-planned (a cheaper one could emit as much)."""
+    estimates = []
+    real = planner_module.row_expected_tokens
+    monkeypatch.setattr(planner_module, "row_expected_tokens", lambda *a: estimates.append(1) or real(*a))
+    for name, planned in (("pl", False), ("dm", True)):
+        planner = Planner(_members(**{name: 16}), max_k=16, baseline_steps=0)
+        for _ in range(3):
+            planner.profile.add(K0, 0, 0.0, 1.0, 0.2)
+        ks = []
+        for i in range(20):
+            member, k = planner.next_step(10**6)
+            ks.append(k)
+            if i == 8:
+                estimates.clear()
+            planner.prepare()
+            parts = (0.05 if name == "pl" else 0.01 * k, 1.0 + 0.01 * k, 0.2)
+            planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+        assert ks[-1] == 16, ks
+        assert bool(estimates) == planned, name
