@@ -1,0 +1,72 @@
+"""Reference: symmetric weight-only quantization of a linear layer's ``[out, in]`` weight, in plain PyTorch (imports
+only torch).
+
+- ``"int8"``: one scale per output channel, values in [-127, 127].
+- ``"int4"``: one scale per output channel and group of ``group_size`` input channels, values in [-8, 7] (the scale
+  maps the group's largest magnitude to 7), stored one value per int8 here (the kernel's packed layout comes with
+  the kernel).
+
+Example:
+    >>> w = torch.tensor([[0.5, -1.0, 0.25, 0.0]])
+    >>> q, scale = quantize(w, "int8")
+    >>> q.tolist(), round(float(scale[0, 0]), 6)
+    ([[64, -127, 32, 0]], 0.007874)
+    >>> bool((dequantize(q, scale, "int8") - w).abs().max() <= scale.max() / 2)
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: the formats, by name: (largest magnitude stored, lowest value stored, per-group scales)
+LOW_BIT_FORMATS = {"int8": (127, -127, False), "int4": (7, -8, True)}
+
+
+def _check(weight: torch.Tensor, fmt: str, group_size: int) -> None:
+    if fmt not in LOW_BIT_FORMATS:
+        raise ValueError(f"low-bit format must be one of {sorted(LOW_BIT_FORMATS)}, got {fmt!r}")
+    if weight.dim() != 2:
+        raise ValueError(f"expected a [out, in] linear weight, got shape {tuple(weight.shape)}")
+    if LOW_BIT_FORMATS[fmt][2] and (group_size < 1 or weight.shape[1] % group_size):
+        raise ValueError(
+            f"int4 groups of {group_size} input channels must divide the weight's {weight.shape[1]} input channels: "
+            "pick a group_size that divides it (128, 64, 32, ...)"
+        )
+
+
+def quantize(weight: torch.Tensor, fmt: str, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values int8 [out, in], scales float32)``: scales ``[out, 1]`` for int8, ``[out, in / group_size]`` for
+    int4. All-zero rows or groups get scale 1 (their values are 0)."""
+    _check(weight, fmt, group_size)
+    top, low, grouped = LOW_BIT_FORMATS[fmt]
+    w = weight.detach().float()
+    out, inp = w.shape
+    groups = w.view(out, inp // group_size, group_size) if grouped else w.view(out, 1, inp)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    values = torch.round(groups / scale).clamp(low, top).to(torch.int8)
+    return values.view(out, inp), scale.squeeze(-1)
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor, fmt: str, dtype=torch.float32) -> torch.Tensor:
+    """The ``[out, in]`` weight ``values`` and ``scales`` stand for (`quantize`'s inverse up to rounding)."""
+    out, inp = values.shape
+    groups = scales.shape[1]
+    w = values.float().view(out, groups, inp // groups) * scales.float().unsqueeze(-1)
+    return w.view(out, inp).to(dtype)
+
+
+def fake_quantize(weight: torch.Tensor, fmt: str, group_size: int = 128) -> torch.Tensor:
+    """``weight`` rounded through ``fmt`` and back, in its own dtype: what a draft with those weights computes."""
+    values, scales = quantize(weight, fmt, group_size)
+    return dequantize(values, scales, fmt, weight.dtype)
+
+
+def quantized_bytes(weight: torch.Tensor, fmt: str, group_size: int = 128) -> int:
+    """Bytes the weight takes in ``fmt`` once packed (int4: two values per byte) with bf16 scales."""
+    _check(weight, fmt, group_size)
+    out, inp = weight.shape
+    if fmt == "int8":
+        return out * inp + 2 * out
+    return out * inp // 2 + 2 * out * (inp // group_size)
