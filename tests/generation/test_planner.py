@@ -806,3 +806,22 @@ def test_no_planning_while_a_flat_cost_drafter_fills_the_largest_k(monkeypatch):
             planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
         assert ks[-1] == 16, ks
         assert bool(estimates) == planned, name
+
+
+def test_a_switch_to_a_drafter_is_priced_with_its_catch_up():
+    """A draft model's first step after others drafted costs its catch-up: the planner measures that extra, and a
+    switch to it must pay for it over `_SWITCH_HORIZON` steps, so near-equal drafters are not flipped between."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.2)
+        profile.add("dm", 4, 0.4, 1.2, 0.2)
+    planner = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
+    assert planner._after_switch("dm", 4, 2.0) == 2.0  # no switch measured yet
+    planner._last_ran = "pl"
+    planner.state_of["dm"].steps = 1  # it drafted earlier in this call
+    planner._take(StepOutcome(0, 4, [4], 3.8, extra={"member": "dm", "issued": 4, "parts": (2.4, 1.2, 0.2)}), kept=False)
+    assert profile.switch_s("dm") == pytest.approx(2.0)  # 2.4 s against its usual 0.4 s
+    cost = profile.cost("dm", 4)
+    expected = 2.0 * cost * planner_module._SWITCH_HORIZON / (cost * planner_module._SWITCH_HORIZON + 2.0)
+    assert planner._after_switch("dm", 4, 2.0) == pytest.approx(expected)
+    assert planner._after_switch(None, 0, 2.0) == 2.0

@@ -101,6 +101,10 @@ _PRIOR_RUNS = 2.0
 _REPLAN_EVERY = 4
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
+#: steps a switch of drafter is expected to last: a drafter's extra seconds on its first step after another drafted
+#: (a draft model's catch-up on the tokens committed meanwhile: 2.8-5.4 ms against 1.5 ms, one H100, 32 x 8K, run12)
+#: are spread over this many steps when a switch to it is weighed
+_SWITCH_HORIZON = 8
 #: relative verify cost of one more token per row when only one width was ever measured (a prior; measured widths
 #: replace it: one H100 with code-target measured 5-6% at 1-16 rows x 16K, bf16)
 _VERIFY_SLOPE_PRIOR = 0.08
@@ -147,6 +151,8 @@ class CostProfile:
         self._adds = 0  # measurements added
         self._entries = 0  # entries created (a new width, drafter or K)
         self._vectors: dict = {}  # (member, max_k) -> (entries, adds, `costs`) when last computed
+        # per drafter, extra draft seconds of its first step after another drafter's (or plain) steps
+        self.switch: dict[str, deque] = {}
         # per drafter, the last `_CALLS_KEPT` calls' [drafts accepted, runs ended by a rejection]
         self.acceptance: dict[str, deque] = {}
 
@@ -174,6 +180,16 @@ class CostProfile:
             values = getattr(self, name)[key]
             cached = self._medians[(name, key)] = median(values) if len(values) >= 3 else min(values)
         return cached
+
+    def add_switch(self, member: str, extra_s: float) -> None:
+        """Extra draft seconds ``member`` took on a step right after a switch to it."""
+        if math.isfinite(extra_s):
+            self.switch.setdefault(member, deque(maxlen=_COST_WINDOW)).append(max(0.0, extra_s))
+
+    def switch_s(self, member: str) -> float:
+        """Median extra seconds of a switch to ``member`` (0 before any was measured)."""
+        values = self.switch.get(member)
+        return median(values) if values else 0.0
 
     def start_call(self, members) -> None:
         """Opens this call's acceptance record for each of ``members``."""
@@ -486,6 +502,7 @@ class Planner(KPolicy):
         self._remaining = max_k + 1  # the most tokens a row needed at the last `next_step`
         self._estimates: dict = {}  # what the last `prepare` estimated (reported by `state`)
         self._filled: tuple[str, int] | None = None  # (drafter, K) of the last step if every row accepted all K
+        self._last_ran = K0  # the drafter (or plain) of the last outcome taken in
         self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
@@ -581,7 +598,12 @@ class Planner(KPolicy):
         if issued == 0:
             member = K0
         if parts is not None:
+            if member != K0 and member != self._last_ran and self.state_of[member].steps > 0:
+                usual = self.profile.draft_s(member, outcome.k)  # before this step's own measurement
+                if usual is not None:
+                    self.profile.add_switch(member, parts[0] - usual)
             self.profile.add(member, outcome.k, *parts)
+        self._last_ran = member
         for name, row_steps in outcome.extra.get("shadow", {}).items():
             shadowed = self.state_of[name]
             # (row, `Step`): a proposal scored against the row's continuation
@@ -774,11 +796,13 @@ class Planner(KPolicy):
             self.trial = _Trial(name, k, self.trial_steps - 1)
             self.last_reason = f"trial {name}"
             return name, k
-        # stay with the current drafter unless another beats it by the margin
+        # stay with the current drafter unless another beats it by the margin, its switch cost counted
         current, _ = self.current
         if current is not None and current != best_name and best_u is not None:
             k, u = self.best_k(current)
-            if u is not None and u * (1 + self.switch_margin) >= best_u and (plain is None or u > plain):
+            if u is not None and u * (1 + self.switch_margin) >= self._after_switch(best_name, best_k, best_u) and (
+                plain is None or u > plain
+            ):
                 best_name, best_k = current, k
             elif best_name is None and self.exploiting == current:
                 # the text turned against the drafter that was best: the others get their next trial soon
@@ -788,6 +812,15 @@ class Planner(KPolicy):
         self.last_reason = "best" if best_name is not None else "plain is fastest"
         self.exploiting = best_name
         return best_name, best_k
+
+    def _after_switch(self, name: str | None, k: int, utility: float) -> float:
+        """``utility`` of ``name`` at K with its switch cost (`CostProfile.switch_s`) spread over `_SWITCH_HORIZON`
+        steps (a plain step, or a drafter with no measured switch cost: unchanged)."""
+        extra = self.profile.switch_s(name) if name is not None else 0.0
+        cost = self._cost(name, k) if name is not None and extra > 0 else None
+        if not cost:
+            return utility
+        return utility * cost * _SWITCH_HORIZON / (cost * _SWITCH_HORIZON + extra)
 
     def _first_trial_k(self, name: str, bar: float | None, remaining: int) -> int | None:
         """K of a drafter's first trial in this call: where the profile prices it, the K (up to its start K) of best
