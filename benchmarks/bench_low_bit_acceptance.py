@@ -10,8 +10,8 @@ against the same layers in bf16.
 
     python benchmarks/bench_low_bit_acceptance.py --contexts 1024 8192 --ks 4 6 8 --prompts 4 --new-tokens 64
 
-Writes one record per device to ``results/low_bit_acceptance.json`` (setting ``<device>:<group_size>``) and draws
-``results/low_bit_acceptance.png``.
+Writes one record per device and int4 group size to ``results/low_bit_acceptance.json`` (setting
+``<device>:<group_size>``) and draws ``results/low_bit_acceptance_g<group_size>.png``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def plot(record: dict, path: Path) -> None:
         rows = [r for r in record["rows"] if r["context"] == context]
         ks = sorted({r["k"] for r in rows})
         for i, weights in enumerate(WEIGHTS):
-            values = [next((r["mean_acceptance_length"] for r in rows if r["k"] == k and r["draft_weights"] == weights), 0) for k in ks]  # noqa: E501
+            found = {r["k"]: r["mean_acceptance_length"] for r in rows if r["draft_weights"] == weights}
+            values = [found.get(k, 0) for k in ks]
             ax.bar([x + (i - 1) * 0.27 for x in range(len(ks))], values, 0.27, label=weights)
         ax.set_xticks(range(len(ks)), [f"K = {k}" for k in ks])
         ax.set_title(f"context {context}")
@@ -97,7 +98,11 @@ def main(argv: list[str] | None = None) -> None:
 
     models = Path(args.shared) / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
-    target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=torch.float32).to(args.device).eval()
+    target = (
+        AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=torch.float32)
+        .to(args.device)
+        .eval()
+    )
     drafts = {"full": target, **{w: low_bit_copy(target, w, args.group_size) for w in WEIGHTS[1:]}}
     texts = _prompt_ids(models / "prompts_long.jsonl", tokenizer)
     rows = []
@@ -109,7 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         result = acceptance(target, drafts[weights], prompts, k, args.new_tokens, args.device)
         rows.append(dict(context=context, k=k, draft_weights=weights, prompts=len(prompts), **result))
     for row in rows:
-        full = next(r for r in rows if (r["context"], r["k"], r["draft_weights"]) == (row["context"], row["k"], "full"))
+        full = next(
+            r
+            for r in rows
+            if (r["context"], r["k"], r["draft_weights"]) == (row["context"], row["k"], "full")
+        )
         row["vs_full"] = row["mean_acceptance_length"] / full["mean_acceptance_length"]
         print(row)
     bf16 = low_bit_bytes(target.to(torch.bfloat16), "int8", args.group_size)["original"]
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
     path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}")
     if path is not None:
-        plot(_records.stamp(record, args.device), path.with_suffix(".png"))
+        plot(_records.stamp(record, args.device), path.with_name(f"{path.stem}_g{args.group_size}.png"))
 
 
 if __name__ == "__main__":
