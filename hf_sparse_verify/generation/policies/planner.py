@@ -127,6 +127,14 @@ class Member:
     warm_share: float = 0.0
 
 
+def _line(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """``(mean x, mean y, slope)`` of the least-squares line through two or more points of distinct x."""
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_x, mean_y, sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+
+
 class CostProfile:
     """Measured step parts of one model, drafter set and shape bucket: verify seconds by width, draft seconds by
     (drafter, K), update seconds by drafter; each a median of the last `_COST_WINDOW` measurements.
@@ -264,11 +272,7 @@ class CostProfile:
         """Seconds per verify token: the least-squares slope over every measured width (not below 0)."""
         cached = self._medians.get(("slope", None))
         if cached is None:
-            widths = sorted(self.verify)
-            values = [self._med("verify", w) for w in widths]
-            mean_w, mean_v = sum(widths) / len(widths), sum(values) / len(values)
-            spread = sum((w - mean_w) ** 2 for w in widths)
-            slope = sum((w - mean_w) * (v - mean_v) for w, v in zip(widths, values)) / spread
+            _, _, slope = _line([(w, self._med("verify", w)) for w in sorted(self.verify)])
             cached = self._medians[("slope", None)] = max(0.0, slope)
         return cached
 
@@ -296,10 +300,7 @@ class CostProfile:
         if len(seen) == 1:
             kk, s = seen[0]
             return s * k / kk
-        mean_k = sum(kk for kk, _ in seen) / len(seen)
-        mean_s = sum(s for _, s in seen) / len(seen)
-        spread = sum((kk - mean_k) ** 2 for kk, _ in seen)
-        slope = sum((kk - mean_k) * (s - mean_s) for kk, s in seen) / spread
+        mean_k, mean_s, slope = _line(seen)
         return max(0.0, mean_s + slope * (k - mean_k))
 
     def costs(self, member: str, max_k: int) -> np.ndarray | None:
@@ -495,7 +496,7 @@ class Planner(KPolicy):
         self.baseline_left = 0 if self.profile.cost(K0, 0) is not None else baseline_steps
         self.trial: _Trial | None = None
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
-        self._memo: dict = {}  # estimates of the current step (cleared by `observe`)
+        self._memo: dict = {}  # estimates for the next choice (kept `_REPLAN_EVERY` steps; see `prepare`, `_take`)
         self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
         self._pending: deque[StepOutcome] = deque()  # outcomes observed, not yet taken in
         self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
@@ -559,8 +560,7 @@ class Planner(KPolicy):
             name, k = self._filled
             if self.current[0] == name:  # the step now verifying was chosen after it: climb from there
                 k = max(k, self.current[1])
-            top = self.max_k if not self.members[name].draft_grows_with_k else min(self.max_k, k + max(1, k // 2))
-            choice = (name, max(choice[1], min(top, k + max(1, k // 2))))
+            choice = (name, max(choice[1], min(self.max_k, k + max(1, k // 2))))
         self._next = (choice, self.last_reason)
         self.last_reason = reason  # `state` reports the step that ran
         self._estimates = {K0: self.utility(K0, 0)}
