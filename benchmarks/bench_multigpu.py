@@ -15,11 +15,17 @@ Per (shape, batch, context) it measures:
   (it captures the graphs) and one timed call on a prompt whose second half repeats its first:
   ``decode_tokens_per_s`` and ``vs_plain``.
 
+With ``--path tensor_parallel`` (run under ``torchrun``, one process per GPU) the model is a random checkpoint of
+the shape saved once by rank 0 and loaded sharded (``tp_plan="auto"``); our calls run it on its local shards with
+NCCL collectives inside the step graphs (`hf_sparse_verify.integrations.tensor_parallel`), plain ``generate`` runs
+transformers' DTensor modules; ``floor_ms`` is one rank's share of the bytes over one card's copy bandwidth (the
+all-reduces not counted); rank 0 times the single-GPU step before the sharded model is loaded.
+
 Writes ``benchmarks/results/multigpu.json`` (a ``records`` list, one record per (device kind, GPUs, path, shape,
-batch, context, strategy)). Only the device-map path is built; tensor parallelism (``path:
-"tensor_parallel"``) still runs eagerly (see ``check_tensor_parallel.py``).
+batch, context, strategy)).
 
     python benchmarks/bench_multigpu.py --shape llama-3.1-8b --contexts 1024 --batches 1 --single-gpu
+    torchrun --nproc-per-node 2 benchmarks/bench_multigpu.py --path tensor_parallel --single-gpu
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
@@ -39,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from benchmarks import _records
 from benchmarks.bench_e2e import run_case
 from benchmarks.check_device_map import dispatched_random_model
+from benchmarks.check_tensor_parallel import load_sharded, save_random
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info
 from hf_sparse_verify.drivers.shapes import kv_bytes, random_model, shape_config, weight_bytes_per_step
 from hf_sparse_verify.drivers.step_bench import our_step_ms
@@ -78,17 +87,29 @@ def main() -> None:
     parser.add_argument(
         "--layers", type=int, default=None, help="fewer decoder layers than the shape (smoke runs)"
     )
+    parser.add_argument("--path", default="device_map", choices=("device_map", "tensor_parallel"))
+    parser.add_argument("--checkpoint", default=None, help="tensor_parallel: where rank 0 saves the random model")
     args = parser.parse_args()
-    if torch.cuda.device_count() < 2:
-        raise SystemExit(
-            f"bench_multigpu needs two or more GPUs; this machine has {torch.cuda.device_count()}"
-        )
+    tp = args.path == "tensor_parallel"
+    if tp:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        gpus = dist.get_world_size()
+        if gpus < 2:
+            raise SystemExit("--path tensor_parallel runs under torchrun --nproc-per-node 2 (or more)")
+    else:
+        local, gpus = 0, torch.cuda.device_count()
+    if gpus < 2:
+        raise SystemExit(f"bench_multigpu needs two or more GPUs; this machine has {gpus}")
+    rank0 = local == 0
+    device = f"cuda:{local}"
     dtype = torch.bfloat16
     config = shape_config(args.shape)
     if args.layers:
         config.num_hidden_layers = args.layers
     single: dict[tuple, float] = {}
-    if args.single_gpu:
+    if args.single_gpu and rank0:
         if args.layers:
             with torch.device("cuda:0"):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
@@ -103,26 +124,34 @@ def main() -> None:
         _free()
 
     start = time.time()
-    model, device_map = dispatched_random_model(config, dtype)
+    if tp:
+        checkpoint = Path(args.checkpoint or f"/tmp/hsv_tp_{args.shape}_{args.layers}")
+        if rank0 and not (checkpoint / "config.json").exists():
+            save_random(args.shape, args.layers, checkpoint, dtype, 0.02, torch.device(device))
+        dist.barrier()
+        model = load_sharded(checkpoint, dtype)
+        devices = [str(d) for d in range(gpus)]
+    else:
+        model, device_map = dispatched_random_model(config, dtype)
+        devices = sorted({str(v) for v in device_map.values()})
     build_s = time.time() - start
-    devices = sorted({str(v) for v in device_map.values()})
-    bandwidth = copy_bandwidth(torch.device("cuda:0"))
-    gpus = torch.cuda.device_count()
+    bandwidth = copy_bandwidth(torch.device(device))
     records = []
     total = len(args.contexts) * len(args.batches) * (len(args.cases) + 2)
-    with tqdm(total=total, desc=f"bench multigpu {args.shape}", file=sys.stderr) as bar:
+    with tqdm(total=total, desc=f"bench multigpu {args.shape}", file=sys.stderr, disable=not rank0) as bar:
         for context in args.contexts:
             for batch in args.batches:
-                times, mode = our_step_ms(model, context, batch, [1, 5], "cuda:0")
+                times, mode = our_step_ms(model, context, batch, [1, 5], device)
                 _free()
                 bar.update(1)
-                print(f"device map, batch {batch}, context {context}: K = 0 step {times[1]:.3f} ms, K = 4 verify "
-                      f"{times[5]:.3f} ms ({mode})", flush=True)  # fmt: skip
+                if rank0:
+                    print(f"{args.path}, batch {batch}, context {context}: K = 0 step {times[1]:.3f} ms, K = 4 "
+                          f"verify {times[5]:.3f} ms ({mode})", flush=True)  # fmt: skip
                 floor_ms = 1000 * (
                     weight_bytes_per_step(model, 1, batch) + kv_bytes(model, context, batch, dtype)
                 )
-                floor_ms /= bandwidth
-                ids = prompt(config.vocab_size, batch, context)
+                floor_ms /= bandwidth * (gpus if tp else 1)
+                ids = prompt(config.vocab_size, batch, context, device=device)
                 plain = run_case("transformers", model, None, ids, args.new_tokens, "cuda")
                 bar.update(1)
                 plain_ms = (
@@ -131,7 +160,7 @@ def main() -> None:
                 common = dict(
                     device=gpu_kind(),
                     gpus=gpus,
-                    path="device_map",
+                    path=args.path,
                     shape=args.shape + (f"-{args.layers}-layers" if args.layers else ""),
                     batch=batch,
                     context=context,
@@ -184,10 +213,16 @@ def main() -> None:
                             **({"chosen": result["chosen"]} if "chosen" in result else {}),
                         )
                     )
-                    print({k: records[-1][k] for k in ("strategy", "decode_tokens_per_s", "vs_plain", "capture_s")},
-                          flush=True)  # fmt: skip
+                    if rank0:
+                        print({k: records[-1][k] for k in ("strategy", "decode_tokens_per_s", "vs_plain",
+                                                           "capture_s")}, flush=True)  # fmt: skip
     machine = machine_info(torch.device("cuda:0"))
     path = Path(args.json)
+    if tp:
+        dist.barrier()
+        dist.destroy_process_group()
+        if not rank0:
+            return
     if not args.no_save:
         data = _records.load(path) if path.exists() else {"benchmark": "multigpu", "records": []}
         data.setdefault("description", __doc__.split("\n\n")[0])

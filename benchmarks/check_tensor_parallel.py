@@ -3,9 +3,10 @@ hf_sparse_verify equal to plain ``generate`` on the same sharded model, and (``-
 step and a K = 4 verify step (5 tokens) next to plain transformers on the same shards.
 
 A random model of a `hf_sparse_verify.drivers.shapes` preset is saved once (rank 0) to ``--checkpoint`` and loaded
-sharded by every rank. Equality is checked in float32 (see the README); steps are timed in ``--dtype``. Under
-tensor parallelism our steps run eagerly (no CUDA graphs) and without our fused module replacements (see
-`hf_sparse_verify.placement`). Rank 0 writes the JSON.
+sharded by every rank. Equality is checked in float32 (see the README); steps are timed in ``--dtype``. Our calls
+run the model on its local shards with explicit collectives (`hf_sparse_verify.integrations.tensor_parallel`;
+``local_shards`` in the record says whether they cover the model, or why not), so on GPUs our steps are CUDA graphs
+with the NCCL collectives inside. Rank 0 writes the JSON.
 
     torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --layers 4  # record "<shape>_equality" of results/tensor_parallel.json
     torchrun --nproc-per-node 2 benchmarks/check_tensor_parallel.py --shape llama-3.1-8b --dtype bfloat16 \\
@@ -20,6 +21,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -34,6 +36,7 @@ from benchmarks.check_device_map import CASES, prompts
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.drivers.shapes import shape_config
 from hf_sparse_verify.drivers.step_bench import StepBenchArgs, run_on
+from hf_sparse_verify.integrations.tensor_parallel import local_shard_swaps
 from hf_sparse_verify.placement import RankAgreement, tensor_parallel
 
 
@@ -62,6 +65,15 @@ def load_sharded(path: Path, dtype: torch.dtype):
         )  # 5.23 prefers distributed_config; 5.17 has only tp_plan
         model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype)
     return model.eval()
+
+
+def local_shards(model) -> str:
+    """What our calls run the model on: its local shards (the replacements by class), or why not."""
+    swaps, reason = local_shard_swaps(model)
+    if reason is not None:
+        return f"transformers' tensor-parallel modules: {reason}"
+    counts = Counter(type(new).__name__ for *_, new in swaps)
+    return "local shards: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
 
 
 def equality(model, new_tokens: int, device) -> list[dict]:
@@ -151,7 +163,7 @@ def main() -> None:
         layers=model.config.get_text_config().num_hidden_layers,
         dtype=args.dtype,
         load_s=round(time.time() - begin, 1),
-        note="tensor parallel: eager steps (no CUDA graphs), transformers' own modules (no fused replacements)",
+        local_shards=local_shards(model),
         # every rank offers its rank + 1 as a step time: the agreed value is the largest, the world size
         agreed_seconds=RankAgreement(model).seconds(dist.get_rank() + 1.0)[0],
     )
@@ -165,7 +177,6 @@ def main() -> None:
             batches=tuple(args.batch),
             device=str(device),
             dtype=args.dtype,
-            cuda_graphs=False,
         )
         torch.manual_seed(0)
         report["steps"] = run_on(model, step_args, device, ranks=dist.get_world_size())

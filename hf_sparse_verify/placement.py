@@ -6,8 +6,11 @@ map, or sharded by tensor parallelism (``tp_plan="auto"``, weights as `torch.dis
   GPU, `hf_sparse_verify.generation.engine.segments`), with the hidden state handed between GPUs outside the
   graphs. Offloaded weights and tensor-parallel steps (collectives) run eagerly (`graph_obstacle` says why; the
   loop warns once).
-- Our fused module replacements read plain weights and would drop the collectives that transformers' tensor-parallel
-  hooks add, so tensor-parallel models keep their own modules and experts implementation (`tensor_parallel`).
+- A tensor-parallel model whose sharded modules our local-shard modules cover (Llama-family attention and gated MLPs,
+  vocabulary-sharded embedding and head: `hf_sparse_verify.integrations.tensor_parallel`) runs, for a call, on each
+  rank's shards as plain tensors with the collectives as explicit `torch.distributed` calls (`ShardedModule`), so
+  its steps are CUDA graphs with the NCCL collectives inside. Other sharded modules (DTensor weights left in the
+  forward: `dtensor_weights`) keep transformers' modules, hooks and experts implementation, and run eagerly.
 - Ranks of a tensor-parallel model must take the same host decisions: the step times a K policy reads are agreed
   over the ranks (`RankAgreement`).
 - Triton launches follow their tensors' device (`hf_sparse_verify.kernels._triton.on_input_device`), so the
@@ -30,9 +33,23 @@ except ImportError:  # pragma: no cover - torch builds without distributed suppo
     DTensor = None
 
 
-def tensor_parallel(model: torch.nn.Module) -> bool:
-    """Whether any weight of ``model`` is a `DTensor` (sharded by transformers' tensor parallelism)."""
+class ShardedModule(torch.nn.Module):
+    """Base of the modules that stand, during a call, for a tensor-parallel model's sharded modules with plain local
+    shards and explicit collectives over ``group`` (`hf_sparse_verify.integrations.tensor_parallel`)."""
+
+    group: object = None
+
+
+def dtensor_weights(model: torch.nn.Module) -> bool:
+    """Whether any weight of ``model`` is a `DTensor` (sharded by transformers' tensor parallelism and run through
+    its hooks)."""
     return DTensor is not None and any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def tensor_parallel(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded by tensor parallelism: DTensor weights, or our local-shard modules standing in
+    for them during a call (`ShardedModule`)."""
+    return dtensor_weights(model) or any(isinstance(m, ShardedModule) for m in model.modules())
 
 
 def cuda_devices(model: torch.nn.Module) -> list[torch.device]:
@@ -79,8 +96,11 @@ def spans_gpus(model: torch.nn.Module) -> bool:
 def graph_obstacle(model: torch.nn.Module) -> str | None:
     """Why the steps of ``model`` cannot run on CUDA graphs (None when they can: on one GPU as one graph per step,
     over several GPUs as one graph per device segment)."""
-    if tensor_parallel(model):
-        return "is tensor-parallel (its steps run collectives across processes)"
+    if dtensor_weights(model):
+        return (
+            "is tensor-parallel with sharded modules our local-shard modules do not cover (transformers' hooks run "
+            "its collectives through DTensor)"
+        )
     placed = {p.device for p in model.parameters()}
     devices = sorted((d for d in placed if d.type == "cuda"), key=lambda d: d.index)
     elsewhere = sorted({d.type for d in placed} - {"cuda"})
@@ -95,11 +115,15 @@ def graph_obstacle(model: torch.nn.Module) -> str | None:
 
 
 def _tp_group(model: torch.nn.Module):
-    """The process group ``model``'s weights are sharded over (its first DTensor's mesh)."""
+    """The process group ``model``'s weights are sharded over (its first DTensor's mesh, or its local-shard modules'
+    group)."""
     for p in model.parameters():
         if isinstance(p, DTensor):
             return p.device_mesh.get_group()
-    raise ValueError("the model has no DTensor weights")
+    for m in model.modules():
+        if isinstance(m, ShardedModule):
+            return m.group
+    raise ValueError("the model is not tensor-parallel")
 
 
 @functools.cache
@@ -135,7 +159,7 @@ class RankAgreement:
             self.group = _host_group(ranks)
         else:
             self.group = group
-            self.device = next(p.device for p in model.parameters() if isinstance(p, DTensor))
+            self.device = next(p.device for p in model.parameters() if p.device.type != "meta")
 
     def seconds(self, *values: float) -> tuple[float, ...]:
         """Each value's maximum over the ranks (one all-reduce for all of them)."""

@@ -62,6 +62,12 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     report = json.loads(out.read_text())["records"][-1]  # the results file: this run is its last record
     assert report["ranks"] == 2
     assert report["agreed_seconds"] == 2.0  # rank 0 offered 1.0, rank 1 offered 2.0: both use the largest
+    if shape == "tiny-llama":  # our calls run the local shards with explicit collectives
+        assert report["local_shards"] == (
+            "local shards: 1 GatherLinear, 14 Linear, 4 ReduceOutput, 1 VocabShardEmbedding"
+        ), report["local_shards"]
+    else:  # the MoE experts are not covered: transformers' modules
+        assert report["local_shards"].startswith("transformers' tensor-parallel modules"), report["local_shards"]
     cases = report["equality"]
     assert len(cases) == 12 and {c["batch"] for c in cases} == {1, 3}
     assert all(c["identical_to_plain"] for c in cases), cases
@@ -235,7 +241,7 @@ def test_auto_backend_is_reference_where_steps_run_eagerly(monkeypatch):
     weight = types.SimpleNamespace(device=torch.device("cuda"))
     model = types.SimpleNamespace(get_input_embeddings=lambda: types.SimpleNamespace(weight=weight))
     obstacle = [None]
-    monkeypatch.setattr(generate_module, "graph_obstacle", lambda m: obstacle[0])
+    monkeypatch.setattr(generate_module, "_graph_obstacle", lambda m: obstacle[0])
 
     def backend(**settings):
         return generate_module._backend(SpeculationConfig(**settings), model)

@@ -19,6 +19,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .. import _compat
 from ..config import SpeculationConfig
 from ..integrations import Mode, speculation_mode
+from ..integrations.tensor_parallel import local_shard_swaps
 from ..kernels._triton import HAVE_TRITON
 from ..placement import graph_obstacle
 from ..registry import DRAFTERS, resolve
@@ -87,7 +88,7 @@ def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, promp
         settings.backend == "triton"
         and settings.cuda_graphs is not False
         and model.get_input_embeddings().weight.device.type == "cuda"
-        and graph_obstacle(model) is None
+        and _graph_obstacle(model) is None
         and prompt_len >= VEGAS_MIN_PROMPT
         and not (sparse is not None and sparse.attention is not None)
     )
@@ -149,6 +150,12 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
         raise ValueError(f"unsupported model inputs for hf_sparse_verify.generate: {unexpected}")
 
 
+def _graph_obstacle(model) -> str | None:
+    """`graph_obstacle` of ``model`` as a call runs it: a tensor-parallel model that `speculation_mode` puts on its
+    local shards has none."""
+    return None if local_shard_swaps(model)[0] else graph_obstacle(model)
+
+
 def _backend(config: SpeculationConfig, model) -> str:
     """``"auto"``: ``triton`` where the steps run on CUDA graphs (one GPU, or one graph per device segment over several);
     where they run eagerly on a GPU (``cuda_graphs=False``, offloaded or tensor-parallel models) ``reference`` for the strategies that draft without
@@ -161,7 +168,7 @@ def _backend(config: SpeculationConfig, model) -> str:
         return "reference"
     if not HAVE_TRITON:
         return "token_sparse"
-    eager = config.cuda_graphs is False or graph_obstacle(model) is not None
+    eager = config.cuda_graphs is False or _graph_obstacle(model) is not None
     reads_cache = config.strategy != "auto" and resolve(DRAFTERS, config.strategy).reads_target_cache
     return "reference" if eager and not reads_cache else "triton"
 

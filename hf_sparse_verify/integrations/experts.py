@@ -17,7 +17,7 @@ import logging
 import torch
 
 from ..kernels._triton import triton_runs_on
-from ..placement import tensor_parallel
+from ..placement import dtensor_weights
 from . import fused_experts as fused
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def decoding_plan(model: torch.nn.Module, use_fused: bool | None, expert_skippin
     `hf_sparse_verify.integrations.switch.Switched.decoding_experts` applies the plan and undoes it.
     """
     original = _implementations(model)
-    if not original or tensor_parallel(model):
+    if not original or dtensor_weights(model):
         return None
     if expert_skipping:
         name, replaced = fused.NAME, {k for k, v in original.items() if v is not None}

@@ -36,7 +36,7 @@ from .. import _compat
 from ..attention.interface import NAME as ATTENTION_NAME
 from ..attention.interface import register as register_attention
 from ..kernels._triton import compiled_on
-from ..placement import device_segments, spans_gpus, swappable, tensor_parallel
+from ..placement import device_segments, dtensor_weights, spans_gpus, swappable
 from . import (
     codegen,
     decoder_layer,
@@ -49,6 +49,7 @@ from . import (
     rms_norm,
     router,
     segments,
+    tensor_parallel,
 )
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class Mode:
         device_segments: on a model whose weights are on several GPUs (an accelerate device map), every decoder
             layer becomes a `SegmentLayer`, so steps can run as one CUDA graph per device segment (transparent in
             eager steps).
+        local_shards: a tensor-parallel model runs on its local shards with explicit collectives
+            (`tensor_parallel.local_shard_swaps`) where they cover its sharded modules; the module replacements
+            above then apply to it as to a model on one GPU.
     """
 
     attention: bool = True
@@ -96,6 +100,7 @@ class Mode:
     expert_skipping: bool = False
     fused_experts: bool | None = None
     device_segments: bool = False
+    local_shards: bool = True
 
     def __post_init__(self):
         unknown = set(self.fused_parts) - FUSED_PARTS
@@ -234,8 +239,9 @@ RULES = (
 def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
     """The module replacements `speculation_mode` makes in ``model``: one walk of its module tree, parents before
     their children. Tensor-parallel models (DTensor weights) get no fused modules: ours read plain weights and would
-    drop the collectives of transformers' tensor-parallel hooks."""
-    if tensor_parallel(model):
+    drop the collectives of transformers' tensor-parallel hooks (`speculation_mode` first puts a model whose sharded
+    modules `tensor_parallel.local_shard_swaps` covers on its local shards)."""
+    if dtensor_weights(model):
         if mode.sparse_ffn:
             raise ValueError(
                 "the lossy sparse FFN reads whole MLP weights, which tensor parallelism shards: load the model "
@@ -333,9 +339,18 @@ def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **field
             "speculation_mode takes models as positional arguments and the Mode as mode=Mode(...)"
         )
     mode = mode if mode is not None else Mode(**fields)
-    swaps = [swap for model in models for swap in plan_swaps(model, mode)]
-    counts = dict(Counter(type(new).__name__ for _, _, _, new in swaps))
     with contextlib.ExitStack() as stack:  # undone in reverse: configs, then modules, then SDPA backends
+        local = []
+        for model in models if mode.local_shards else ():
+            shards, reason = tensor_parallel.local_shard_swaps(model)
+            if reason is not None:
+                logger.info("hf_sparse_verify: %s stays on transformers' tensor-parallel modules: %s",
+                            type(model).__name__, reason)  # fmt: skip
+            local.extend(shards)
+        stack.enter_context(_swapped(local))  # the walk below sees the local shards
+        swaps = [swap for model in models for swap in plan_swaps(model, mode)]
+        counts = dict(Counter(type(new).__name__ for _, _, _, new in local + swaps if
+                              not isinstance(new, torch.nn.Linear)))  # fmt: skip
         if mode.attention:
             register_attention()
             stack.enter_context(sdpa_kernel(list(SDPA_BACKENDS)))
