@@ -44,6 +44,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+import hf_sparse_verify as hsv
 from benchmarks import _records
 from benchmarks.bench_e2e import run_case
 from benchmarks.check_device_map import dispatched_random_model
@@ -58,6 +59,17 @@ CASES = ("k0", "prompt_lookup:4", "vegas:6", "auto")
 def _free() -> None:
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def _teardown(model) -> None:
+    """Every rank: drop the captured graphs (they hold NCCL work) before the process group goes."""
+    del model
+    hsv.clear_graph_cache()
+    _free()
+    torch.cuda.synchronize()
+    print(f"rank {dist.get_rank()}: teardown", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def prompt(vocab: int, batch: int, context: int, device="cuda:0", seed: int = 0) -> torch.Tensor:
@@ -218,12 +230,7 @@ def main() -> None:
                                                            "capture_s")}, flush=True)  # fmt: skip
     machine = machine_info(torch.device("cuda:0"))
     path = Path(args.json)
-    if tp:
-        dist.barrier()
-        dist.destroy_process_group()
-        if not rank0:
-            return
-    if not args.no_save:
+    if not args.no_save and rank0:
         data = _records.load(path) if path.exists() else {"benchmark": "multigpu", "records": []}
         data.setdefault("description", __doc__.split("\n\n")[0])
         keys = {
@@ -238,7 +245,10 @@ def main() -> None:
         data["records"] = kept + [dict(r, machine=machine, commit=machine.get("commit")) for r in records]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
-    print(json.dumps(records, indent=1))
+    if rank0:
+        print(json.dumps(records, indent=1), flush=True)
+    if tp:
+        _teardown(model)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,10 @@ def main() -> None:
         setting = f"{args.shape}_{'steps' if args.steps else 'equality'}"
         _records.save(args, report, device, setting=setting)
         print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1)[:4000])
+    del model
+    hsv.clear_graph_cache()  # the captured graphs hold NCCL work: drop them before the process group goes
+    if cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
 
