@@ -66,8 +66,10 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
         assert report["local_shards"] == (
             "local shards: 1 GatherLinear, 14 Linear, 4 ReduceOutput, 1 VocabShardEmbedding"
         ), report["local_shards"]
-    else:  # the MoE experts are not covered: transformers' modules
-        assert report["local_shards"].startswith("transformers' tensor-parallel modules"), report["local_shards"]
+    else:  # the experts too: each rank holds every expert's share of the intermediate channels
+        assert report["local_shards"] == (
+            "local shards: 1 GatherLinear, 8 Linear, 2 Qwen3MoeExperts, 4 ReduceOutput, 1 VocabShardEmbedding"
+        ), report["local_shards"]
     cases = report["equality"]
     assert len(cases) == 12 and {c["batch"] for c in cases} == {1, 3}
     assert all(c["identical_to_plain"] for c in cases), cases

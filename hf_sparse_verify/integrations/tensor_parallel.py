@@ -14,6 +14,11 @@ DTensor weight is in a module it covers, module replacements that compute what t
 - the attention or MLP whose last projection is sharded on its input features (``rowwise``: ``o_proj``,
   ``down_proj``, no bias) is wrapped by `ReduceOutput`, which all-reduces the module's output (the partial sums
   over the local heads or channels), as ``RowwiseParallel`` does after that projection;
+- the routed experts of a MoE block (`decoder_layer.FUSABLE_MOE`: router, then experts) sharded on their intermediate
+  channels (``packed_colwise`` ``gate_up_proj``, ``rowwise`` ``down_proj``: every rank holds every expert's share
+  of channels) become a copy of the experts module over the local shards (`local_experts`), and the block is
+  wrapped by `ReduceOutput`; the router is replicated, so every rank routes alike, and the experts implementation
+  (our fused Triton experts on CUDA) runs on the local channels;
 - the input embedding sharded over the vocabulary (``embedding_rowwise``) becomes `VocabShardEmbedding`: the local
   rows' lookup, zero for ids outside them, all-reduced (exact: one term is non-zero);
 - the output embedding sharded over the vocabulary (``colwise_gather_output`` / ``colwise_rep``) becomes
@@ -21,27 +26,37 @@ DTensor weight is in a module it covers, module replacements that compute what t
 
 The sums are those of transformers' path (the same partials, all-reduced by the same backend), so greedy output is
 plain ``generate``'s on the same shards. Anything else sharded (MoE experts, biases of row-parallel projections,
-uneven shards, layers of other families) leaves the model on transformers' modules (`local_shard_swaps` says why).
+uneven shards, experts sharded over experts, layers of other families) leaves the model on transformers' modules
+(`local_shard_swaps` says why).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..placement import DTensor, ShardedModule
-from . import mlp, qkv_attention
+from . import decoder_layer, mlp, qkv_attention
 
 
-def _placement(weight) -> int | None:
-    """The dimension a DTensor weight is sharded on over a one-dimensional mesh (None: not sharded that way)."""
+def _placement(weight, packed: bool = False) -> int | None:
+    """The dimension a DTensor weight is sharded on, in equal pieces, over a one-dimensional mesh (None: not sharded
+    that way). ``packed``: the dimension holds two halves (gate, up), each sharded (``_StridedShard`` with split
+    factor 2), so the local piece is the rank's share of each half, in order."""
     if not isinstance(weight, DTensor) or weight.device_mesh.ndim != 1:
         return None
     (placement,) = weight.placements
-    if not placement.is_shard():
+    size = weight.device_mesh.size()
+    if packed:
+        if type(placement).__name__ != "_StridedShard" or placement.split_factor != 2:
+            return None
+        size *= 2
+    elif not placement.is_shard():
         return None
-    if weight.shape[placement.dim] % weight.device_mesh.size() != 0:
+    if weight.shape[placement.dim] % size != 0:
         return None  # uneven shards: the gathers below need equal pieces
     return placement.dim
 
@@ -60,6 +75,20 @@ def local_linear(linear: torch.nn.Linear) -> torch.nn.Linear:
     local.weight = weight
     if linear.bias is not None:
         local.bias = _local(linear.bias)
+    return local
+
+
+def local_experts(experts: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the experts module ``experts`` (same class, same attributes) whose weights are its local shards:
+    ``gate_up_proj`` the rank's gate channels then its up channels, ``down_proj`` the same channels' columns.
+    transformers' tensor-parallel forward, an attribute of the sharded original, is not carried over."""
+    local = copy.copy(experts)
+    local.__dict__.pop("forward", None)
+    local._parameters = {name: _local(p) for name, p in experts._parameters.items()}
+    local._buffers = dict(experts._buffers)
+    local._modules = dict(experts._modules)
+    if hasattr(local, "intermediate_dim"):
+        local.intermediate_dim = local.down_proj.shape[-1]
     return local
 
 
@@ -120,9 +149,13 @@ class GatherLinear(ShardedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = self.linear(x).contiguous()
         gathered = local.new_empty((self.world * local.shape[0], *local.shape[1:]))  # the pieces along dim 0
-        dist.all_gather_into_tensor(gathered, local, group=self.group)
+        _all_gather(gathered, local, group=self.group)
         pieces = gathered.view(self.world, *local.shape)
         return pieces.movedim(0, -2).reshape(*local.shape[:-1], self.world * local.shape[-1])
+
+
+#: torch 2.13 names it ``all_gather_single`` (the old name warns); earlier releases have only the old name
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _group(weight):
@@ -152,6 +185,22 @@ def _mlp_swaps(module) -> list | None:
             "down_proj")]  # fmt: skip
 
 
+def _moe_swaps(module) -> list | None:
+    experts = getattr(module, "experts", None)
+    if type(module).__name__ not in decoder_layer.FUSABLE_MOE or experts is None:
+        return None
+    params = dict(experts.named_parameters(recurse=False))
+    if set(params) != {"gate_up_proj", "down_proj"} or any(m for m in experts.children() if
+                                                           any(m.parameters())):  # fmt: skip
+        return None
+    if _placement(params["gate_up_proj"], packed=True) != 1 or _placement(params["down_proj"]) != 2:
+        return None
+    size = params["down_proj"].device_mesh.size()
+    if params["down_proj"].shape[2] % size or any(isinstance(p, DTensor) for p in module.gate.parameters()):
+        return None
+    return [(module, "experts", experts, local_experts(experts))]
+
+
 def local_shard_swaps(model: torch.nn.Module) -> tuple[list, str | None]:
     """The replacements that put a tensor-parallel ``model`` on its local shards (parents before children, as
     `hf_sparse_verify.integrations.switch` applies swaps), or ``([], reason)`` where a sharded module is not covered
@@ -175,9 +224,10 @@ def local_shard_swaps(model: torch.nn.Module) -> tuple[list, str | None]:
             else:
                 parts = _attention_swaps(child) if hasattr(child, "o_proj") else None
                 parts = parts or (_mlp_swaps(child) if hasattr(child, "down_proj") else None)
+                parts = parts or (_moe_swaps(child) if hasattr(child, "experts") else None)
                 if parts:
                     inner.extend(parts)
-                    found = ReduceOutput(child, _group(parts[-1][2].weight))
+                    found = ReduceOutput(child, _group(next(parts[-1][2].parameters())))
             if found is not None:
                 swaps.append((parent, name, child, found))
                 covered.update(id(p) for p in child.parameters())
