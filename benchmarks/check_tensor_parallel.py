@@ -166,6 +166,8 @@ def main() -> None:
         local_shards=local_shards(model),
         # every rank offers its rank + 1 as a step time: the agreed value is the largest, the world size
         agreed_seconds=RankAgreement(model).seconds(dist.get_rank() + 1.0)[0],
+        # the same through the background exchange the loop uses (`RankAgreement.start`)
+        agreed_in_background=RankAgreement(model).start(dist.get_rank() + 1.0).values()[0],
     )
     if not args.no_equality:
         report["equality"] = equality(model, args.new_tokens, device)

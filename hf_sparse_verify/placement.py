@@ -133,10 +133,32 @@ def _host_group(ranks: tuple[int, ...]):
     return dist.new_group(ranks=list(ranks), backend="gloo")
 
 
+class Agreed:
+    """Values agreed over tensor-parallel ranks (`RankAgreement.start`): `values` waits for the exchange."""
+
+    def __init__(self, values, work=None):
+        self._values = values
+        self._work = work
+
+    @property
+    def pending(self) -> bool:
+        """Whether the values are still being exchanged between ranks."""
+        return self._work is not None
+
+    def values(self) -> tuple[float, ...]:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._values = tuple(self._values.tolist())
+        return tuple(self._values)
+
+
 class RankAgreement:
     """Host values that steer the loop (the step seconds the utility K policy reads) must be equal on every
     tensor-parallel rank: ranks that pick different K run different widths, and their collectives mismatch. `seconds`
-    returns the largest value over the ranks; off tensor parallelism it returns its argument.
+    returns the largest value over the ranks; off tensor parallelism it returns its argument. `start` exchanges them
+    in the background: the loop hands a step's outcome to the policy at the next step, after launching its verify,
+    so no step waits on the host exchange.
 
     The all-reduce runs on the host (a gloo group over the model's ranks, made once; no device synchronisation)
     when the model's group is gloo or spans the whole world; otherwise on the device, which adds one readback per
@@ -160,6 +182,17 @@ class RankAgreement:
         else:
             self.group = group
             self.device = next(p.device for p in model.parameters() if p.device.type != "meta")
+
+    def start(self, *values: float) -> Agreed:
+        """Each value's maximum over the ranks, exchanged in the background (an asynchronous all-reduce): the step
+        that offers its times goes on, and a later `Agreed.values` waits for what has long arrived. Off tensor
+        parallelism the values are returned as given."""
+        if self.group is None:
+            return Agreed(values)
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        return Agreed(t, dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
 
     def seconds(self, *values: float) -> tuple[float, ...]:
         """Each value's maximum over the ranks (one all-reduce for all of them)."""

@@ -62,6 +62,7 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     report = json.loads(out.read_text())["records"][-1]  # the results file: this run is its last record
     assert report["ranks"] == 2
     assert report["agreed_seconds"] == 2.0  # rank 0 offered 1.0, rank 1 offered 2.0: both use the largest
+    assert report["agreed_in_background"] == 2.0
     if shape == "tiny-llama":  # our calls run the local shards with explicit collectives
         assert report["local_shards"] == (
             "local shards: 1 GatherLinear, 14 Linear, 4 ReduceOutput, 1 VocabShardEmbedding"

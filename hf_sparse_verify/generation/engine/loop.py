@@ -65,6 +65,19 @@ def left_padding(attention_mask: torch.Tensor | None, batch: int, width: int) ->
     return pads
 
 
+def _observe(policy, stats, outcome, agreed) -> None:
+    """Hands a step's outcome to the policy, with its (draft, verify, update) seconds as agreed over the ranks."""
+    begin = time.perf_counter()
+    parts = agreed.values()
+    outcome.time_s = sum(parts)
+    outcome.extra["parts"] = parts
+    policy.observe(outcome)
+    policy_state = policy.state()
+    stats.policy_time_s += time.perf_counter() - begin
+    if policy_state:
+        stats.policy_states.append(policy_state)
+
+
 def _select(scores: torch.Tensor, draft: Draft, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if not do_sample:
         return verify_greedy(draft.tokens, draft.counts, scores)
@@ -210,6 +223,7 @@ def speculative_decode(
                 drafter.capture(widths)
             stats.graph_capture_s = (target.graphs.capture_s if target.graphs else 0.0) - before_s
         loop_start = step_end = time.perf_counter()
+        deferred = None  # under tensor parallelism: (outcome, agreed times) of the last step
         while any(state.active):
             remaining = max(settings.max_length - c for c, a in zip(state.committed, state.active) if a)
             policy_start = time.perf_counter()
@@ -242,6 +256,9 @@ def speculative_decode(
             state.advance(accepted, new_tokens)
             if k > 0 or not drafter.idle_at_k0:
                 drafter.after_verify(start, accepted)
+            if deferred is not None:  # the last step's outcome, its times agreed over the ranks meanwhile
+                _observe(policy, stats, *deferred)
+                deferred = None
             policy_start = time.perf_counter()
             policy.prepare()  # the host would wait for the verify in the readback below
             stats.policy_time_s += time.perf_counter() - policy_start
@@ -256,31 +273,29 @@ def speculative_decode(
             update_s = timer.seconds("verify_end", "step_end")
             ran = member if issued > 0 else None
             stats.record_step(k, accepted_rows, active_before, proposed, draft_s, verify_s, update_s, ran)
-            parts = agreement.seconds(draft_s, verify_s, update_s)  # equal on every tensor-parallel rank
-            policy_start = time.perf_counter()
-            policy.observe(
-                StepOutcome(
-                    stats.steps - 1,
-                    k,
-                    [a for a, act in zip(accepted_rows, active_before) if act],
-                    sum(parts),
-                    extra={
-                        "member": ran,
-                        "issued": issued,
-                        "parts": parts,
-                        "shadow": drafter.take_shadow(),
-                        "rows": accepted_rows,
-                        "active": state.active,
-                        "remaining": [settings.max_length - c for c in state.committed],
-                    },
-                    drafted=[n for n, act in zip(proposed, active_before) if act],
-                )
+            agreed = agreement.start(draft_s, verify_s, update_s)  # equal on every tensor-parallel rank
+            outcome = StepOutcome(
+                stats.steps - 1,
+                k,
+                [a for a, act in zip(accepted_rows, active_before) if act],
+                None,
+                extra={
+                    "member": ran,
+                    "issued": issued,
+                    "shadow": drafter.take_shadow(),
+                    "rows": accepted_rows,
+                    "active": list(state.active),
+                    "remaining": [settings.max_length - c for c in state.committed],
+                },
+                drafted=[n for n, act in zip(proposed, active_before) if act],
             )
-            policy_state = policy.state()
-            stats.policy_time_s += time.perf_counter() - policy_start
-            if policy_state:
-                stats.policy_states.append(policy_state)
+            if agreed.pending:
+                deferred = (outcome, agreed)  # handed over at the next step, once its verify is launched
+            else:
+                _observe(policy, stats, outcome, agreed)
             emitter.flush()
+        if deferred is not None:
+            _observe(policy, stats, *deferred)
         stats.loop_time_s = time.perf_counter() - loop_start
 
     emitter.flush(final=True)
