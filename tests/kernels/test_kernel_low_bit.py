@@ -61,3 +61,54 @@ def test_bad_input_says_what_to_change():
 
 def test_docstring_examples():
     assert doctest.testmod(naive).failed == 0
+
+
+# ---- the weight-only low-bit linear (hsv::low_bit_linear): Triton (interpreted on CPU) against the reference ----
+
+
+def _layer(out, inp, fmt, group, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, inp, generator=gen) * 0.05
+    values, scales = quantize(w, fmt, group)
+    return naive.pack(values, fmt), scales, values
+
+
+def test_pack_round_trips_and_halves_int4():
+    values, _ = quantize(_weight(), "int4", 32)
+    stored = naive.pack(values, "int4")
+    assert stored.dtype == torch.uint8 and stored.shape == (48, 128)
+    assert torch.equal(naive.unpack(stored, "int4"), values)
+    # channel 2j in the low nibble, 2j + 1 in the high one, each stored as value + 8
+    assert int(stored[0, 0]) == (int(values[0, 0]) + 8) | ((int(values[0, 1]) + 8) << 4)
+    assert naive.pack(values, "int8") is not None and torch.equal(naive.unpack(values, "int8"), values)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 128), ("int4", 32), ("int4", 256)])
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_bit_linear_matches_reference(fmt, group, rows, dtype):
+    from hf_sparse_verify.kernels.low_bit import low_bit_linear, low_bit_linear_naive
+
+    stored, scales, values = _layer(80, 512, fmt, group, dtype)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 512, generator=gen).to(dtype)
+    bias = torch.randn(80, generator=gen).to(dtype)
+    got = low_bit_linear(x, stored, scales, fmt, group, bias)
+    ref = low_bit_linear_naive(x, stored, scales, fmt, bias)
+    exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64), bias.double())
+    assert got.dtype == dtype and got.shape == (rows, 80)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+    torch.testing.assert_close(ref.double(), exact, rtol=tol, atol=tol)
+
+
+def test_low_bit_linear_keeps_leading_dims_and_says_what_is_wrong():
+    from hf_sparse_verify.kernels.low_bit import low_bit_linear
+
+    stored, scales, _ = _layer(32, 128, "int4", 32, torch.float32)
+    x = torch.randn(2, 3, 128)
+    assert low_bit_linear(x, stored, scales, "int4", 32).shape == (2, 3, 32)
+    with pytest.raises(ValueError, match="input channels"):
+        low_bit_linear(torch.randn(2, 64), stored, scales, "int4", 32)
+    with pytest.raises(ValueError, match="format"):
+        low_bit_linear(x, stored, scales, "int2", 32)

@@ -3,8 +3,11 @@ only torch).
 
 - ``"int8"``: one scale per output channel, values in [-127, 127].
 - ``"int4"``: one scale per output channel and group of ``group_size`` input channels, values in [-8, 7] (the scale
-  maps the group's largest magnitude to 7), stored one value per int8 here (the kernel's packed layout comes with
-  the kernel).
+  maps the group's largest magnitude to 7). `quantize` returns one value per int8; the kernel reads them packed
+  (`pack`): two per byte, input channel ``2j`` in the low nibble and ``2j + 1`` in the high one, each stored as
+  ``value + 8``.
+
+`low_bit_linear_naive` is what the kernel computes: ``x @ W.T`` with ``W`` the dequantized weight in ``x``'s dtype.
 
 Example:
     >>> w = torch.tensor([[0.5, -1.0, 0.25, 0.0]])
@@ -70,3 +73,32 @@ def quantized_bytes(weight: torch.Tensor, fmt: str, group_size: int = 128) -> in
     if fmt == "int8":
         return out * inp + 2 * out
     return out * inp // 2 + 2 * out * (inp // group_size)
+
+
+def pack(values: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The stored layout of `quantize`'s ``values``: int8 as they are; int4 two per byte (uint8 ``[out, in / 2]``,
+    input channel ``2j`` in the low nibble, ``2j + 1`` in the high one, each as ``value + 8``)."""
+    if fmt == "int8":
+        return values.contiguous()
+    if values.shape[1] % 2:
+        raise ValueError(f"int4 packs two input channels per byte: {values.shape[1]} input channels is odd")
+    biased = (values.to(torch.int16) + 8).to(torch.uint8)
+    return (biased[:, 0::2] | (biased[:, 1::2] << 4)).contiguous()
+
+
+def unpack(stored: torch.Tensor, fmt: str) -> torch.Tensor:
+    """`pack`'s inverse: int8 values ``[out, in]``."""
+    if fmt == "int8":
+        return stored
+    low = (stored & 0xF).to(torch.int8) - 8
+    high = (stored >> 4).to(torch.int8) - 8
+    return torch.stack([low, high], dim=-1).view(stored.shape[0], 2 * stored.shape[1])
+
+
+def low_bit_linear_naive(
+    x: torch.Tensor, stored: torch.Tensor, scales: torch.Tensor, fmt: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x`` ``[..., in]`` times the weight that ``stored`` (`pack`'s layout) and ``scales`` stand for, plus
+    ``bias``: ``F.linear`` with the dequantized weight in ``x``'s dtype."""
+    weight = dequantize(unpack(stored, fmt), scales, fmt, x.dtype)
+    return torch.nn.functional.linear(x, weight, bias)
