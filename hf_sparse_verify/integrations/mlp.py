@@ -48,11 +48,13 @@ SILU_ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})
 
 
 def replaceable_mlp(module: torch.nn.Module) -> bool:
-    """Whether `GatedMLP` computes exactly what ``module`` computes: an allow-listed class with SiLU and no biases
-    (``LlamaMLP`` with ``mlp_bias=True`` or another ``hidden_act`` stays as it is)."""
+    """Whether `GatedMLP` computes exactly what ``module`` computes: an allow-listed class with SiLU, ``nn.Linear``
+    projections and no biases (``LlamaMLP`` with ``mlp_bias=True`` or another ``hidden_act`` stays as it is)."""
     if type(module).__name__ not in REPLACEABLE:
         return False
     projections = (module.gate_proj, module.up_proj, module.down_proj)
+    if not all(type(p) is torch.nn.Linear for p in projections):  # e.g. a low-bit draft's LowBitLinear
+        return False
     return type(module.act_fn).__name__ in SILU_ACTIVATIONS and all(p.bias is None for p in projections)
 
 

@@ -11,7 +11,14 @@ from conftest import make_model, ragged_batch
 
 import hf_sparse_verify as hsv
 import hf_sparse_verify.generation.drafters.low_bit as low_bit
-from hf_sparse_verify.generation.drafters.low_bit import low_bit_bytes, low_bit_copy, low_bit_linears
+from hf_sparse_verify.generation.drafters.low_bit import (
+    LowBitLinear,
+    draft_weight_bytes,
+    low_bit_bytes,
+    low_bit_copy,
+    low_bit_linears,
+)
+from hf_sparse_verify.kernels.low_bit import fake_quantize
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
@@ -20,8 +27,15 @@ def test_greedy_with_a_low_bit_draft_equals_plain_generate(weights):
     before = {n: p.clone() for n, p in model.named_parameters()}
     draft = low_bit_copy(model, weights, group_size=16)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the target is untouched
-    changed = [n for n, m in low_bit_linears(draft) if not torch.equal(m.weight, model.get_submodule(n).weight)]
-    assert changed and len(changed) == len(low_bit_linears(model))
+    rounded = {n: m for n, m in draft.named_modules() if isinstance(m, LowBitLinear)}
+    assert sorted(rounded) == sorted(n for n, _ in low_bit_linears(model)) and not low_bit_linears(draft)
+    for name, module in rounded.items():  # each applies its weight rounded through the format
+        original = model.get_submodule(name).weight
+        assert torch.equal(module.dequantized(), fake_quantize(original, weights, 16))
+        assert not torch.equal(module.dequantized(), original)
+    # everything else is the target's own tensors, not copies
+    assert draft.model.embed_tokens.weight is model.model.embed_tokens.weight
+    assert draft.model.norm.weight is model.model.norm.weight
     ids, mask = ragged_batch(3)
     expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=23, do_sample=False)
     out = model.generate(
@@ -40,7 +54,9 @@ def test_int4_draft_rounds_more_than_int8():
     for weights in ("int8", "int4"):
         draft = low_bit_copy(model, weights, group_size=16)
         errors[weights] = sum(
-            float((m.weight - model.get_submodule(n).weight).detach().abs().mean()) for n, m in low_bit_linears(draft)
+            float((m.dequantized() - model.get_submodule(n).weight).detach().abs().mean())
+            for n, m in draft.named_modules()
+            if isinstance(m, LowBitLinear)
         )
     assert 0 < errors["int8"] < errors["int4"]
 
@@ -49,6 +65,11 @@ def test_bytes_and_bad_input():
     model = make_model("llama")
     sizes = low_bit_bytes(model, "int4", group_size=16)
     assert sizes["low_bit"] < sizes["original"] / 4  # float32 weights: int4 is an eighth plus scales
+    draft = low_bit_copy(model, "int4", group_size=16)
+    # what the copy holds of its own: packed values (an eighth of float32) and float32 scales
+    assert draft_weight_bytes(draft) == sum(
+        m.weight.numel() // 2 + 4 * m.weight.numel() // 16 for _, m in low_bit_linears(model)
+    )
     with pytest.raises(ValueError, match="one of"):
         low_bit_copy(model, "fp4")
 

@@ -1,12 +1,13 @@
 """A low-bit copy of a target to draft with (issue 39, QuantSpec's idea): the target's own architecture and weights,
-its linear layers rounded through int8 or int4 (`hf_sparse_verify.kernels.low_bit`), drafting with its own full KV
-cache as a draft model does. Verification runs the target's own weights, so greedy output equals plain `generate`
-and sampling keeps the target's distribution whatever the rounding does to acceptance.
+its linear layers stored in int8 or int4 (`hf_sparse_verify.kernels.low_bit`) and run by the weight-only low-bit
+matmul (`LowBitLinear`), drafting with its own full KV cache as a draft model does. Verification runs the target's
+own weights, so greedy output equals plain `generate` and sampling keeps the target's distribution whatever the
+rounding does to acceptance.
 
-What this is today: a **reference** draft for measuring acceptance (``benchmarks/bench_low_bit_acceptance.py``).
-Its weights are rounded but stored in the model's dtype (a full second copy of the model), so it reads as many
-bytes per step as the target: it does not make drafting cheaper until the weight-only low-bit matmul kernel and
-the in-place draft path (one model, two weight sets, no second KV cache) exist.
+The copy shares every weight that is not a rounded linear layer with the target (embeddings, head, norms, routers,
+MoE experts: the same tensors, no second copy); its own memory is the packed weights and scales
+(`draft_weight_bytes`). It keeps a KV cache of its own (the ``draft_model`` strategy), so it suits short and medium
+prompts; a draft that shares the target's cache (one model, two weight sets) is not built yet.
 
 Example:
     >>> import torch
@@ -15,8 +16,10 @@ Example:
     ...                      num_attention_heads=2, num_key_value_heads=1)
     >>> target = LlamaForCausalLM(config)
     >>> draft = low_bit_copy(target, "int4", group_size=32)
-    >>> draft.config.low_bit_draft, draft is target
-    ('int4', False)
+    >>> draft.config.low_bit_draft, type(draft.model.layers[0].mlp.up_proj).__name__
+    ('int4', 'LowBitLinear')
+    >>> draft.model.embed_tokens.weight is target.model.embed_tokens.weight
+    True
 """
 
 from __future__ import annotations
@@ -25,7 +28,46 @@ import copy
 
 import torch
 
-from ...kernels.low_bit import LOW_BIT_FORMATS, fake_quantize, quantized_bytes
+from ...kernels.low_bit import (
+    LOW_BIT_FORMATS,
+    dequantize,
+    low_bit_linear,
+    pack,
+    quantize,
+    quantized_bytes,
+    unpack,
+)
+
+
+class LowBitLinear(torch.nn.Module):
+    """A linear layer whose weight is stored in ``fmt`` (``"int8"`` per output channel, ``"int4"`` per group of
+    ``group_size`` input channels, packed two per byte) and applied by ``hsv::low_bit_linear``; its bias (if any)
+    is the original's.
+
+    Args:
+        linear: the ``nn.Linear`` to round (left as it is).
+        fmt: ``"int8"`` or ``"int4"``.
+        group_size: input channels per int4 scale.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, fmt: str, group_size: int = 128):
+        super().__init__()
+        values, scales = quantize(linear.weight, fmt, group_size)
+        self.register_buffer("stored", pack(values, fmt).to(linear.weight.device))
+        self.register_buffer("scales", scales.to(linear.weight.device))
+        self.bias = linear.bias
+        self.fmt, self.group_size = fmt, group_size
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return low_bit_linear(x, self.stored, self.scales, self.fmt, self.group_size, self.bias)
+
+    def dequantized(self, dtype=torch.float32) -> torch.Tensor:
+        """The ``[out, in]`` weight the layer applies."""
+        return dequantize(unpack(self.stored, self.fmt), self.scales, self.fmt, dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, group {self.group_size}"
 
 
 def low_bit_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
@@ -41,23 +83,30 @@ def low_bit_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]
 
 
 def low_bit_copy(model: torch.nn.Module, weights: str, group_size: int = 128) -> torch.nn.Module:
-    """A copy of ``model`` whose linear layers (`low_bit_linears`) hold their weights rounded through ``weights``
-    (``"int8"`` per output channel, ``"int4"`` per group of ``group_size`` input channels); ``model`` is left as is.
-    The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the ``draft_model``
-    strategy."""
+    """A copy of ``model`` whose linear layers (`low_bit_linears`) are `LowBitLinear`s in ``weights`` (``"int8"``
+    per output channel, ``"int4"`` per group of ``group_size`` input channels); every other weight is shared with
+    ``model`` (not copied), and ``model`` is left as is. The copy's ``config.low_bit_draft`` names the format; use
+    it as ``draft_model`` of the ``draft_model`` strategy."""
     if weights not in LOW_BIT_FORMATS:
         raise ValueError(f"weights must be one of {sorted(LOW_BIT_FORMATS)}, got {weights!r}")
-    draft = copy.deepcopy(model)
-    with torch.no_grad():
-        for _, linear in low_bit_linears(draft):
-            linear.weight.copy_(fake_quantize(linear.weight, weights, group_size))
+    linears = low_bit_linears(model)
+    # deepcopy's memo stands in for the objects it would copy: each rounded Linear is its LowBitLinear, every other
+    # parameter the original itself
+    memo: dict[int, object] = {id(p): p for p in model.parameters()}
+    memo.update({id(linear): LowBitLinear(linear, weights, group_size) for _, linear in linears})
+    draft = copy.deepcopy(model, memo)  # its config is a copy too
     draft.config.low_bit_draft = weights
-    return draft
+    return draft.eval()
+
+
+def draft_weight_bytes(draft: torch.nn.Module) -> int:
+    """Bytes a low-bit copy holds of its own (packed weights and scales; the rest is shared with its target)."""
+    return sum(m.stored.nbytes + m.scales.nbytes for m in draft.modules() if isinstance(m, LowBitLinear))
 
 
 def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -> dict:
-    """Bytes of the rounded linear layers once packed in ``weights`` against the same layers in the model's dtype
-    (``{"low_bit": ..., "original": ...}``): what the draft would read per step with a low-bit kernel."""
+    """Bytes of the rounded linear layers once packed in ``weights`` (bf16 scales) against the same layers in the
+    model's dtype (``{"low_bit": ..., "original": ...}``): what the draft reads per step in place of the target's."""
     linears = low_bit_linears(model)
     return {
         "low_bit": sum(quantized_bytes(m.weight, weights, group_size) for _, m in linears),
