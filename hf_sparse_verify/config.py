@@ -59,6 +59,9 @@ class SpeculationConfig:
             ``"plain"`` (K = 0 at every step: no speculation, the engine's own baseline).
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
+        draft_weights: ``strategy="low_bit"``: the format of the target's low-bit copy that drafts, ``"int4"``
+            (per group of ``draft_weight_group`` input channels) or ``"int8"`` (per output channel).
+        draft_weight_group: input channels per int4 scale (must divide the model's linear layers' input sizes).
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
         attention_backend: ``"auto"`` (``triton`` on CUDA; where the steps run eagerly on a GPU, that is with
             ``cuda_graphs=False`` or a model over several GPUs, offloaded or tensor-parallel, ``reference`` except
@@ -128,6 +131,8 @@ class SpeculationConfig:
     max_draft_tokens: int = 16
     k_policy: str = "constant"
     draft_model: str | None = None
+    draft_weights: str = "int4"
+    draft_weight_group: int = 128
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
@@ -213,6 +218,11 @@ class SpeculationConfig:
                     "generate(..., draft_model=model) instead"
                 )
             check_model_location("draft_model", self.draft_model)
+        if self.draft_weights not in ("int8", "int4"):
+            raise ValueError(f"draft_weights must be 'int8' or 'int4', got {self.draft_weights!r}")
+        _check_int("draft_weight_group", self.draft_weight_group)
+        if self.draft_weight_group < 2 or self.draft_weight_group % 2:
+            raise ValueError(f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}")
         _check_int("prompt_lookup_max_ngram", self.prompt_lookup_max_ngram)
         _check_int("prompt_lookup_min_ngram", self.prompt_lookup_min_ngram)
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:

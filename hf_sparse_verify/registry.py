@@ -30,6 +30,10 @@ DRAFTERS: dict[str, Entry | str] = {
         "hf_sparse_verify.generation.drafters.draft_model:DraftModelDrafter",
         "a smaller model sharing the tokenizer drafts (draft_model= / --draft-model)",
     ),
+    "low_bit": Entry(
+        "hf_sparse_verify.generation.drafters.low_bit:LowBitDrafter",
+        "a low-bit copy of the target (draft_weights int4 / int8) drafts with its own full KV cache",
+    ),
     "vegas": Entry(
         "hf_sparse_verify.generation.drafters.self_spec.drafter:VegasDrafter",
         "the target drafts for itself over the cached tokens its own verify steps weighted highest",

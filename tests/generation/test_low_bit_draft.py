@@ -76,3 +76,36 @@ def test_bytes_and_bad_input():
 
 def test_docstring_examples():
     assert doctest.testmod(low_bit).failed == 0
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_low_bit_strategy_equals_plain_generate_and_makes_its_copy_once(weights):
+    model = make_model("llama")
+    ids, mask = ragged_batch(2)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=17, do_sample=False)
+    settings = dict(strategy="low_bit", num_draft_tokens=3, draft_weights=weights, draft_weight_group=16)
+    runs = [
+        model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=17, do_sample=False, custom_generate=hsv.generate,
+            speculation=settings, return_dict_in_generate=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    for out in runs:
+        assert torch.equal(out.sequences, expected)
+        assert out.speculation.strategy == "low_bit"
+        assert out.speculation.mean_acceptance_length > 1.0  # the copy's drafts are taken
+    copies = low_bit._COPIES[model]
+    assert list(copies) == [(weights, 16)]  # one copy, reused by the second call
+    assert all(isinstance(m, LowBitLinear) for n, m in copies[(weights, 16)].named_modules() if n.endswith("up_proj"))
+
+
+def test_low_bit_strategy_says_which_setting_to_change():
+    model = make_model("llama")  # hidden size 32: groups of 128 do not divide it
+    with pytest.raises(ValueError, match="draft_weight_group"):
+        model.generate(
+            input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=4, custom_generate=hsv.generate,
+            speculation=dict(strategy="low_bit"),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="draft_weights"):
+        hsv.SpeculationConfig(strategy="low_bit", draft_weights="fp4")

@@ -7,7 +7,8 @@ rounding does to acceptance.
 The copy shares every weight that is not a rounded linear layer with the target (embeddings, head, norms, routers,
 MoE experts: the same tensors, no second copy); its own memory is the packed weights and scales
 (`draft_weight_bytes`). It keeps a KV cache of its own (the ``draft_model`` strategy), so it suits short and medium
-prompts; a draft that shares the target's cache (one model, two weight sets) is not built yet.
+prompts; a draft that shares the target's cache (one model, two weight sets) is not built yet. The ``low_bit``
+strategy (`LowBitDrafter`) makes the copy once per target and format and drafts with it.
 
 Example:
     >>> import torch
@@ -25,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 
@@ -37,6 +39,7 @@ from ...kernels.low_bit import (
     quantized_bytes,
     unpack,
 )
+from .draft_model import DraftModelDrafter
 
 
 class LowBitLinear(torch.nn.Module):
@@ -112,3 +115,27 @@ def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -
         "low_bit": sum(quantized_bytes(m.weight, weights, group_size) for _, m in linears),
         "original": sum(m.weight.nbytes for _, m in linears),
     }
+
+
+#: target -> {(format, group): its low-bit copy}: made once, kept while the target lives
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class LowBitDrafter(DraftModelDrafter):
+    """Strategy ``low_bit``: the ``draft_model`` strategy with the target's low-bit copy (`low_bit_copy`, in
+    ``SpeculationConfig.draft_weights`` with groups of ``draft_weight_group``) as the draft model, made on the
+    first call for a target and kept for later calls."""
+
+    takes_draft_model = False
+
+    @classmethod
+    def from_config(cls, config, target, draft_model=None) -> LowBitDrafter:
+        key = (config.draft_weights, config.draft_weight_group)
+        copies = _COPIES.setdefault(target, {})
+        if key not in copies:
+            try:
+                copies[key] = low_bit_copy(target, config.draft_weights, config.draft_weight_group)
+            except ValueError as err:
+                raise ValueError(f"strategy 'low_bit': {err} (SpeculationConfig.draft_weight_group)") from None
+        target_vocab = target.get_output_embeddings().weight.shape[0]
+        return cls(copies[key], target_vocab, config.max_draft_tokens)
