@@ -59,8 +59,11 @@ class SpeculationConfig:
             ``"plain"`` (K = 0 at every step: no speculation, the engine's own baseline).
         draft_model: folder or Hub id of the draft model (``strategy="draft_model"``); a loaded model can be
             passed to ``generate(..., draft_model=obj)`` instead.
-        draft_weights: ``strategy="low_bit"``: the format of the target's low-bit copy that drafts, ``"int4"``
-            (per group of ``draft_weight_group`` input channels) or ``"int8"`` (per output channel).
+        draft_weights: the weights draft steps of the self-speculative strategies (``vegas``, ``streaming``,
+            ``quest``) run: None (the model's own), ``"int4"`` (per group of ``draft_weight_group`` input channels)
+            or ``"int8"`` (per output channel), a copy of the target's linear layers made once per target that
+            shares its KV cache (verification keeps the model's weights: lossless). ``strategy="low_bit"`` drafts
+            with such a copy and a KV cache of its own (None there means ``"int4"``).
         draft_weight_group: input channels per int4 scale (must divide the model's linear layers' input sizes).
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
         attention_backend: ``"auto"`` (``triton`` on CUDA; where the steps run eagerly on a GPU, that is with
@@ -131,7 +134,7 @@ class SpeculationConfig:
     max_draft_tokens: int = 16
     k_policy: str = "constant"
     draft_model: str | None = None
-    draft_weights: str = "int4"
+    draft_weights: str | None = None
     draft_weight_group: int = 128
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
@@ -218,8 +221,8 @@ class SpeculationConfig:
                     "generate(..., draft_model=model) instead"
                 )
             check_model_location("draft_model", self.draft_model)
-        if self.draft_weights not in ("int8", "int4"):
-            raise ValueError(f"draft_weights must be 'int8' or 'int4', got {self.draft_weights!r}")
+        if self.draft_weights not in (None, "int8", "int4"):
+            raise ValueError(f"draft_weights must be None, 'int8' or 'int4', got {self.draft_weights!r}")
         _check_int("draft_weight_group", self.draft_weight_group)
         if self.draft_weight_group < 2 or self.draft_weight_group % 2:
             raise ValueError(f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}")

@@ -109,3 +109,29 @@ def test_low_bit_strategy_says_which_setting_to_change():
         )  # fmt: skip
     with pytest.raises(ValueError, match="draft_weights"):
         hsv.SpeculationConfig(strategy="low_bit", draft_weights="fp4")
+
+
+@pytest.mark.parametrize(
+    "strategy,weights", [("vegas", "int8"), ("vegas", "int4"), ("streaming", "int4"), ("quest", "int4")]
+)
+def test_self_speculation_with_low_bit_draft_weights_equals_plain_generate(strategy, weights, monkeypatch):
+    """Draft steps run the target's low-bit copy over the target's own cache (and its selection); verify steps run
+    the model's weights: greedy output is plain generate's, and the copy really drafted."""
+    model = make_model("llama")
+    calls = []
+    forward = LowBitLinear.forward
+    monkeypatch.setattr(LowBitLinear, "forward", lambda self, x: calls.append(x.shape[-2]) or forward(self, x))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=gen)
+    ids[:, 20:] = ids[:, :20]  # text worth drafting
+    expected = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False)
+    out = model.generate(
+        input_ids=ids, max_new_tokens=12, do_sample=False, custom_generate=hsv.generate,
+        speculation=dict(strategy=strategy, num_draft_tokens=3, ratio=0.5, min_tokens=4, draft_weights=weights,
+                         draft_weight_group=16),
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, expected)
+    assert calls and set(calls) == {1}  # only one-token draft steps ran the low-bit weights
+    assert out.speculation.mean_acceptance_length > 1.0
+    assert list(low_bit._COPIES[model]) == [(weights, 16)]

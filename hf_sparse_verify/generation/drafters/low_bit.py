@@ -121,21 +121,28 @@ def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def low_bit_draft_for(target: torch.nn.Module, weights: str, group_size: int) -> torch.nn.Module:
+    """The low-bit copy of ``target`` in ``weights`` with groups of ``group_size`` (`low_bit_copy`), made on the
+    first request and kept while ``target`` lives; errors name the `SpeculationConfig` setting to change."""
+    key = (weights, group_size)
+    copies = _COPIES.setdefault(target, {})
+    if key not in copies:
+        try:
+            copies[key] = low_bit_copy(target, weights, group_size)
+        except ValueError as err:
+            raise ValueError(f"low-bit draft weights: {err} (SpeculationConfig.draft_weight_group)") from None
+    return copies[key]
+
+
 class LowBitDrafter(DraftModelDrafter):
-    """Strategy ``low_bit``: the ``draft_model`` strategy with the target's low-bit copy (`low_bit_copy`, in
-    ``SpeculationConfig.draft_weights`` with groups of ``draft_weight_group``) as the draft model, made on the
-    first call for a target and kept for later calls."""
+    """Strategy ``low_bit``: the ``draft_model`` strategy with the target's low-bit copy (`low_bit_draft_for`, in
+    ``SpeculationConfig.draft_weights``, int4 by default, with groups of ``draft_weight_group``) as the draft model,
+    drafting with a KV cache of its own."""
 
     takes_draft_model = False
 
     @classmethod
     def from_config(cls, config, target, draft_model=None) -> LowBitDrafter:
-        key = (config.draft_weights, config.draft_weight_group)
-        copies = _COPIES.setdefault(target, {})
-        if key not in copies:
-            try:
-                copies[key] = low_bit_copy(target, config.draft_weights, config.draft_weight_group)
-            except ValueError as err:
-                raise ValueError(f"strategy 'low_bit': {err} (SpeculationConfig.draft_weight_group)") from None
+        draft = low_bit_draft_for(target, config.draft_weights or "int4", config.draft_weight_group)
         target_vocab = target.get_output_embeddings().weight.shape[0]
-        return cls(copies[key], target_vocab, config.max_draft_tokens)
+        return cls(draft, target_vocab, config.max_draft_tokens)

@@ -44,6 +44,9 @@ class ModelRunner:
         self.pad_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # fixed: graphs read it
         self.pad_host = (0,) * batch  # the same pads on the host (eager prefill steps read them)
         self.graphs: StepGraphs | SegmentGraphs | None = None
+        # the model draft steps run, sharing this runner's cache (a low-bit copy of ``model``, set by self-speculative
+        # drafters with `SpeculationConfig.draft_weights`); None: ``model``
+        self.draft_weights: torch.nn.Module | None = None
         self.use_graphs = False  # set by the loop: steps are captured after the prefill
         self.graph_obstacle = graph_obstacle(model)  # offloaded weights or tensor parallelism: eager steps
         # over several GPUs: one graph per device segment (the model's decoder layers are `SegmentLayer`s)
@@ -114,8 +117,9 @@ class ModelRunner:
     def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int = 0) -> torch.Tensor:
         """One forward of ``step``; the model's logits as they come."""
         positions = (step.start - step.pad)[:, None] + torch.arange(step.q_len, device=self.device)
+        model = self.draft_weights if step.phase is Phase.DRAFT and self.draft_weights is not None else self.model
         with step_scope(step):
-            out = self.model(
+            out = model(
                 input_ids=ids,
                 position_ids=positions.clamp_min(0),
                 **{CACHE_KWARG: self.cache},

@@ -31,6 +31,7 @@ from ....step import Phase, ScoreCollection
 from ...engine.graphs import CapturedCall
 from ...engine.state import DecodeState
 from ..base import Draft, Drafter, VerifyFeedback
+from ..low_bit import low_bit_draft_for
 from ..sampling import pick_tokens
 from .selection import IndexSelection, QuestSelection, budget, kept_counts, streaming_index, topk_index
 
@@ -72,6 +73,7 @@ class SelfSpecDrafter(Drafter):
         recent_share: float = 0.875,
         max_k: int = 16,
         pool: int = 7,
+        draft_weights: torch.nn.Module | None = None,
     ):
         if selection not in _ROWS:
             raise ValueError(f"selection must be one of {sorted(_ROWS)}, got {selection!r}")
@@ -85,6 +87,8 @@ class SelfSpecDrafter(Drafter):
         self.recent_share = recent_share
         self.max_k = max_k
         self.pool = pool
+        self.draft_weights = draft_weights  # a low-bit copy of the target that runs the draft steps, or None
+        self.models = (draft_weights,) if draft_weights is not None else ()
         self.target = None
         self.session = None
         self.buffers: _Buffers | None = None
@@ -107,6 +111,9 @@ class SelfSpecDrafter(Drafter):
             recent_share=config.vegas_recent_share,
             max_k=config.max_draft_tokens,
             pool=config.vegas_pool,
+            draft_weights=None
+            if config.draft_weights is None
+            else low_bit_draft_for(target, config.draft_weights, config.draft_weight_group),
         )
 
     def session_key(self) -> tuple:
@@ -122,10 +129,16 @@ class SelfSpecDrafter(Drafter):
             self.recent_share,
             self.max_k,
             self.pool,
+            None if self.draft_weights is None else (self.draft_weights.config.low_bit_draft, id(self.draft_weights)),
         )
 
     # ------------------------------------------------------------------------------------------------ hooks
     def attach(self, target, state: DecodeState, session) -> None:
+        if self.draft_weights is not None and target.segments:
+            raise NotImplementedError(
+                "draft_weights with a model spread over several GPUs is not supported: leave draft_weights=None"
+            )
+        target.draft_weights = self.draft_weights  # draft steps run the low-bit copy (None: the model)
         self.target = target
         self.session = session
         self.capture_s = 0.0
@@ -286,6 +299,8 @@ class SelfSpecDrafter(Drafter):
         return Draft(torch.stack(tokens, dim=1), counts, draft_probs, host_counts)
 
     def close(self) -> None:
+        if self.target is not None:
+            self.target.draft_weights = None
         self.target = None
         self.session = None
 
