@@ -7,8 +7,14 @@ that joins them into the ``assembled`` record of ``benchmarks/results/long.json`
 
     python benchmarks/bench_long.py acceptance --models models/ --out acc.json      # fixtures, GPU
     python benchmarks/bench_long.py speed --cases 16x16384 4x65536 --out speed.json   # 8B shape, GPU
+    python benchmarks/bench_long.py speed --strategies k0 vegas vegas_int4 low_bit_int4 --cases 1x4096 --out lb.json
     python benchmarks/bench_long.py transformers --cases 1x16384 --out hf.json        # plain generate, GPU
     python benchmarks/bench_long.py assemble acc.json speed.json hf.json
+
+Strategy names (speed) and acceptance variants ending in ``_int4`` / ``_int8`` draft with the target's low-bit copy
+(issue 39): ``vegas_int4`` / ``streaming_int4`` run their draft steps on it over the target's cache,
+``low_bit_int4`` is the ``low_bit`` strategy (the copy with a full KV cache of its own); speed records carry
+``draft_weights`` (``"bf16"`` for the model's own) and ``draft_weight_bytes``.
 
 Timings come from ``out.speculation`` of real ``generate`` calls (CUDA events around each stage of each step),
 averaged over the steps that ran the case's K. ``capture_first_s`` is the graph capture of the first call of a
@@ -59,7 +65,37 @@ def _parse_case(case: str) -> tuple[int, int]:
     return int(batch), int(context)
 
 
+#: strategy-name suffixes of the low-bit draft weights (issue 39): ``vegas_int4`` is Vegas drafting with the target's
+#: int4 copy; ``low_bit_int4`` the low_bit strategy (the copy with its own full KV cache)
+DRAFT_WEIGHTS = ("int4", "int8")
+
+
+def _split_weights(name: str) -> tuple[str, str | None]:
+    """``"vegas_int4"`` -> ``("vegas", "int4")``; a name without a low-bit suffix -> ``(name, None)``."""
+    for weights in DRAFT_WEIGHTS:
+        if name.endswith("_" + weights):
+            return name[: -len(weights) - 1], weights
+    return name, None
+
+
+def _weight_fields(model, strategy: str) -> dict:
+    """``draft_weights`` (``"bf16"``: the model's own) and ``draft_weight_bytes`` (the linear weights a draft step
+    reads: the low-bit copy's packed weights and scales, or the model's own linear layers)."""
+    from hf_sparse_verify.generation.drafters.low_bit import _COPIES, draft_weight_bytes, low_bit_linears
+
+    _, weights = _split_weights(strategy)
+    if weights is None:
+        return dict(draft_weights="bf16", draft_weight_bytes=sum(m.weight.nbytes for _, m in low_bit_linears(model)))
+    copy = _COPIES.get(model, {}).get((weights, 128))
+    return dict(draft_weights=weights, draft_weight_bytes=copy and draft_weight_bytes(copy))
+
+
 def _speculation(strategy: str, k: int) -> dict:
+    base, weights = _split_weights(strategy)
+    if weights is not None:
+        return dict(_speculation(base, k), draft_weights=weights, draft_weight_group=128)
+    if strategy == "low_bit":
+        return dict(strategy="low_bit", num_draft_tokens=k, max_draft_tokens=MAX_K, k_policy="constant")
     if strategy == "k0":
         return dict(strategy="prompt_lookup", k_policy="plain", max_draft_tokens=MAX_K)
     if strategy == "vegas_utility":  # Cascade's utility policy picks K (0 included) at every step
@@ -117,7 +153,9 @@ def run_speed(args) -> dict:
     vocab = model.config.vocab_size
     hsv.set_graph_cache_size(1)
     records = []
-    strategies = [s for s in ["k0", *STRATEGIES, *VEGAS_LSE, "vegas_utility"] if s in args.strategies]
+    known = ["k0", *STRATEGIES, *VEGAS_LSE, "vegas_utility"]
+    strategies = [s for s in known if s in args.strategies]
+    strategies += [s for s in args.strategies if s not in known and _split_weights(s)[1] is not None]
 
     def ks_of(strategy: str) -> list[int]:
         return [0] if strategy in ("k0", "vegas_utility") else args.ks
@@ -154,7 +192,7 @@ def run_speed(args) -> dict:
                 captures.append(stats.graph_capture_s)
                 record = dict(
                     shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
-                    **_stage_ms(stats, k), capture_s=stats.graph_capture_s, call_s=wall,
+                    **_stage_ms(stats, k), **_weight_fields(model, strategy), capture_s=stats.graph_capture_s, call_s=wall,
                     prefill_s=stats.prefill_time_s, allocated_gb=torch.cuda.memory_allocated() / 2**30,
                     decode_tokens_per_s=(sum(stats.new_tokens) - batch) / max(1e-9, sum(stats.step_times_s)),
                     mean_k=sum(stats.draft_tokens) / max(1, stats.steps),
@@ -247,6 +285,10 @@ def run_acceptance(args) -> dict:
         "vegas_logits_r875": dict(vegas_scores="logits", vegas_recent_share=0.875, vegas_pool=1),
         "streaming": {},
         "quest": {},
+        # low-bit draft weights (issue 39): the same strategies drafting with the target's rounded copy
+        **{f"{name}_{w}": dict(draft_weights=w, draft_weight_group=128) for name in ("vegas", "streaming")
+           for w in DRAFT_WEIGHTS},
+        **{f"low_bit_{w}": {} for w in DRAFT_WEIGHTS},
     }
     variants = {name: v for name, v in variants.items() if name in args.variants}
     records = []
@@ -255,8 +297,9 @@ def run_acceptance(args) -> dict:
         texts = [p["text"] for p in prompts if p["len"] >= context][: args.prompts]
         rows = [tok(t, return_tensors="pt").input_ids[0, :context] for t in texts]
         ids = torch.stack(rows).to(device)
-        strategy = variant.split("_")[0]
-        spec = dict(_speculation(strategy, k), **variants[variant])
+        base, weights = _split_weights(variant)
+        strategy = base if base == "low_bit" else variant.split("_")[0]
+        spec = dict(_speculation(variant if base == "low_bit" else strategy, k), **variants[variant])
         stats = _generate(model, ids, args.new_tokens, spec)
         records.append(dict(model="code-target", context=context, variant=variant, strategy=strategy, k=k,
                             prompts=len(rows), new_tokens=args.new_tokens,
@@ -300,8 +343,9 @@ def assemble(args) -> dict:
     }
     # the library's default vegas setting is the variant the projection uses for strategy "vegas"
     variant_of = dict(
-        vegas=args.vegas_variant, streaming="streaming", quest="quest", **{name: name for name in VEGAS_LSE}
-    )
+        vegas=args.vegas_variant, streaming="streaming", quest="quest", **{name: name for name in VEGAS_LSE},
+        **{f"{n}_{w}": f"{n}_{w}" for n in ("vegas", "streaming", "low_bit") for w in DRAFT_WEIGHTS},
+    )  # fmt: skip
     k0_latest = {(r["batch"], r["context"]): r for r in parts.get("speed", []) if r["strategy"] == "k0"}
 
     def k0_of(r: dict) -> dict | None:
