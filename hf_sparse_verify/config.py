@@ -64,7 +64,8 @@ class SpeculationConfig:
             or ``"int8"`` (per output channel), a copy of the target's linear layers made once per target that
             shares its KV cache (verification keeps the model's weights: lossless). ``strategy="low_bit"`` drafts
             with such a copy and a KV cache of its own (None there means ``"int4"``).
-        draft_weight_group: input channels per int4 scale (must divide the model's linear layers' input sizes).
+        draft_weight_group: input channels per int4 scale; None (default): 128, or the largest of 64 and 32 that
+            divides every rounded linear layer's input size (an explicit value must divide them all).
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
         attention_backend: ``"auto"`` (``triton`` on CUDA; where the steps run eagerly on a GPU, that is with
             ``cuda_graphs=False`` or a model over several GPUs, offloaded or tensor-parallel, ``reference`` except
@@ -135,7 +136,7 @@ class SpeculationConfig:
     k_policy: str = "constant"
     draft_model: str | None = None
     draft_weights: str | None = None
-    draft_weight_group: int = 128
+    draft_weight_group: int | None = None
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
@@ -223,9 +224,10 @@ class SpeculationConfig:
             check_model_location("draft_model", self.draft_model)
         if self.draft_weights not in (None, "int8", "int4"):
             raise ValueError(f"draft_weights must be None, 'int8' or 'int4', got {self.draft_weights!r}")
-        _check_int("draft_weight_group", self.draft_weight_group)
-        if self.draft_weight_group < 2 or self.draft_weight_group % 2:
-            raise ValueError(f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}")
+        if self.draft_weight_group is not None:
+            _check_int("draft_weight_group", self.draft_weight_group)
+            if self.draft_weight_group < 2 or self.draft_weight_group % 2:
+                raise ValueError(f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}")
         _check_int("prompt_lookup_max_ngram", self.prompt_lookup_max_ngram)
         _check_int("prompt_lookup_min_ngram", self.prompt_lookup_min_ngram)
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:

@@ -58,6 +58,12 @@ def add_parser(sub, parents) -> None:
         help="how to draft (default: auto; see 'strategies' below)",
     )
     gen.add_argument(
+        "--draft-weights",
+        choices=["int4", "int8"],
+        help="draft with the target's low-bit copy: the weights of --strategy low_bit (default int4), or of the "
+        "draft steps of vegas / streaming / quest (default: the model's own)",
+    )
+    gen.add_argument(
         "--num-draft-tokens",
         type=common.whole,
         default=4,
@@ -182,8 +188,9 @@ def _check(args):
             f"--strategy {args.strategy} needs --draft-model (a smaller model sharing the target's tokenizer)"
         )
     config = common.config(
-        strategy=args.strategy, num_draft_tokens=args.num_draft_tokens, k_policy=args.k_policy
-    )
+        strategy=args.strategy, num_draft_tokens=args.num_draft_tokens, k_policy=args.k_policy,
+        draft_weights=args.draft_weights,
+    )  # fmt: skip
     common.check_output("--json", args.json)
     return prompts, sampling, config
 

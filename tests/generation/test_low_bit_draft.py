@@ -101,12 +101,15 @@ def test_low_bit_strategy_equals_plain_generate_and_makes_its_copy_once(weights)
 
 
 def test_low_bit_strategy_says_which_setting_to_change():
-    model = make_model("llama")  # hidden size 32: groups of 128 do not divide it
+    model = make_model("llama")  # input sizes 32 and 64: groups of 128 do not divide them
     with pytest.raises(ValueError, match="draft_weight_group"):
         model.generate(
             input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=4, custom_generate=hsv.generate,
-            speculation=dict(strategy="low_bit"),
+            speculation=dict(strategy="low_bit", draft_weight_group=128),
         )  # fmt: skip
+    assert low_bit.default_group(model) == 32  # the default picks the largest group that divides them
+    with pytest.raises(ValueError, match="draft_weight_group"):
+        low_bit.default_group(make_model("llama", hidden_size=48, intermediate_size=48, num_attention_heads=3))
     with pytest.raises(ValueError, match="draft_weights"):
         hsv.SpeculationConfig(strategy="low_bit", draft_weights="fp4")
 

@@ -121,9 +121,28 @@ def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def low_bit_draft_for(target: torch.nn.Module, weights: str, group_size: int) -> torch.nn.Module:
-    """The low-bit copy of ``target`` in ``weights`` with groups of ``group_size`` (`low_bit_copy`), made on the
-    first request and kept while ``target`` lives; errors name the `SpeculationConfig` setting to change."""
+#: int4 group sizes tried, largest first, where `SpeculationConfig.draft_weight_group` is None
+GROUPS = (128, 64, 32)
+
+
+def default_group(model: torch.nn.Module) -> int:
+    """The largest of `GROUPS` that divides every rounded linear layer's input size."""
+    sizes = {m.in_features for _, m in low_bit_linears(model)}
+    for group in GROUPS:
+        if all(size % group == 0 for size in sizes):
+            return group
+    raise ValueError(
+        f"no int4 group of {list(GROUPS)} divides the linear layers' input sizes {sorted(sizes)}: set "
+        "SpeculationConfig.draft_weight_group to one that does, or draft_weights='int8'"
+    )
+
+
+def low_bit_draft_for(target: torch.nn.Module, weights: str, group_size: int | None) -> torch.nn.Module:
+    """The low-bit copy of ``target`` in ``weights`` with groups of ``group_size`` (None: `default_group`;
+    `low_bit_copy`), made on the first request and kept while ``target`` lives; errors name the
+    `SpeculationConfig` setting to change."""
+    if group_size is None:
+        group_size = default_group(target) if weights == "int4" else 128
     key = (weights, group_size)
     copies = _COPIES.setdefault(target, {})
     if key not in copies:
