@@ -42,16 +42,21 @@ def _torchrun() -> list[str] | None:
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without torch.distributed")
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3-moe"])
-def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
-    """Two CPU ranks load one random checkpoint sharded by ``tp_plan="auto"``; prompt lookup, the target drafting
-    for itself, vegas, streaming, quest and the utility policy give plain ``generate``'s tokens at batch 1 and a
-    ragged batch of 3."""
+@pytest.mark.parametrize("ranks", ["cpu", "gpu"])
+def test_tensor_parallel_greedy_equals_plain(tmp_path, shape, ranks):
+    """Two ranks (CPU with gloo; or two GPUs with NCCL, our steps then CUDA graphs with the collectives inside)
+    load one random checkpoint sharded by ``tp_plan="auto"``; prompt lookup, the target drafting for itself, vegas,
+    streaming, quest and the utility policy give plain ``generate``'s tokens at batch 1 and a ragged batch of 3."""
     torchrun = _torchrun()
     if torchrun is None:
         pytest.skip("torchrun not found next to the interpreter or on PATH")
+    if ranks == "gpu" and not TWO_GPUS:
+        pytest.skip("needs two CUDA GPUs")
     out = tmp_path / "tp.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("TRITON_INTERPRET", None)  # CPU ranks take the reference backend, as a CPU user's would
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if ranks == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env.pop("TRITON_INTERPRET", None)  # CPU ranks take the reference backend, as a CPU user's would
     command = [
         *torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
         str(ROOT / "benchmarks" / "check_tensor_parallel.py"), "--shape", shape, "--new-tokens", "16",
@@ -63,14 +68,12 @@ def test_tensor_parallel_greedy_equals_plain(tmp_path, shape):
     assert report["ranks"] == 2
     assert report["agreed_seconds"] == 2.0  # rank 0 offered 1.0, rank 1 offered 2.0: both use the largest
     assert report["agreed_in_background"] == 2.0
-    if shape == "tiny-llama":  # our calls run the local shards with explicit collectives
-        assert report["local_shards"] == (
-            "local shards: 1 GatherLinear, 14 Linear, 4 ReduceOutput, 1 VocabShardEmbedding"
-        ), report["local_shards"]
-    else:  # the experts too: each rank holds every expert's share of the intermediate channels
-        assert report["local_shards"] == (
-            "local shards: 1 GatherLinear, 8 Linear, 2 Qwen3MoeExperts, 4 ReduceOutput, 1 VocabShardEmbedding"
-        ), report["local_shards"]
+    # our calls run the local shards with explicit collectives: 2 layers' attention and MLP (or MoE block) reduced,
+    # the head gathered (transformers 5.24 also shards the embedding over the vocabulary, 5.17 does not)
+    shards = report["local_shards"]
+    assert shards.startswith("local shards: 1 GatherLinear") and "4 ReduceOutput" in shards, shards
+    if shape == "tiny-qwen3-moe":  # each rank holds every expert's share of the intermediate channels
+        assert "2 Qwen3MoeExperts" in shards, shards
     cases = report["equality"]
     assert len(cases) == 12 and {c["batch"] for c in cases} == {1, 3}
     assert all(c["identical_to_plain"] for c in cases), cases
