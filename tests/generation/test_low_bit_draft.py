@@ -138,3 +138,24 @@ def test_self_speculation_with_low_bit_draft_weights_equals_plain_generate(strat
     assert calls and set(calls) == {1}  # only one-token draft steps ran the low-bit weights
     assert out.speculation.mean_acceptance_length > 1.0
     assert list(low_bit._COPIES[model]) == [(weights, 16)]
+
+
+def test_auto_takes_the_low_bit_copy_as_a_candidate_when_asked():
+    """With draft_weights set and no draft model, auto's members include the low-bit copy (started cold, its
+    prefill priced as a whole model's) and greedy output stays plain generate's."""
+    from hf_sparse_verify.config import SpeculationConfig
+    from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
+
+    model = make_model("llama")
+    portfolio = PortfolioDrafter.from_config(SpeculationConfig(draft_weights="int4"), target=model)
+    assert list(portfolio.members) == ["prompt_lookup", "low_bit"]
+    assert portfolio.planner_members()["low_bit"].warm_share == pytest.approx(1.0, rel=0.01)
+    plain = PortfolioDrafter.from_config(SpeculationConfig(), target=model)
+    assert list(plain.members) == ["prompt_lookup"]
+    ids, mask = ragged_batch(2)
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, custom_generate=hsv.generate,
+        speculation=dict(strategy="auto", draft_weights="int4"), return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, expected)

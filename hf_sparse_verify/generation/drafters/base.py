@@ -63,6 +63,9 @@ class Drafter(CandidateGenerator):
     idle_at_k0: bool = False
     #: drafts with a second model (``draft_model=`` / transformers' ``assistant_model=``); other drafters refuse one
     takes_draft_model: ClassVar[bool] = False
+    #: drafts with a model of its own that keeps its own KV cache and needs its own prefill (a draft model, the
+    #: target's low-bit copy): ``auto`` starts it cold, on the first step it is chosen for
+    own_model: ClassVar[bool] = False
     #: draft steps read a selection of the target's own cache (self-speculation): the attention backends that gather
     #: a selection (``triton`` / ``token_sparse``) serve them, also where steps run eagerly
     reads_target_cache: ClassVar[bool] = False

@@ -32,6 +32,7 @@ class DraftModelDrafter(Drafter):
     """Drafts with a separate (smaller) causal LM sharing the target's vocabulary."""
 
     takes_draft_model = True
+    own_model = True
 
     def __init__(self, model, target_vocab_size: int | None = None, max_k: int = 16):
         draft_vocab = model.get_output_embeddings().weight.shape[0]

@@ -26,6 +26,7 @@ from ..engine.state import DecodeState
 from ..policies.planner import Member
 from ..policies.utility_policy import Step
 from .base import Draft, Drafter, VerifyFeedback
+from .low_bit import LowBitLinear
 
 #: shortest prompt Vegas joins ``auto`` from: below it its selection (at least ``min_tokens``, 256) holds most of
 #: the prompt and its draft step costs about a whole step
@@ -41,7 +42,7 @@ SHADOW_MAX_BATCH = 4
 SHADOW_EVERY = 4
 #: start K of each member's first trial (measured best constant K on the fixtures: prompt lookup and the draft model
 #: 4, Vegas 6; benchmarks/results/e2e.json)
-START_K = {"prompt_lookup": 4, "draft_model": 4, "vegas": 6}
+START_K = {"prompt_lookup": 4, "draft_model": 4, "low_bit": 4, "vegas": 6}
 
 
 class _MemberSession:
@@ -83,6 +84,8 @@ class PortfolioDrafter(Drafter):
         names = ["prompt_lookup"]
         if draft_model is not None or config.draft_model is not None:
             names.append("draft_model")
+        elif config.draft_weights is not None:  # the target's low-bit copy, asked for, with a cache of its own
+            names.append("low_bit")
         if vegas:
             names.append("vegas")
         members = {}
@@ -97,8 +100,11 @@ class PortfolioDrafter(Drafter):
         out = {}
         for name, member in self.members.items():
             warm = 0.0
-            if member.takes_draft_model:
-                draft = sum(p.numel() for p in member.model.parameters())
+            if member.own_model:
+                # the weights its prefill multiplies with (a low-bit copy's packed layers count as whole)
+                draft = sum(p.numel() for p in member.model.parameters()) + sum(
+                    m.in_features * m.out_features for m in member.model.modules() if isinstance(m, LowBitLinear)
+                )
                 target = (
                     sum(p.numel() for p in self.target_model.parameters()) if self.target_model else draft
                 )
@@ -126,7 +132,7 @@ class PortfolioDrafter(Drafter):
             session.drafter_state = {}
         for name, member in self.members.items():
             member.attach(target, state, _MemberSession(session, name) if session is not None else None)
-        self.cold = {name for name, member in self.members.items() if member.takes_draft_model}
+        self.cold = {name for name, member in self.members.items() if member.own_model}
         self.current = None
         self.state = state
         self._shadow = None  # (history lengths before the step, prompt lookup's proposals)
