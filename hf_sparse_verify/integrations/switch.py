@@ -36,7 +36,7 @@ from .. import _compat
 from ..attention.interface import NAME as ATTENTION_NAME
 from ..attention.interface import register as register_attention
 from ..kernels._triton import compiled_on
-from ..placement import device_segments, dtensor_weights, spans_gpus, swappable
+from ..placement import device_segments, dtensor_weights, spans_gpus, swappable, tensor_parallel as sharded
 from . import (
     codegen,
     decoder_layer,
@@ -241,12 +241,12 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
     their children. Tensor-parallel models (DTensor weights) get no fused modules: ours read plain weights and would
     drop the collectives of transformers' tensor-parallel hooks (`speculation_mode` first puts a model whose sharded
     modules `tensor_parallel.local_shard_swaps` covers on its local shards)."""
+    if mode.sparse_ffn and sharded(model):  # also on local shards: its calibration is per whole channel
+        raise ValueError(
+            "the lossy sparse FFN reads whole MLP weights, which tensor parallelism shards: load the model "
+            "without tp_plan, or set lossy_sparse_verify.ffn=None"
+        )
     if dtensor_weights(model):
-        if mode.sparse_ffn:
-            raise ValueError(
-                "the lossy sparse FFN reads whole MLP weights, which tensor parallelism shards: load the model "
-                "without tp_plan, or set lossy_sparse_verify.ffn=None"
-            )
         if mode.fused:
             logger.info("hf_sparse_verify: a tensor-parallel model keeps its own modules")
             mode = Mode(attention=mode.attention, dispatch_attention=mode.dispatch_attention)
