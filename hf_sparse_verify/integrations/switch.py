@@ -36,7 +36,8 @@ from .. import _compat
 from ..attention.interface import NAME as ATTENTION_NAME
 from ..attention.interface import register as register_attention
 from ..kernels._triton import compiled_on
-from ..placement import device_segments, dtensor_weights, spans_gpus, swappable, tensor_parallel as sharded
+from ..placement import device_segments, dtensor_weights, spans_gpus, swappable
+from ..placement import tensor_parallel as sharded
 from . import (
     codegen,
     decoder_layer,

@@ -87,3 +87,12 @@ def test_uncovered_sharded_modules_keep_transformers_modules(mesh):
     with speculation_mode(model, mode=Mode(attention=False)) as switched:
         assert "ReduceOutput" not in switched.counts
         assert dtensor_weights(model)
+
+
+def test_lossy_sparse_ffn_is_refused_on_local_shards_too(mesh):
+    """Its channel calibration is per whole MLP channel: on a rank's shard of the channels it would be wrong."""
+    model = _shard(make_model("llama"), mesh)
+    with pytest.raises(ValueError, match="sparse FFN"):
+        with speculation_mode(model, mode=Mode(attention=False, sparse_ffn=True)):
+            pass
+    assert dtensor_weights(model)  # the local shards were put back
