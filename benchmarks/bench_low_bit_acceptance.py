@@ -10,6 +10,10 @@ against the same layers in bf16.
 
     python benchmarks/bench_low_bit_acceptance.py --contexts 1024 8192 --ks 4 6 8 --prompts 4 --new-tokens 64
 
+With ``--strategy vegas`` the draft is Vegas (the target over its selected cache) with its draft steps on the model's
+own weights (``full``) or on the rounded copy (``SpeculationConfig.draft_weights``), and ``vs_full`` compares the
+two at the same K and context (the issue's gate: int4 >= 0.9x); the record's setting ends in ``:vegas``.
+
 Writes one record per device and int4 group size to ``results/low_bit_acceptance.json`` (setting
 ``<device>:<group_size>``) and draws ``results/low_bit_acceptance_g<group_size>.png``.
 """
@@ -33,16 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ["full", "int8", "int4"]
 
 
-def acceptance(target, draft, prompts: list[list[int]], k: int, new_tokens: int, device) -> dict:
-    """Greedy calls of the ``draft_model`` strategy at constant K over ``prompts`` (one row each): mean tokens per
-    step and drafts accepted over proposed, pooled over the calls."""
+def acceptance(
+    target, draft, prompts: list[list[int]], k: int, new_tokens: int, device, speculation: dict | None = None
+) -> dict:
+    """Greedy calls at constant K over ``prompts`` (one row each): the ``draft_model`` strategy with ``draft``, or
+    the given ``speculation`` settings; mean tokens per step and drafts accepted over proposed, pooled over the
+    calls."""
     steps = tokens = accepted = proposed = 0
     for ids in prompts:
         ids = torch.tensor([ids], device=device)
+        settings = dict(speculation or dict(strategy="draft_model"), num_draft_tokens=k, max_draft_tokens=k)
         out = target.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-            custom_generate=hsv.generate, draft_model=draft, return_dict_in_generate=True,
-            speculation=dict(strategy="draft_model", num_draft_tokens=k, max_draft_tokens=k),
+            custom_generate=hsv.generate, draft_model=draft if speculation is None else None,
+            return_dict_in_generate=True, speculation=settings,
         )  # fmt: skip
         s = out.speculation
         steps += s.steps
@@ -76,9 +84,12 @@ def plot(record: dict, path: Path) -> None:
         ax.set_ylabel("tokens per step")
     axes[0][0].legend()
     machine = record["machine"]
-    fig.suptitle(
-        f"low-bit self-draft acceptance, code-target, {machine.get('gpu') or 'cpu'}, commit {machine.get('commit')}"
+    what = (
+        "Vegas drafting on low-bit weights (full: the model's own)"
+        if record.get("strategy") == "vegas"
+        else "low-bit self-draft acceptance"
     )
+    fig.suptitle(f"{what}, code-target, {machine.get('gpu') or 'cpu'}, commit {machine.get('commit')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -92,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=128, help="int4: input channels per scale")
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--strategy", default="draft_model", choices=("draft_model", "vegas"))
     _records.add_arguments(parser, "low_bit_acceptance")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -111,7 +123,12 @@ def main(argv: list[str] | None = None) -> None:
         prompts = [list(x[:context]) for x in texts if len(x) >= context][: args.prompts]
         if not prompts:
             raise SystemExit(f"no prompt of {context} tokens in {models / 'prompts_long.jsonl'}")
-        result = acceptance(target, drafts[weights], prompts, k, args.new_tokens, args.device)
+        if args.strategy == "vegas":
+            low_bit = {} if weights == "full" else dict(draft_weights=weights, draft_weight_group=args.group_size)
+            spec = dict(strategy="vegas", **low_bit)
+            result = acceptance(target, None, prompts, k, args.new_tokens, args.device, spec)
+        else:
+            result = acceptance(target, drafts[weights], prompts, k, args.new_tokens, args.device)
         rows.append(dict(context=context, k=k, draft_weights=weights, prompts=len(prompts), **result))
     for row in rows:
         full = next(
@@ -124,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     bf16 = low_bit_bytes(target, "int8", args.group_size)["original"] // 2  # float32 weights, 2 bytes each in bf16
     record = dict(
         model="code-target",
+        strategy=args.strategy,
         dtype="float32",
         new_tokens=args.new_tokens,
         group_size=args.group_size,
@@ -132,9 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         rows=rows,
     )
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
-    path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}")
+    suffix = "" if args.strategy == "draft_model" else f":{args.strategy}"
+    path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}{suffix}")
     if path is not None:
-        plot(_records.stamp(record, args.device), path.with_name(f"{path.stem}_g{args.group_size}.png"))
+        name = f"{path.stem}_g{args.group_size}{suffix.replace(':', '_')}.png"
+        plot(_records.stamp(record, args.device), path.with_name(name))
 
 
 if __name__ == "__main__":
