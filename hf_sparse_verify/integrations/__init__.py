@@ -11,9 +11,11 @@
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
 
-Tensor-parallel models (weights sharded as DTensors by ``tp_plan="auto"``) keep their own modules: ours read plain
-weights and would drop the collectives of transformers' tensor-parallel hooks. So do modules that accelerate hooks
-or whose weights are offloaded (`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
+Tensor-parallel models (weights sharded as DTensors by ``tp_plan="auto"``) are first put on their local shards for
+the call (`tensor_parallel`: local ``nn.Linear``s, all-reduces and gathers as explicit `torch.distributed` calls),
+so the replacements above apply to them as on one GPU; models with sharded modules it does not cover keep transformers'
+modules. Modules that accelerate hooks or whose weights are offloaded are left alone
+(`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
 """
 
 from .codegen import CodeGenAttentionDispatch
