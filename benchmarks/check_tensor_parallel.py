@@ -41,19 +41,25 @@ from hf_sparse_verify.placement import RankAgreement, tensor_parallel
 
 
 def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float, device) -> None:
-    """Rank 0: a random model of preset ``shape`` (built on ``device``: a GPU initialises billions of weights in
-    seconds) saved to ``path``."""
+    """Rank 0: a random model of preset ``shape`` saved to ``path``. The model is built on the meta device and each
+    tensor drawn on ``device`` (a GPU draws billions in seconds) and kept in host memory, so a model larger than one
+    GPU (the 70B shape: 141 GB) is saved from a host that holds it; norms are ones, tied tensors drawn once."""
     config = shape_config(shape)
     if layers is not None:
         config.num_hidden_layers = layers
-    torch.manual_seed(0)
-    with torch.device(device):
+    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    for name, param in model.named_parameters():
-        if "norm" not in name:
-            param.data.normal_(0.0, std)
-    model.save_pretrained(path)
-    del model
+    gen = torch.Generator(device=device).manual_seed(0)
+    drawn: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, meta in model.state_dict(keep_vars=True).items():
+        if id(meta) not in drawn:
+            t = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+            t.fill_(1.0) if "norm" in name else t.normal_(0.0, std, generator=gen)
+            drawn[id(meta)] = t.cpu()
+        state[name] = drawn[id(meta)]
+    model.save_pretrained(path, state_dict=state)
+    del model, state, drawn
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
