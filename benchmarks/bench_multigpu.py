@@ -6,7 +6,8 @@ Per (shape, batch, context) it measures:
 - ``step_ms``: our K = 0 step (one token per row) under the device map, ``verify_ms``: our K = 4 verify (5 tokens
   per row), each the median of 10 calls after 3 warm-ups, host clock around a synchronized call, caches of random
   keys and values (`hf_sparse_verify.drivers.step_bench.our_step_ms`);
-- ``single_gpu_step_ms``: the same K = 0 step with the whole model on GPU 0 (``--single-gpu``);
+- ``single_gpu_step_ms`` / ``single_gpu_verify_ms``: the same K = 0 step and K = 4 verify with the whole model on
+  GPU 0 (``--single-gpu``);
 - ``floor_ms``: weight bytes one step reads plus the KV bytes, over one card's copy bandwidth (under a device map
   one device reads at a time);
 - ``plain_ms``: plain ``generate``'s decode milliseconds per token under the same map (the second of two identical
@@ -129,9 +130,10 @@ def main() -> None:
             model = random_model(args.shape, "cuda:0", dtype)
         for context in args.contexts:
             for batch in args.batches:
-                times, mode = our_step_ms(model, context, batch, [1], "cuda:0")
-                single[(batch, context)] = times[1]
-                print(f"single GPU, batch {batch}, context {context}: {times[1]:.3f} ms ({mode})", flush=True)
+                times, mode = our_step_ms(model, context, batch, [1, 5], "cuda:0")
+                single[(batch, context)] = times
+                print(f"single GPU, batch {batch}, context {context}: K = 0 step {times[1]:.3f} ms, K = 4 verify "
+                      f"{times[5]:.3f} ms ({mode})", flush=True)  # fmt: skip
         del model
         _free()
 
@@ -183,14 +185,14 @@ def main() -> None:
                     floor_ms=round(floor_ms, 4),
                     step_over_floor=round(times[1] / floor_ms, 3),
                     plain_ms=round(plain_ms, 4) if plain_ms else None,
-                    single_gpu_step_ms=round(single[(batch, context)], 4)
-                    if (batch, context) in single
-                    else None,
+                    single_gpu_step_ms=round(single[(batch, context)][1], 4) if (batch, context) in single else None,
+                    single_gpu_verify_ms=round(single[(batch, context)][5], 4) if (batch, context) in single else None,
                     devices_used=devices,
                     build_s=round(build_s, 1),
                 )
                 if common["single_gpu_step_ms"]:
                     common["step_vs_single_gpu"] = round(times[1] / common["single_gpu_step_ms"], 3)
+                    common["verify_vs_single_gpu"] = round(times[5] / common["single_gpu_verify_ms"], 3)
                 records.append(
                     dict(
                         common,
