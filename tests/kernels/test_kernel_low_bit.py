@@ -112,3 +112,14 @@ def test_low_bit_linear_keeps_leading_dims_and_says_what_is_wrong():
         low_bit_linear(torch.randn(2, 64), stored, scales, "int4", 32)
     with pytest.raises(ValueError, match="format"):
         low_bit_linear(x, stored, scales, "int2", 32)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 64)])
+def test_low_bit_linear_with_input_size_not_a_multiple_of_the_block(fmt, group):
+    """192 input channels: the int8 loop's last block of 128 is half masked; int4 groups of 64 make three blocks."""
+    from hf_sparse_verify.kernels.low_bit import low_bit_linear
+
+    stored, scales, values = _layer(40, 192, fmt, group, torch.float32)
+    x = torch.randn(3, 192, generator=torch.Generator().manual_seed(2))
+    exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64))
+    torch.testing.assert_close(low_bit_linear(x, stored, scales, fmt, group).double(), exact, rtol=1e-4, atol=1e-4)
