@@ -24,19 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-
-def _graph(fn) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
+from hf_sparse_verify.generation.engine.graphs import capture_graph
 
 
 def _same_everywhere(x: torch.Tensor) -> bool:
@@ -100,7 +88,8 @@ def measure(method: str, dtype, numel: int, chain: int, repeats: int, device) ->
                 x.copy_(out)
 
         x.copy_(data / dist.get_world_size())
-        graph = _graph(chained)
+        graph, _ = capture_graph(chained, device)
+        torch.cuda.synchronize()
         graph.replay()
         torch.cuda.synchronize()
         dist.barrier()

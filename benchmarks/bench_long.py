@@ -49,6 +49,11 @@ from benchmarks import _records
 from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.drivers.syncs import count_syncs
+from hf_sparse_verify.generation.drafters.low_bit import (
+    draft_weight_bytes,
+    low_bit_draft_for,
+    low_bit_linears,
+)
 
 SHAPE = "llama-3.1-8b"
 CASES = ["1x16384", "4x32768", "16x16384", "4x65536", "32x8192"]
@@ -81,13 +86,11 @@ def _split_weights(name: str) -> tuple[str, str | None]:
 def _weight_fields(model, strategy: str) -> dict:
     """``draft_weights`` (``"bf16"``: the model's own) and ``draft_weight_bytes`` (the linear weights a draft step
     reads: the low-bit copy's packed weights and scales, or the model's own linear layers)."""
-    from hf_sparse_verify.generation.drafters.low_bit import _COPIES, draft_weight_bytes, low_bit_linears
-
     _, weights = _split_weights(strategy)
     if weights is None:
         return dict(draft_weights="bf16", draft_weight_bytes=sum(m.weight.nbytes for _, m in low_bit_linears(model)))
-    copy = _COPIES.get(model, {}).get((weights, 128))
-    return dict(draft_weights=weights, draft_weight_bytes=copy and draft_weight_bytes(copy))
+    copy = low_bit_draft_for(model, weights, 128)  # the copy the call drafted with (kept per target)
+    return dict(draft_weights=weights, draft_weight_bytes=draft_weight_bytes(copy))
 
 
 def _speculation(strategy: str, k: int) -> dict:

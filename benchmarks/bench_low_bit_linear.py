@@ -24,6 +24,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info  # noqa: E402
 from hf_sparse_verify.drivers.shapes import shape_config  # noqa: E402
+from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import low_bit_linear, pack, quantize  # noqa: E402
 
 
@@ -42,16 +43,11 @@ def layers(shape: str) -> dict[str, tuple[int, int]]:
 
 def graph_us(fn, repeats: int = 50, inner: int = 20) -> float:
     """Median microseconds of one ``fn()`` from replays of a CUDA graph of ``inner`` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def calls() -> None:
         for _ in range(inner):
             fn()
+
+    graph, _ = capture_graph(calls, torch.device("cuda", torch.cuda.current_device()))
     times = []
     for _ in range(repeats):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

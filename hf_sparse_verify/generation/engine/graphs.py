@@ -25,9 +25,12 @@ from ...step import Phase, StepContext
 WARMUP_FORWARDS = 2
 
 
-def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, object]:
-    """Warm ``fn`` up on a side stream of ``device``, then capture it there; returns the graph and what the captured
-    call returned. Replay it with ``device`` current (a graph launches on the current device's stream)."""
+def capture_graph(
+    fn: Callable[[], object], device: torch.device, pool=None
+) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Warm ``fn`` up on a side stream of ``device``, then capture it there (into memory ``pool``, a new one when
+    None); returns the graph and what the captured call returned. Replay it with ``device`` current (a graph
+    launches on the current device's stream)."""
     with torch.cuda.device(device):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -42,7 +45,11 @@ def _capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torc
         try:
             # a capture stream of this device (torch.cuda.graph's default one is made once, on whichever device
             # was current at its first use)
-            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(device)):
+            with torch.cuda.graph(
+                graph,
+                pool=pool if pool is not None else torch.cuda.graph_pool_handle(),
+                stream=torch.cuda.Stream(device),
+            ):
                 result = fn()
         finally:
             gc.enable()
@@ -60,7 +67,7 @@ class CapturedCall:
         self.capture_s = 0.0
         if capture:
             begin = time.perf_counter()
-            self.graph, _ = _capture(fn, device, pool if pool is not None else torch.cuda.graph_pool_handle())
+            self.graph, _ = capture_graph(fn, device, pool)
             torch.cuda.synchronize(device)
             self.capture_s = time.perf_counter() - begin
 
@@ -121,7 +128,7 @@ class StepGraphs:
             ids = torch.zeros(runner.cache.batch_size, width, dtype=torch.long, device=runner.device)
             # warm-up writes land in the last cache slots, which every real step rewrites before reading
             self.start.fill_(runner.cache.capacity - width)
-            graph, logits = _capture(lambda: self._step(ids, phase, slots), runner.device, self.pool)
+            graph, logits = capture_graph(lambda: self._step(ids, phase, slots), runner.device, self.pool)
         except Exception as err:
             raise RuntimeError(
                 f"capturing a {phase.value} step of width {width}: {type(err).__name__}: {err}"

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..._compat import decoder_layers
 from ...placement import Segment
 from ...step import Phase, StepContext, step_scope
-from .graphs import StepGraphs, _capture
+from .graphs import StepGraphs, capture_graph
 
 
 class _EagerGraph:
@@ -255,7 +255,7 @@ class SegmentGraphs:
             return h
 
         if self.cuda:
-            graph, out = _capture(fn, device, state.pool)
+            graph, out = capture_graph(fn, device, state.pool)
         else:
             out = fn()
             graph = _EagerGraph(fn, out)
