@@ -4,6 +4,9 @@ achieved read bandwidth (stored weights + scales + activations) over the measure
 layer in bf16 through ``F.linear`` (cuBLAS) and, where this torch has it, PyTorch's own int4 kernel
 (``torch.ops.aten._weight_int4pack_mm``, tinygemm, group 128, asymmetric) as the alternative considered.
 
+``--sweep`` also times our kernel over a grid of launch settings (`kernel.TILES`: output block, input block, stages,
+split K) at rows 1 and 8 and records each as method ``hsv_{fmt}_sweep`` with its ``tiles``.
+
 Writes ``--json`` (default ``benchmarks/results/low_bit_linear.json``): ``records``, one per (shape, layer, rows,
 method), with ``us``, ``bytes``, ``GBps``, ``of_copy_bandwidth``; a method that fails records its error.
 
@@ -13,6 +16,7 @@ method), with ``us``, ``bytes``, ``GBps``, ``of_copy_bandwidth``; a method that 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -25,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info  # noqa: E402
 from hf_sparse_verify.drivers.shapes import shape_config  # noqa: E402
 from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
+from hf_sparse_verify.kernels.low_bit import kernel as low_bit_kernel  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import low_bit_linear, pack, quantize  # noqa: E402
 
 
@@ -110,11 +115,44 @@ def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandw
     return records
 
 
+def _sweep_records(args, name: str, out: int, inp: int, rows: int, device, bandwidth: float) -> list[dict]:
+    """Our kernel over a grid of `low_bit_kernel.TILES` settings on one layer shape and row count."""
+    weight = torch.randn(out, inp, device=device, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(rows, inp, device=device, dtype=torch.bfloat16)
+    records, default = [], dict(low_bit_kernel.TILES)
+    for fmt in ("int8", "int4"):
+        values, scales = quantize(weight, fmt, args.group_size)
+        stored = pack(values, fmt)
+        moved = stored.nbytes + scales.nbytes + x.nbytes + rows * out * 2
+        block_ks = (128, 256) if fmt == "int8" else (64, 128)
+        for block_n, block_k, stages, split in itertools.product((16, 32, 64), block_ks, (2, 4), (1, 2, 4, 8)):
+            tiles = dict(default, block_n=block_n, block_k=block_k, stages=stages, split_k=split)
+            low_bit_kernel.TILES.update(tiles)
+            try:
+                us = graph_us(lambda s=stored, c=scales, f=fmt: low_bit_linear(x, s, c, f, args.group_size))
+            except Exception as err:
+                records.append(dict(layer=name, rows=rows, method=f"hsv_{fmt}_sweep", tiles=tiles,
+                                    error=f"{type(err).__name__}: {err}"[:300]))  # fmt: skip
+                continue
+            finally:
+                low_bit_kernel.TILES.update(default)
+            gbps = moved / us / 1e3
+            records.append(
+                dict(
+                    shape=args.shape, layer=name, out=out, inp=inp, rows=rows, method=f"hsv_{fmt}_sweep",
+                    tiles=tiles, us=round(us, 2), bytes=moved, GBps=round(gbps, 1),
+                    of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3),
+                )  # fmt: skip
+            )
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llama-3.1-8b")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--sweep", action="store_true", help="also sweep our kernel's launch settings")
     parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "low_bit_linear.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -125,6 +163,10 @@ def main() -> None:
     todo = [(n, s, r) for n, s in layers(args.shape).items() for r in args.rows]
     for name, (out, inp), rows in tqdm(todo, desc="low-bit linear"):
         records.extend(_layer_records(args, name, out, inp, rows, device, bandwidth))
+    if args.sweep:
+        todo = [(n, s, r) for n, s in layers(args.shape).items() for r in (1, 8)]
+        for name, (out, inp), rows in tqdm(todo, desc="launch settings"):
+            records.extend(_sweep_records(args, name, out, inp, rows, device, bandwidth))
     report = dict(
         benchmark="low_bit_linear",
         machine=machine_info(device),
@@ -136,7 +178,16 @@ def main() -> None:
     )
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     for r in records:
-        print(r)
+        if not r["method"].endswith("_sweep"):
+            print(r)
+    best = {}
+    for r in records:
+        if r["method"].endswith("_sweep") and "us" in r:
+            key = (r["layer"], r["rows"], r["method"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+    for r in best.values():
+        print("best", r["layer"], r["rows"], r["method"], r["us"], r["of_copy_bandwidth"], r["tiles"])
 
 
 if __name__ == "__main__":

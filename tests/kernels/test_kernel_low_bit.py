@@ -123,3 +123,32 @@ def test_low_bit_linear_with_input_size_not_a_multiple_of_the_block(fmt, group):
     x = torch.randn(3, 192, generator=torch.Generator().manual_seed(2))
     exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64))
     torch.testing.assert_close(low_bit_linear(x, stored, scales, fmt, group).double(), exact, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 64), ("int4", 128)])
+@pytest.mark.parametrize("split", [2, 4])
+def test_low_bit_linear_split_over_input_channels(monkeypatch, fmt, group, split):
+    """Split K (partial sums per slice of input channels, then the fixed-order reduction with the bias): the same
+    result as one pass, and every call the same bits. 896 channels: the slices are uneven (7 int8 blocks)."""
+    import hf_sparse_verify.kernels.low_bit.kernel as kernel
+    from hf_sparse_verify.kernels.low_bit import low_bit_linear
+
+    stored, scales, values = _layer(48, 896, fmt, group, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    x, bias = torch.randn(5, 896, generator=gen), torch.randn(48, generator=gen)
+    exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64), bias.double())
+    monkeypatch.setitem(kernel.TILES, "split_k", split)
+    got = low_bit_linear(x, stored, scales, fmt, group, bias)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got, low_bit_linear(x, stored, scales, fmt, group, bias))
+
+
+def test_split_k_heuristic():
+    """With "auto": enough slices for `PROGRAMS_PER_SM` programs per multiprocessor, each slice >= 4 blocks; one slice
+    where the multiprocessors are unknown (CPU)."""
+    from hf_sparse_verify.kernels.low_bit.kernel import PROGRAMS_PER_SM, split_k
+
+    assert split_k(programs=128, n_blocks_k=112, sms=132) == -(-PROGRAMS_PER_SM * 132 // 128)
+    assert split_k(programs=1024, n_blocks_k=32, sms=132) == 1  # enough programs already
+    assert split_k(programs=1, n_blocks_k=8, sms=132) == 2  # slices stay >= 4 blocks
+    assert split_k(programs=128, n_blocks_k=112, sms=None) == 1

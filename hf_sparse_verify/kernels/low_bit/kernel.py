@@ -11,6 +11,11 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
   size (or divides it), so the block's partial sums take their group's scale before they are added up.
 
 Accumulation in float32; the output in the activations' dtype.
+
+Split K: with few output blocks (one row, 4096 output channels: 128 programs of 32 channels) a program per SM
+streams a whole row of weights with too few bytes in flight to reach the copy bandwidth. The input channels are
+then cut into ``SPLIT`` slices (a third grid axis); each program writes its float32 partial sums to a workspace and
+`_low_bit_reduce_kernel` adds the slices in a fixed order (deterministic), adds the bias and casts.
 """
 
 from __future__ import annotations
@@ -19,21 +24,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
+from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 #: launch settings (sweeps set them here)
-TILES = {"block_n": 32, "block_k": 128, "warps": 4, "stages": 3}
+TILES = {"block_n": 32, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
+#: with ``split_k`` "auto": programs aimed for per streaming multiprocessor (more bytes in flight)
+PROGRAMS_PER_SM = 4
 
 
 @triton.jit
 def _low_bit_linear_kernel(
-    X, W, S, B, OUT, n_rows, n_out, n_in, n_groups, s_x, s_w, s_o,
+    X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
     INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
+    k_begin = tl.program_id(2) * k_slice
+    k_end = tl.minimum(k_begin + k_slice, n_in)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < n_rows
@@ -44,7 +53,7 @@ def _low_bit_linear_kernel(
     if INT4:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_j = tl.arange(0, HALF)
-        for k0 in range(0, n_in, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             j = k0 // 2 + offs_j  # byte index in the row
             j_ok = j < n_in // 2
             b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
@@ -58,17 +67,38 @@ def _low_bit_linear_kernel(
             acc += part * scale[None, :]
     else:
         offs_k = tl.arange(0, BLOCK_K)
-        for k0 in range(0, n_in, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             k = k0 + offs_k
             k_ok = k < n_in
             b_w = tl.load(W + cols + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0).to(DOT_DTYPE)
             b_x = tl.load(X + rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc = tl.dot(b_x, tl.trans(b_w), acc, input_precision="ieee")
         acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
+    if SPLIT > 1:  # float32 partial sums of this slice: [SPLIT, n_rows, n_out]
+        p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
+        tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
+        tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _low_bit_reduce_kernel(
+    WS, B, OUT, n_rows, n_out, s_o, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_out
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT):  # a fixed order: the same sums every call
+        acc += tl.load(WS + (s * n_rows + row).to(tl.int64) * n_out + offs, mask=ok, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
-    tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        acc += tl.load(B + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + row.to(tl.int64) * s_o + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
 def block_k(fmt: str, group_size: int) -> int:
@@ -77,6 +107,17 @@ def block_k(fmt: str, group_size: int) -> int:
     if fmt == "int8" or group_size <= TILES["block_k"]:
         return TILES["block_k"] if fmt == "int8" else group_size
     return TILES["block_k"] if group_size % TILES["block_k"] == 0 else group_size
+
+
+def split_k(programs: int, n_blocks_k: int, sms: int | None) -> int:
+    """Slices of the input channels: `TILES` ``split_k`` when it is a number; "auto": enough for about
+    `PROGRAMS_PER_SM` programs per multiprocessor (``sms``; 1 where unknown), each slice at least 4 blocks long."""
+    if TILES["split_k"] != "auto":
+        return max(1, min(int(TILES["split_k"]), n_blocks_k))
+    if sms is None:
+        return 1
+    want = -(-PROGRAMS_PER_SM * sms // programs)
+    return max(1, min(want, n_blocks_k // 4))
 
 
 @on_input_device
@@ -91,11 +132,24 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
     block_m = max(16, next_power_of_2(rows))
     block_n = TILES["block_n"]
-    _low_bit_linear_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n_out, block_n))](
-        x, stored, scales, bias if bias is not None else scales, out, rows, n_out, n_in, scales.shape[1],
+    bk = block_k(fmt, group_size)
+    grid_m, grid_n, blocks_k = triton.cdiv(rows, block_m), triton.cdiv(n_out, block_n), triton.cdiv(n_in, bk)
+    split = split_k(grid_m * grid_n, blocks_k, multiprocessors(x.device))
+    k_slice = triton.cdiv(blocks_k, split) * bk
+    split = triton.cdiv(n_in, k_slice)  # no empty slice
+    work = torch.empty((split, rows, n_out), device=x.device, dtype=torch.float32) if split > 1 else out
+    bias_or_any = bias if bias is not None else scales
+    _low_bit_linear_kernel[(grid_m, grid_n, split)](
+        x, stored, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
         x.stride(0), stored.stride(0), out.stride(0),
-        INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k(fmt, group_size), GROUP=group_size, DOT_DTYPE=dot_dtype,
+        INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
+        GROUP=group_size, DOT_DTYPE=dot_dtype, SPLIT=split,
         num_warps=TILES["warps"], num_stages=TILES["stages"], **pdl_launch(x.device),
     )  # fmt: skip
+    if split > 1:
+        block = 1024
+        _low_bit_reduce_kernel[(rows, triton.cdiv(n_out, block))](
+            work, bias_or_any, out, rows, n_out, out.stride(0), HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block,
+            num_warps=4, **pdl_launch(x.device),
+        )  # fmt: skip
     return out
