@@ -152,3 +152,20 @@ def test_split_k_heuristic():
     assert split_k(programs=1024, n_blocks_k=32, sms=132) == 1  # enough programs already
     assert split_k(programs=1, n_blocks_k=8, sms=132) == 2  # slices stay >= 4 blocks
     assert split_k(programs=128, n_blocks_k=112, sms=None) == 1
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("block", [64, 256, 1024])
+def test_int4_blocks_spanning_or_inside_groups(monkeypatch, group, block):
+    """An int4 block of input channels covers several groups (each scaled by its own scale before the dot), lies
+    inside one, or is cut by the end of the row (1024 channels with a block of 1024: none; 640: masked)."""
+    import hf_sparse_verify.kernels.low_bit.kernel as kernel
+    from hf_sparse_verify.kernels.low_bit import low_bit_linear
+
+    monkeypatch.setitem(kernel.TILES, "block_k", block)
+    for inp in (1024, 640):
+        stored, scales, values = _layer(32, inp, "int4", group, torch.float32, seed=inp)
+        x = torch.randn(2, inp, generator=torch.Generator().manual_seed(4))
+        exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, "int4", torch.float64))
+        got = low_bit_linear(x, stored, scales, "int4", group)
+        torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)

@@ -7,14 +7,16 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
 - int8: ``[BLOCK_N, BLOCK_K]`` values, one ``tl.dot`` with the activations (the values are exact in bf16 / fp16),
   the per-channel scale applied once at the end;
 - int4: ``[BLOCK_N, BLOCK_K / 2]`` bytes; the low nibbles (even input channels) and the high ones (odd channels)
-  each meet the matching half of the activations (loaded with stride 2) in a ``tl.dot``; ``BLOCK_K`` is the group
-  size (or divides it), so the block's partial sums take their group's scale before they are added up.
+  are scaled by their group's scale in registers (the block covers ``BLOCK_K / GROUP`` groups, or lies inside
+  one) and each meets the matching half of the activations (loaded with stride 2) in a ``tl.dot``. Scaling
+  before the dot lets a block span several groups: with groups of 128 a block of 128 channels moves 64 bytes per
+  output channel and step, too few to keep the memory busy (one H200: 0.5 TB/s).
 
 Accumulation in float32; the output in the activations' dtype.
 
 Split K: with few output blocks (one row, 4096 output channels: 128 programs of 32 channels) a program per SM
 streams a whole row of weights with too few bytes in flight to reach the copy bandwidth. The input channels are
-then cut into ``SPLIT`` slices (a third grid axis); each program writes its float32 partial sums to a workspace and
+then cut into slices (a third grid axis); each program writes its float32 partial sums to a workspace and
 `_low_bit_reduce_kernel` adds the slices in a fixed order (deterministic), adds the bias and casts.
 """
 
@@ -29,7 +31,7 @@ from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 #: launch settings (sweeps set them here)
-TILES = {"block_n": 32, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
+TILES = {"block_n": 16, "block_k": 512, "warps": 2, "stages": 4, "split_k": "auto"}
 #: with ``split_k`` "auto": programs aimed for per streaming multiprocessor (more bytes in flight)
 PROGRAMS_PER_SM = 4
 
@@ -38,7 +40,7 @@ PROGRAMS_PER_SM = 4
 def _low_bit_linear_kernel(
     X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
     INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
     k_begin = tl.program_id(2) * k_slice
@@ -52,19 +54,26 @@ def _low_bit_linear_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if INT4:
         HALF: tl.constexpr = BLOCK_K // 2
+        GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1  # groups a block covers
         offs_j = tl.arange(0, HALF)
+        offs_g = tl.arange(0, GROUPS)
         for k0 in range(k_begin, k_end, BLOCK_K):
             j = k0 // 2 + offs_j  # byte index in the row
             j_ok = j < n_in // 2
             b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
-            low = ((b_w & 0xF).to(tl.int32) - 8).to(DOT_DTYPE)
-            high = ((b_w >> 4).to(tl.int32) - 8).to(DOT_DTYPE)
+            g = k0 // GROUP + offs_g
+            scale = tl.load(
+                S + offs_n[:, None].to(tl.int64) * n_groups + g[None, :], mask=n_ok[:, None] & (g < n_groups)[None, :],
+                other=0.0,
+            )[:, :, None]  # [N, GROUPS, 1]
+            low = ((b_w & 0xF).to(tl.int32) - 8).to(tl.float32)
+            high = ((b_w >> 4).to(tl.int32) - 8).to(tl.float32)
+            low = tl.reshape(tl.reshape(low, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])
+            high = tl.reshape(tl.reshape(high, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])
             x_even = tl.load(X + rows + 2 * j[None, :], mask=m_ok[:, None] & j_ok[None, :], other=0.0)
             x_odd = tl.load(X + rows + 2 * j[None, :] + 1, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-            part = tl.dot(x_even.to(DOT_DTYPE), tl.trans(low), input_precision="ieee")
-            part = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(high), part, input_precision="ieee")
-            scale = tl.load(S + offs_n.to(tl.int64) * n_groups + k0 // GROUP, mask=n_ok, other=0.0)
-            acc += part * scale[None, :]
+            acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(low.to(DOT_DTYPE)), acc, input_precision="ieee")
+            acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(high.to(DOT_DTYPE)), acc, input_precision="ieee")
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for k0 in range(k_begin, k_end, BLOCK_K):
@@ -74,7 +83,7 @@ def _low_bit_linear_kernel(
             b_x = tl.load(X + rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc = tl.dot(b_x, tl.trans(b_w), acc, input_precision="ieee")
         acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
-    if SPLIT > 1:  # float32 partial sums of this slice: [SPLIT, n_rows, n_out]
+    if PARTIAL:  # float32 partial sums of this slice: [slices, n_rows, n_out]
         p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
         tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
     else:
@@ -86,27 +95,27 @@ def _low_bit_linear_kernel(
 
 @triton.jit
 def _low_bit_reduce_kernel(
-    WS, B, OUT, n_rows, n_out, s_o, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
+    WS, B, OUT, n_rows, n_out, n_split, s_o, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_out
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLIT):  # a fixed order: the same sums every call
+    for s in range(n_split):  # a fixed order: the same sums every call
         acc += tl.load(WS + (s * n_rows + row).to(tl.int64) * n_out + offs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(B + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(OUT + row.to(tl.int64) * s_o + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
-def block_k(fmt: str, group_size: int) -> int:
-    """Input channels per loop step: int8 `TILES` ``block_k``; int4 the group size, or `TILES` ``block_k`` where
-    that divides the group."""
-    if fmt == "int8" or group_size <= TILES["block_k"]:
-        return TILES["block_k"] if fmt == "int8" else group_size
-    return TILES["block_k"] if group_size % TILES["block_k"] == 0 else group_size
+def block_k(fmt: str, group_size: int, n_in: int) -> int:
+    """Input channels per loop step: `TILES` ``block_k``, at most the input size rounded up to a power of two (and
+    at least 32); for int4 a multiple or a divisor of the group size (its scales apply per group within a block)."""
+    bk = max(32, min(TILES["block_k"], next_power_of_2(n_in)))
+    if fmt == "int4" and bk % group_size and group_size % bk:
+        return group_size
+    return bk
 
 
 def split_k(programs: int, n_blocks_k: int, sms: int | None) -> int:
@@ -132,7 +141,7 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
     block_m = max(16, next_power_of_2(rows))
     block_n = TILES["block_n"]
-    bk = block_k(fmt, group_size)
+    bk = block_k(fmt, group_size, n_in)
     grid_m, grid_n, blocks_k = triton.cdiv(rows, block_m), triton.cdiv(n_out, block_n), triton.cdiv(n_in, bk)
     split = split_k(grid_m * grid_n, blocks_k, multiprocessors(x.device))
     k_slice = triton.cdiv(blocks_k, split) * bk
@@ -143,13 +152,13 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
         x, stored, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
         x.stride(0), stored.stride(0), out.stride(0),
         INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-        GROUP=group_size, DOT_DTYPE=dot_dtype, SPLIT=split,
+        GROUP=group_size, DOT_DTYPE=dot_dtype, PARTIAL=split > 1,
         num_warps=TILES["warps"], num_stages=TILES["stages"], **pdl_launch(x.device),
     )  # fmt: skip
     if split > 1:
         block = 1024
         _low_bit_reduce_kernel[(rows, triton.cdiv(n_out, block))](
-            work, bias_or_any, out, rows, n_out, out.stride(0), HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block,
+            work, bias_or_any, out, rows, n_out, split, out.stride(0), HAS_BIAS=bias is not None, BLOCK=block,
             num_warps=4, **pdl_launch(x.device),
         )  # fmt: skip
     return out

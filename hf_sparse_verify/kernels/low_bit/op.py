@@ -19,7 +19,8 @@ def _low_bit_linear_op(
     x: torch.Tensor, stored: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, fmt: str,
     group_size: int,
 ) -> torch.Tensor:  # fmt: skip
-    kernel = fmt == "int8" or group_size >= 32  # an int4 block holds one group: at least 16 bytes per row for tl.dot
+    # int4: groups of a power of two from 32 channels (16 bytes per row, tl.dot's smallest tile)
+    kernel = fmt == "int8" or (group_size >= 32 and group_size & (group_size - 1) == 0)
     if kernel and triton_runs_on(x.device) and x.dtype in _DTYPES and x.shape[0] <= MAX_ROWS:
         from .kernel import low_bit_linear_launch
 
