@@ -127,7 +127,8 @@ def test_low_bit_linear_with_input_size_not_a_multiple_of_the_block(fmt, group):
 
 @pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 64), ("int4", 128)])
 @pytest.mark.parametrize("split", [2, 4])
-def test_low_bit_linear_split_over_input_channels(monkeypatch, fmt, group, split):
+@pytest.mark.parametrize("rows", [3, 5])  # the elementwise kernel (up to GEMV_ROWS rows), then tl.dot
+def test_low_bit_linear_split_over_input_channels(monkeypatch, fmt, group, split, rows):
     """Split K (partial sums per slice of input channels, then the fixed-order reduction with the bias): the same
     result as one pass, and every call the same bits. 896 channels: the slices are uneven (7 int8 blocks)."""
     import hf_sparse_verify.kernels.low_bit.kernel as kernel
@@ -135,9 +136,10 @@ def test_low_bit_linear_split_over_input_channels(monkeypatch, fmt, group, split
 
     stored, scales, values = _layer(48, 896, fmt, group, torch.float32)
     gen = torch.Generator().manual_seed(3)
-    x, bias = torch.randn(5, 896, generator=gen), torch.randn(48, generator=gen)
+    x, bias = torch.randn(rows, 896, generator=gen), torch.randn(48, generator=gen)
     exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64), bias.double())
     monkeypatch.setitem(kernel.TILES, "split_k", split)
+    monkeypatch.setitem(kernel.GEMV_TILES, "split_k", split)
     got = low_bit_linear(x, stored, scales, fmt, group, bias)
     torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
     assert torch.equal(got, low_bit_linear(x, stored, scales, fmt, group, bias))
@@ -163,9 +165,11 @@ def test_int4_blocks_spanning_or_inside_groups(monkeypatch, group, block):
     from hf_sparse_verify.kernels.low_bit import low_bit_linear
 
     monkeypatch.setitem(kernel.TILES, "block_k", block)
+    monkeypatch.setitem(kernel.GEMV_TILES, "block_k", block)
     for inp in (1024, 640):
         stored, scales, values = _layer(32, inp, "int4", group, torch.float32, seed=inp)
-        x = torch.randn(2, inp, generator=torch.Generator().manual_seed(4))
-        exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, "int4", torch.float64))
-        got = low_bit_linear(x, stored, scales, "int4", group)
-        torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
+        for rows in (2, 17):
+            x = torch.randn(rows, inp, generator=torch.Generator().manual_seed(4))
+            exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, "int4", torch.float64))
+            got = low_bit_linear(x, stored, scales, "int4", group)
+            torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)

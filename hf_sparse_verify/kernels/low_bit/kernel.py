@@ -14,6 +14,14 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
 
 Accumulation in float32; the output in the activations' dtype.
 
+For up to `GEMV_ROWS` rows (a draft step of a batch of one to four) `_low_bit_gemv_kernel` does without ``tl.dot``:
+a program multiplies its weight block with each row's activations elementwise and sums along the input channels
+(`GEMV_TILES`). ``tl.dot`` pads the rows to 16 and needs the dequantized block in the matrix units' layout (a trip
+through shared memory); per weight that costs more than the bytes it saves: one H200 read int4 at 0.5-0.8 TB/s
+through ``tl.dot`` against 3.6 TB/s for bf16 through cuBLAS. For int4 the ``- 8`` of the stored nibbles is taken
+out of the sums once per group (``sum((q - 8) x) = sum(q x) - 8 sum(x)``), so a weight costs a mask or shift, a
+conversion and a fused multiply-add.
+
 Split K: with few output blocks (one row, 4096 output channels: 128 programs of 32 channels) a program per SM
 streams a whole row of weights with too few bytes in flight to reach the copy bandwidth. The input channels are
 then cut into slices (a third grid axis); each program writes its float32 partial sums to a workspace and
@@ -30,8 +38,11 @@ from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
-#: launch settings (sweeps set them here)
-TILES = {"block_n": 16, "block_k": 512, "warps": 2, "stages": 4, "split_k": "auto"}
+#: launch settings of the ``tl.dot`` kernel, more than `GEMV_ROWS` rows (sweeps set them here)
+TILES = {"block_n": 32, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
+#: rows up to which `_low_bit_gemv_kernel` runs, and its launch settings
+GEMV_ROWS = 4
+GEMV_TILES = {"block_n": 32, "block_k": 256, "warps": 4, "stages": 3, "split_k": "auto"}
 #: with ``split_k`` "auto": programs aimed for per streaming multiprocessor (more bytes in flight)
 PROGRAMS_PER_SM = 4
 
@@ -94,6 +105,68 @@ def _low_bit_linear_kernel(
 
 
 @triton.jit
+def _low_bit_gemv_kernel(
+    X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
+    INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_wait(PDL)
+    k_begin = tl.program_id(2) * k_slice
+    k_end = tl.minimum(k_begin + k_slice, n_in)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < n_rows
+    n_ok = offs_n < n_out
+    cols = offs_n[:, None].to(tl.int64) * s_w
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if INT4:
+        HALF: tl.constexpr = BLOCK_K // 2
+        GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1  # groups a block covers
+        offs_j = tl.arange(0, HALF)
+        offs_g = tl.arange(0, GROUPS)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            j = k0 // 2 + offs_j  # byte index in the row
+            j_ok = j < n_in // 2
+            b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
+            low = (b_w & 0xF).to(tl.float32)  # the stored value + 8
+            high = (b_w >> 4).to(tl.float32)
+            g = k0 // GROUP + offs_g
+            scale = tl.load(
+                S + offs_n[:, None].to(tl.int64) * n_groups + g[None, :], mask=n_ok[:, None] & (g < n_groups)[None, :],
+                other=0.0,
+            )  # [N, GROUPS]
+            for m in tl.static_range(BLOCK_M):
+                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
+                x_even = tl.load(x_row + 2 * j, mask=j_ok, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_row + 2 * j + 1, mask=j_ok, other=0.0).to(tl.float32)
+                prod = low * x_even[None, :] + high * x_odd[None, :]  # [N, HALF]
+                per_group = tl.sum(tl.reshape(prod, [BLOCK_N, GROUPS, HALF // GROUPS]), axis=2)  # [N, GROUPS]
+                x_sum = tl.sum(tl.reshape(x_even + x_odd, [GROUPS, HALF // GROUPS]), axis=1)  # [GROUPS]
+                part = tl.sum((per_group - 8.0 * x_sum[None, :]) * scale, axis=1)  # [N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < n_in
+            b_w = tl.load(W + cols + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0).to(tl.float32)
+            for m in tl.static_range(BLOCK_M):
+                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
+                b_x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
+                part = tl.sum(b_w * b_x[None, :], axis=1)  # [N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
+    if PARTIAL:  # float32 partial sums of this slice: [slices, n_rows, n_out]
+        p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
+        tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
+        tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _low_bit_reduce_kernel(
     WS, B, OUT, n_rows, n_out, n_split, s_o, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
@@ -109,20 +182,21 @@ def _low_bit_reduce_kernel(
     tl.store(OUT + row.to(tl.int64) * s_o + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
-def block_k(fmt: str, group_size: int, n_in: int) -> int:
-    """Input channels per loop step: `TILES` ``block_k``, at most the input size rounded up to a power of two (and
-    at least 32); for int4 a multiple or a divisor of the group size (its scales apply per group within a block)."""
-    bk = max(32, min(TILES["block_k"], next_power_of_2(n_in)))
+def block_k(fmt: str, group_size: int, n_in: int, tiles: dict | None = None) -> int:
+    """Input channels per loop step: ``tiles`` (`TILES`) ``block_k``, at most the input size rounded up to a power
+    of two (and at least 32); for int4 a multiple or a divisor of the group size (its scales apply per group)."""
+    bk = max(32, min((tiles or TILES)["block_k"], next_power_of_2(n_in)))
     if fmt == "int4" and bk % group_size and group_size % bk:
         return group_size
     return bk
 
 
-def split_k(programs: int, n_blocks_k: int, sms: int | None) -> int:
-    """Slices of the input channels: `TILES` ``split_k`` when it is a number; "auto": enough for about
+def split_k(programs: int, n_blocks_k: int, sms: int | None, tiles: dict | None = None) -> int:
+    """Slices of the input channels: ``tiles`` (`TILES`) ``split_k`` when it is a number; "auto": enough for about
     `PROGRAMS_PER_SM` programs per multiprocessor (``sms``; 1 where unknown), each slice at least 4 blocks long."""
-    if TILES["split_k"] != "auto":
-        return max(1, min(int(TILES["split_k"]), n_blocks_k))
+    chosen = (tiles or TILES)["split_k"]
+    if chosen != "auto":
+        return max(1, min(int(chosen), n_blocks_k))
     if sms is None:
         return 1
     want = -(-PROGRAMS_PER_SM * sms // programs)
@@ -138,23 +212,29 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     out = torch.empty((rows, n_out), device=x.device, dtype=x.dtype)
     if rows == 0:
         return out
-    dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
-    block_m = max(16, next_power_of_2(rows))
-    block_n = TILES["block_n"]
-    bk = block_k(fmt, group_size, n_in)
+    gemv = rows <= GEMV_ROWS
+    tiles = GEMV_TILES if gemv else TILES
+    block_m = next_power_of_2(rows) if gemv else max(16, next_power_of_2(rows))
+    block_n = tiles["block_n"]
+    bk = block_k(fmt, group_size, n_in, tiles)
     grid_m, grid_n, blocks_k = triton.cdiv(rows, block_m), triton.cdiv(n_out, block_n), triton.cdiv(n_in, bk)
-    split = split_k(grid_m * grid_n, blocks_k, multiprocessors(x.device))
+    split = split_k(grid_m * grid_n, blocks_k, multiprocessors(x.device), tiles)
     k_slice = triton.cdiv(blocks_k, split) * bk
     split = triton.cdiv(n_in, k_slice)  # no empty slice
     work = torch.empty((split, rows, n_out), device=x.device, dtype=torch.float32) if split > 1 else out
     bias_or_any = bias if bias is not None else scales
-    _low_bit_linear_kernel[(grid_m, grid_n, split)](
-        x, stored, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
-        x.stride(0), stored.stride(0), out.stride(0),
+    args = (x, stored, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
+            x.stride(0), stored.stride(0), out.stride(0))  # fmt: skip
+    common = dict(
         INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-        GROUP=group_size, DOT_DTYPE=dot_dtype, PARTIAL=split > 1,
-        num_warps=TILES["warps"], num_stages=TILES["stages"], **pdl_launch(x.device),
+        GROUP=group_size, PARTIAL=split > 1, num_warps=tiles["warps"], num_stages=tiles["stages"],
+        **pdl_launch(x.device),
     )  # fmt: skip
+    if gemv:
+        _low_bit_gemv_kernel[(grid_m, grid_n, split)](*args, **common)
+    else:
+        dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
+        _low_bit_linear_kernel[(grid_m, grid_n, split)](*args, DOT_DTYPE=dot_dtype, **common)
     if split > 1:
         block = 1024
         _low_bit_reduce_kernel[(rows, triton.cdiv(n_out, block))](
