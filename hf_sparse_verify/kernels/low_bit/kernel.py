@@ -14,9 +14,9 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
 
 Accumulation in float32; the output in the activations' dtype.
 
-For up to `GEMV_ROWS` rows (a draft step of a batch of one to four) `_low_bit_gemv_kernel` does without ``tl.dot``:
-a program multiplies its weight block with each row's activations elementwise and sums along the input channels
-(`GEMV_TILES`). ``tl.dot`` pads the rows to 16 and needs the dequantized block in the matrix units' layout (a trip
+For int4 steps of up to `GEMV_ROWS` rows (a draft step of a batch of one or two) `_low_bit_gemv_kernel` does
+without ``tl.dot``: a program multiplies its weight block with each row's activations elementwise and sums along
+the input channels (`GEMV_TILES`). ``tl.dot`` pads the rows to 16 and needs the dequantized block in the matrix units' layout (a trip
 through shared memory); per weight that costs more than the bytes it saves: one H200 read int4 at 0.5-0.8 TB/s
 through ``tl.dot`` against 3.6 TB/s for bf16 through cuBLAS. For int4 the ``- 8`` of the stored nibbles is taken
 out of the sums once per group (``sum((q - 8) x) = sum(q x) - 8 sum(x)``), so a weight costs a mask or shift, a
@@ -39,10 +39,14 @@ from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 #: launch settings of the ``tl.dot`` kernel, more than `GEMV_ROWS` rows (sweeps set them here)
-TILES = {"block_n": 32, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
-#: rows up to which `_low_bit_gemv_kernel` runs, and its launch settings
-GEMV_ROWS = 4
-GEMV_TILES = {"block_n": 32, "block_k": 256, "warps": 4, "stages": 3, "split_k": "auto"}
+#: (one H200, 8B shapes, one row: int8 through tl.dot at 64 x 128 read 2.6-3.0 TB/s, 0.62-0.73 of the copy
+#: bandwidth, ahead of the elementwise kernel's 2.1-2.6)
+TILES = {"block_n": 64, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
+#: int4 steps of up to this many rows run `_low_bit_gemv_kernel` (one H200, 8B shapes, one row: 22.6-24 us for
+#: 4096 x 14336 against 37.6 through tl.dot, cuBLAS bf16 31.6; from 4 rows it loses, each row redoing the sums)
+GEMV_ROWS = 2
+#: its launch settings: best summed time over the 8B layer shapes at one row of a sweep of 9 on one H200
+GEMV_TILES = {"block_n": 16, "block_k": 512, "warps": 4, "stages": 3, "split_k": "auto"}
 #: with ``split_k`` "auto": programs aimed for per streaming multiprocessor (more bytes in flight)
 PROGRAMS_PER_SM = 4
 
@@ -212,7 +216,7 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     out = torch.empty((rows, n_out), device=x.device, dtype=x.dtype)
     if rows == 0:
         return out
-    gemv = rows <= GEMV_ROWS
+    gemv = fmt == "int4" and rows <= GEMV_ROWS
     tiles = GEMV_TILES if gemv else TILES
     block_m = next_power_of_2(rows) if gemv else max(16, next_power_of_2(rows))
     block_n = tiles["block_n"]
