@@ -11,6 +11,7 @@ Writes ``--json`` (default ``benchmarks/results/low_bit_linear.json``): ``record
 method), with ``us``, ``bytes``, ``GBps``, ``of_copy_bandwidth``; a method that fails records its error.
 
     python benchmarks/bench_low_bit_linear.py --shape llama-3.1-8b --rows 1 2 4 8 16 64
+    python benchmarks/bench_low_bit_linear.py --plot benchmarks/results/low_bit_linear.json   # redraw the PNG
 """
 
 from __future__ import annotations
@@ -147,14 +148,44 @@ def _sweep_records(args, name: str, out: int, inp: int, rows: int, device, bandw
     return records
 
 
+def plot(report: dict, path: Path) -> None:
+    """Share of the copy bandwidth per method against rows, one panel per layer (the PNG next to the JSON)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [r for r in report["records"] if "us" in r and not r["method"].endswith("_sweep")]
+    layers_seen = list(dict.fromkeys(r["layer"] for r in records))
+    fig, axes = plt.subplots(1, len(layers_seen), figsize=(3.2 * len(layers_seen), 3.2), sharey=True)
+    for ax, layer in zip(list(axes) if len(layers_seen) > 1 else [axes], layers_seen):
+        for method in dict.fromkeys(r["method"] for r in records):
+            points = sorted((r["rows"], r["of_copy_bandwidth"]) for r in records if (r["layer"], r["method"]) == (layer, method))
+            ax.plot(*zip(*points), marker="o", label=method)
+        first = next(r for r in records if r["layer"] == layer)
+        ax.set_title(f"{layer} {first['out']}x{first['inp']}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rows")
+        ax.axhline(0.75, color="grey", linestyle=":", linewidth=1)
+    axes[0].set_ylabel("share of copy bandwidth")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"weight-only low-bit linear, {report['machine'].get('gpu')} ({report['machine'].get('commit')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llama-3.1-8b")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--sweep", action="store_true", help="also sweep our kernel's launch settings")
+    parser.add_argument("--plot", metavar="JSON", help="only redraw the PNG of an earlier result")
     parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "low_bit_linear.json"))
     args = parser.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("bench_low_bit_linear times CUDA kernels: run it on a GPU")
     device = torch.device("cuda")
@@ -177,6 +208,7 @@ def main() -> None:
         records=records,
     )
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, Path(args.json).with_suffix(".png"))
     for r in records:
         if not r["method"].endswith("_sweep"):
             print(r)
