@@ -283,6 +283,9 @@ TEACHER_FORCED_SETTINGS = {
     "default": DEFAULT,
     "attn_rho0.05": LossySparseVerify(attention=SparseAttention(rho=0.05)),
     "attn_rho0.3": LossySparseVerify(attention=SparseAttention(rho=0.3)),
+    # Quest's block score: the bound of q . k from the block's elementwise key minimum and maximum
+    "attn_bounds": LossySparseVerify(attention=SparseAttention(score="bounds")),
+    "attn_bounds_rho0.05": LossySparseVerify(attention=SparseAttention(score="bounds", rho=0.05)),
 }
 
 

@@ -8,12 +8,13 @@ Per verify step and layer, each (row, KV head) attends to a set of KV blocks of 
 - the top-scoring other blocks, up to the row's budget (§3.2: every block while the row holds at most
   ``dense_below`` tokens, else ``((L - dense_below) * rho + dense_below) / block_size`` blocks, forced ones included).
 
-A block's score (Eq. 5) is the query against the block's mean key, summed over the query heads of the KV head (the
-GQA group shares one selection). Which query scores depends on the schedule: the row's first verify token for
+A block's score (Eq. 5) is the query against the block's mean key, or with ``score="bounds"`` Quest's upper bound
+from the block's elementwise key minimum and maximum (`hf_sparse_verify.kernels.block_summary.bounds`), summed over
+the query heads of the KV head (the GQA group shares one selection). Which query scores depends on the schedule: the row's first verify token for
 every verify token (``"shared"``), the first token of each group of ``group_size`` (``"approx_shared"``) or every
 token for itself (``"exact_merged"``: the union is loaded once by the kernel and masked per query).
 
-Mean keys are kept per layer (`build` after the prefill, then refreshed in place inside every verify step from the
+Mean keys (or bounds) are kept per layer (`build` after the prefill, then refreshed in place inside every verify step from the
 keys the step wrote, so they follow rollbacks: blocks past a row's length are never scored). Layers that reuse an
 anchor's selection (§3.3) keep no summaries and score nothing.
 
@@ -27,6 +28,7 @@ import torch
 from ..kernels.block_sparse import block_sparse_attention, merge_query_blocks
 from ..kernels.block_sparse.naive import selected_block_mask
 from ..kernels.block_summary import build_block_summaries, score_blocks, update_block_summaries
+from ..kernels.block_summary.bounds import build_block_bounds, score_block_bounds, update_block_bounds
 from ..kernels.topk_slots import topk_slots
 from .config import SparseAttention
 
@@ -77,6 +79,7 @@ class BlockSparseVerifyAttention:
     ):
         self.cfg = cfg
         self.source = nearest_anchors(num_layers, anchors)
+        # layer -> its block summaries: mean keys [B, H_kv, NB, D] (score "mean") or bounds [2, B, H_kv, NB, D]
         self.mean_key: dict[int, torch.Tensor] = {}
         self.record = record
         self.recorded: dict[int, torch.Tensor] = {}  # layer -> [B, H_kv, NB] bool (record mode)
@@ -86,12 +89,12 @@ class BlockSparseVerifyAttention:
         return sorted(set(self.source))
 
     def build(self, cache, pad: torch.Tensor, length: torch.Tensor) -> None:
-        """Mean keys of the selecting layers from a prefilled `SpecCache` (rows hold ``pad <= slot < length``)."""
+        """Block summaries (mean keys or bounds) of the selecting layers from a prefilled `SpecCache` (rows hold
+        ``pad <= slot < length``)."""
+        build = build_block_bounds if self.cfg.score == "bounds" else build_block_summaries
         for layer in self.selecting_layers():
             keys = cache.layers[layer].keys
-            fresh = build_block_summaries(
-                keys, pad.to(keys.device), length.to(keys.device), self.cfg.block_size
-            )
+            fresh = build(keys, pad.to(keys.device), length.to(keys.device), self.cfg.block_size)
             if layer in self.mean_key:  # in place: verify graphs captured in an earlier call read this tensor
                 self.mean_key[layer].copy_(fresh)
             else:
@@ -125,7 +128,8 @@ class BlockSparseVerifyAttention:
         (``score_blocks``), then the top blocks of each (row, KV head, query row) in ascending order
         (``topk_slots``: a radix select, no sort). Two launches on the GPU, the PyTorch references elsewhere."""
         cfg, q_len = self.cfg, view.step.q_len
-        batch, h_kv, nb = mean_key.shape[0], mean_key.shape[1], mean_key.shape[2]
+        summaries = mean_key[0] if cfg.score == "bounds" else mean_key  # [B, H_kv, NB, D] (the shape counts)
+        batch, h_kv, nb = summaries.shape[0], summaries.shape[1], summaries.shape[2]
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
         # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
@@ -139,9 +143,12 @@ class BlockSparseVerifyAttention:
         # [R, B, H, D] query rows against [R, B, H_kv, NB, D] (a stride-0 view of the summaries)
         q_rows = rows.permute(2, 0, 1, 3)
         # length = start: every candidate block lies before the new tokens (blocks past it are never picked)
-        scores = score_blocks(
-            q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
-        )
+        if cfg.score == "bounds":
+            scores = score_block_bounds(q_rows, mean_key, view.pad, view.start, cfg.block_size)
+        else:
+            scores = score_blocks(
+                q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
+            )
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
         ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)
         picked = topk_slots(ranked, lo, hi, count, k_max, recent=local)  # [R * H_kv, B, k_max]
@@ -165,12 +172,13 @@ class BlockSparseVerifyAttention:
             mean_key = self.mean_key.get(layer)
             if mean_key is None:
                 return None
-            update_block_summaries(key, mean_key, view.pad, view.start, view.step.q_len, self.cfg.block_size)
+            update = update_block_bounds if self.cfg.score == "bounds" else update_block_summaries
+            update(key, mean_key, view.pad, view.start, view.step.q_len, self.cfg.block_size)
             selection = self._select(query, key, mean_key, view)
             self._selection[layer] = selection
             if self.record:
                 # [B, H_kv, NB]: the blocks of the selection (the union over queries for merged schedules)
-                self.recorded[layer] = selected_block_mask(selection[0], selection[1], mean_key.shape[2])[
+                self.recorded[layer] = selected_block_mask(selection[0], selection[1], mean_key.shape[-2])[
                     :, :, 0
                 ]
         if self.record:

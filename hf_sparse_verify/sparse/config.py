@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEDULES = ("shared", "approx_shared", "exact_merged")
+BLOCK_SCORES = ("mean", "bounds")
 MOE_RULES = ("threshold", "budget", "row_union")
 
 
@@ -43,7 +44,9 @@ class SparseAttention:
 
     Each verify step of layer ``l`` attends to the sink block, the last ``local_blocks`` blocks before the new
     tokens, the blocks holding the new tokens, and the top-scoring other blocks; a block's score is the query
-    against the block's mean key (summed over the KV head's query heads). Budget per row (§3.2): every block while
+    against the block's mean key (``score="mean"``, the paper's Eq. 5) or the upper bound of the query against the
+    block's keys from their elementwise minimum and maximum (``score="bounds"``, Quest's), summed over the KV head's
+    query heads. Budget per row (§3.2): every block while
     the row holds at most ``dense_below`` tokens, else ``((L - dense_below) * rho + dense_below) / block_size``
     blocks.
 
@@ -61,6 +64,9 @@ class SparseAttention:
             nearest preceding anchor's selection. Needs a calibration with anchors; False: every layer picks.
         anchors: number of anchor layers the calibration chooses (lowest Jaccard similarity to the previous
             layer); None: a quarter of the layers.
+        score: the block score, ``"mean"`` (the query against the block's mean key; a Triton kernel on the GPU) or
+            ``"bounds"`` (Quest: ``sum_d max(q_d min_d, q_d max_d)`` over the block's keys; twice the summary
+            memory, plain PyTorch ops for now).
     """
 
     block_size: int = 64
@@ -71,6 +77,7 @@ class SparseAttention:
     group_size: int = 4
     reuse: bool = False
     anchors: int | None = None
+    score: str = "mean"
 
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 16)
@@ -88,6 +95,8 @@ class SparseAttention:
             raise ValueError(f"reuse must be True or False, got {self.reuse!r}")
         if self.anchors is not None:
             _int("anchors", self.anchors, 1)
+        if self.score not in BLOCK_SCORES:
+            raise ValueError(f"unknown block score {self.score!r}: use one of {BLOCK_SCORES}")
 
     def budget_blocks(self, length: int) -> int:
         """Blocks a row of ``length`` tokens keeps (host-side twin of the device rule)."""

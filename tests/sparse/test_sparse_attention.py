@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_sparse_verify as hsv
 from hf_sparse_verify.drivers.calibrate import calibrate
 from hf_sparse_verify.kernels.block_summary import build_block_summaries
+from hf_sparse_verify.kernels.block_summary.bounds import build_block_bounds
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention
 from hf_sparse_verify.sparse.attention import BlockSparseVerifyAttention, nearest_anchors, row_budget
 from hf_sparse_verify.sparse.calibration import SparseCalibration, find_calibration
@@ -70,11 +71,12 @@ def _dense_masked(query, key, value, view, allowed):
     return (logits.softmax(-1) @ v).transpose(1, 2)
 
 
+@pytest.mark.parametrize("score", ["mean", "bounds"])
 @pytest.mark.parametrize("schedule", ["shared", "approx_shared", "exact_merged"])
-def test_selection_and_output_match_naive_definition(schedule):
+def test_selection_and_output_match_naive_definition(schedule, score):
     bs = 16
     cfg = SparseAttention(
-        block_size=bs, rho=0.2, dense_below=32, local_blocks=1, schedule=schedule, group_size=2
+        block_size=bs, rho=0.2, dense_below=32, local_blocks=1, schedule=schedule, group_size=2, score=score
     )
     query, key, value, view = _setup()
     b, h, q_len, d = query.shape
@@ -82,7 +84,8 @@ def test_selection_and_output_match_naive_definition(schedule):
     nb = c // bs
     attn = BlockSparseVerifyAttention(cfg, num_layers=1)
     length = view.start + q_len
-    attn.mean_key[0] = build_block_summaries(key, view.pad, length, bs)
+    build = build_block_bounds if score == "bounds" else build_block_summaries
+    attn.mean_key[0] = build(key, view.pad, length, bs)
     out = attn.attend(types.SimpleNamespace(layer_idx=0), query, key, value, view, 1 / math.sqrt(d))
 
     allowed = torch.zeros(b, h_kv, q_len, c, dtype=torch.bool)
@@ -95,13 +98,18 @@ def test_selection_and_output_match_naive_definition(schedule):
         for g in range(h_kv):
             for i in range(q_len):
                 rep = {"shared": 0, "approx_shared": i - i % 2, "exact_merged": i}[schedule]
-                qg = query[row, g * 2 : g * 2 + 2, rep].sum(0)
-                means = [
-                    key[row, g, max(j * bs, pad) : min((j + 1) * bs, start + q_len)].mean(0)
-                    for j in range(nb)
-                ]
+                heads = query[row, g * 2 : g * 2 + 2, rep]  # [2, d]: the GQA group's query heads
+                blocks = [key[row, g, max(j * bs, pad) : min((j + 1) * bs, start + q_len)] for j in range(nb)]
+
+                def block_score(j, heads=heads, blocks=blocks):
+                    if score == "mean":
+                        return float(heads.sum(0) @ blocks[j].mean(0))
+                    # Quest: per head, sum over channels of the larger of q * min and q * max
+                    low, high = blocks[j].amin(0), blocks[j].amax(0)
+                    return float(torch.maximum(heads * low, heads * high).sum())
+
                 candidates = [j for j in range(sink, last_new + 1) if j not in forced]
-                scored = sorted(candidates, key=lambda j: (j not in local, -float(qg @ means[j])))
+                scored = sorted(candidates, key=lambda j: (j not in local, -block_score(j)))
                 chosen = set(scored[: max(keep, 0)]) | forced
                 for j in chosen:
                     allowed[row, g, i, j * bs : (j + 1) * bs] = True
