@@ -30,6 +30,7 @@ from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, rope_qk_cache, row_l
 from ..kernels.qkv_rope.naive import rotate_half
 from ..kernels.qkv_rope.tiles import linear_block_n, proj_block_n
 from .gptj import _no_eager
+from .low_bit_linear import LowBitLinear
 
 #: ``o_proj`` of fused steps on the Triton `row_linear` (one launch, overlapping its neighbours through programmatic
 #: dependent launch) rather than ``nn.Linear`` (cuBLAS split-K + reduction); benchmarks switch it for A/B runs
@@ -57,13 +58,15 @@ _QK_NORM = frozenset({"Qwen3Attention", "Qwen3MoeAttention"})
 
 
 def replaceable_attention(module: torch.nn.Module) -> bool:
-    """Whether `FusedQKVAttention` computes what ``module`` computes: an allow-listed class with ``nn.Linear``
-    projections (biases on all of q/k/v or none) and, for the Qwen3 classes, RMSNorms with ``variance_epsilon``."""
+    """Whether `FusedQKVAttention` computes what ``module`` computes: an allow-listed class whose four projections
+    are all ``nn.Linear`` or all `LowBitLinear` (a low-bit draft copy's; biases on all of q/k/v or none) and, for
+    the Qwen3 classes, RMSNorms with ``variance_epsilon``."""
     name = type(module).__name__
     if name not in REPLACEABLE:
         return False
     projections = [getattr(module, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    if not all(type(p) is torch.nn.Linear for p in projections):
+    kinds = {type(p) for p in projections}
+    if kinds != {torch.nn.Linear} and kinds != {LowBitLinear}:
         return False
     if len({p.bias is None for p in projections[:3]}) != 1:
         return False
@@ -115,6 +118,9 @@ class FusedQKVAttention(torch.nn.Module):
         elif source == "config":
             self.sliding_window = getattr(original.config, "sliding_window", None)
         self._passes_window = source is not None
+        # a low-bit draft copy's projections run the low-bit matmul (one launch each); the rotary, cache-write and
+        # output paths are the same as for the model's own weights
+        self.low_bit = isinstance(self.q_proj, LowBitLinear)
         self._block_n = proj_block_n(self.q_proj.out_features, self.k_proj.out_features)
         self._out_block_n = linear_block_n(self.o_proj.out_features)
 
@@ -123,7 +129,7 @@ class FusedQKVAttention(torch.nn.Module):
         if not compiled_on(hidden_states.device):
             return False
         dtype = hidden_states.dtype
-        weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos]
+        weights = [cos] if self.low_bit else [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos]
         weights += [n.weight for n in (self.q_norm, self.k_norm) if n is not None]
         return cos.shape[-1] == self.head_dim and all(w.dtype == dtype for w in weights)
 
@@ -132,7 +138,7 @@ class FusedQKVAttention(torch.nn.Module):
         a cache ``layer`` and its ``slots`` (`SpecLayer.direct_write_slots`), k and v go into the layer's buffers in
         the rotary launch and its ``keys`` / ``values`` come back instead."""
         biases = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
-        if x.shape[0] <= MAX_ROWS and self._block_n is not None:
+        if x.shape[0] <= MAX_ROWS and self._block_n is not None and not self.low_bit:
             q, k, v = qkv_proj(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, *biases)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -209,6 +215,7 @@ class FusedQKVAttention(torch.nn.Module):
         if (
             fused
             and TRITON_O_PROJ
+            and not self.low_bit
             and rows <= MAX_ROWS
             and self._out_block_n is not None
             and self.o_proj.weight.dtype == out.dtype

@@ -159,3 +159,31 @@ def test_auto_takes_the_low_bit_copy_as_a_candidate_when_asked():
         speculation=dict(strategy="auto", draft_weights="int4"), return_dict_in_generate=True,
     )  # fmt: skip
     assert torch.equal(out.sequences, expected)
+
+
+def test_fused_attention_takes_a_low_bit_copys_projections():
+    """The copy's attention is replaceable by `FusedQKVAttention` (all four projections low-bit; a mix is not), and
+    the replacement computes what the copy's own attention computes (the eager path, as on CPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_sparse_verify.integrations.qkv_attention import FusedQKVAttention, replaceable_attention
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    target = LlamaForCausalLM(config).eval()
+    copy = low_bit_copy(target, "int4", group_size=32)
+    attention = copy.model.layers[0].self_attn
+    assert replaceable_attention(attention) and replaceable_attention(target.model.layers[0].self_attn)
+    fused = FusedQKVAttention(attention)
+    assert fused.low_bit and fused.q_proj is attention.q_proj
+    hidden = torch.randn(2, 5, 64)
+    position_ids = torch.arange(5)[None].expand(2, -1)
+    cos_sin = copy.model.rotary_emb(hidden, position_ids)
+    expected, _ = attention(hidden, cos_sin, None)
+    got, _ = fused(hidden, cos_sin, None)
+    torch.testing.assert_close(got, expected)
+    attention.o_proj = target.model.layers[0].self_attn.o_proj  # a mix of low-bit and bf16 projections
+    assert not replaceable_attention(attention)

@@ -30,47 +30,20 @@ import weakref
 
 import torch
 
-from ...kernels.low_bit import (
-    LOW_BIT_FORMATS,
-    dequantize,
-    low_bit_linear,
-    pack,
-    quantize,
-    quantized_bytes,
-    unpack,
-)
+from ...integrations.low_bit_linear import LowBitLinear
+from ...kernels.low_bit import LOW_BIT_FORMATS, quantized_bytes
 from .draft_model import DraftModelDrafter
 
-
-class LowBitLinear(torch.nn.Module):
-    """A linear layer whose weight is stored in ``fmt`` (``"int8"`` per output channel, ``"int4"`` per group of
-    ``group_size`` input channels, packed two per byte) and applied by ``hsv::low_bit_linear``; its bias (if any)
-    is the original's.
-
-    Args:
-        linear: the ``nn.Linear`` to round (left as it is).
-        fmt: ``"int8"`` or ``"int4"``.
-        group_size: input channels per int4 scale.
-    """
-
-    def __init__(self, linear: torch.nn.Linear, fmt: str, group_size: int = 128):
-        super().__init__()
-        values, scales = quantize(linear.weight, fmt, group_size)
-        self.register_buffer("stored", pack(values, fmt).to(linear.weight.device))
-        self.register_buffer("scales", scales.to(linear.weight.device))
-        self.bias = linear.bias
-        self.fmt, self.group_size = fmt, group_size
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return low_bit_linear(x, self.stored, self.scales, self.fmt, self.group_size, self.bias)
-
-    def dequantized(self, dtype=torch.float32) -> torch.Tensor:
-        """The ``[out, in]`` weight the layer applies."""
-        return dequantize(unpack(self.stored, self.fmt), self.scales, self.fmt, dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, group {self.group_size}"
+__all__ = [
+    "LowBitDrafter",
+    "LowBitLinear",
+    "default_group",
+    "draft_weight_bytes",
+    "low_bit_bytes",
+    "low_bit_copy",
+    "low_bit_draft_for",
+    "low_bit_linears",
+]
 
 
 def low_bit_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
