@@ -286,6 +286,9 @@ TEACHER_FORCED_SETTINGS = {
     # Quest's block score: the bound of q . k from the block's elementwise key minimum and maximum
     "attn_bounds": LossySparseVerify(attention=SparseAttention(score="bounds")),
     "attn_bounds_rho0.05": LossySparseVerify(attention=SparseAttention(score="bounds", rho=0.05)),
+    # blocks of 16 slots (Quest's page size) for either score, the same token budget
+    "attn_b16": LossySparseVerify(attention=SparseAttention(block_size=16)),
+    "attn_bounds_b16": LossySparseVerify(attention=SparseAttention(score="bounds", block_size=16)),
 }
 
 
