@@ -232,13 +232,14 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     common = dict(
         INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
         GROUP=group_size, PARTIAL=split > 1, num_warps=tiles["warps"], num_stages=tiles["stages"],
-        **pdl_launch(x.device),
     )  # fmt: skip
     if gemv:
-        _low_bit_gemv_kernel[(grid_m, grid_n, split)](*args, **common)
+        _low_bit_gemv_kernel[(grid_m, grid_n, split)](*args, **common, **pdl_launch(x.device))
     else:
         dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
-        _low_bit_linear_kernel[(grid_m, grid_n, split)](*args, DOT_DTYPE=dot_dtype, **common)
+        _low_bit_linear_kernel[(grid_m, grid_n, split)](
+            *args, DOT_DTYPE=dot_dtype, **common, **pdl_launch(x.device)
+        )
     if split > 1:
         block = 1024
         _low_bit_reduce_kernel[(rows, triton.cdiv(n_out, block))](
