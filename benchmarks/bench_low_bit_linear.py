@@ -4,8 +4,9 @@ achieved read bandwidth (stored weights + scales + activations) over the measure
 layer in bf16 through ``F.linear`` (cuBLAS) and, where this torch has it, PyTorch's own int4 kernel
 (``torch.ops.aten._weight_int4pack_mm``, tinygemm, group 128, asymmetric) as the alternative considered.
 
-``--sweep`` also times our kernel over a grid of launch settings (`kernel.TILES`: output block, input block, stages,
-split K) at rows 1 and 8 and records each as method ``hsv_{fmt}_sweep`` with its ``tiles``.
+``--sweep`` also times our kernel at one row over a grid of launch settings (output block x input block of the
+settings each format's one-row launch takes: `kernel.GEMV_TILES` for int4, `kernel.TILES` for int8) and records each
+as method ``hsv_{fmt}_sweep`` with its ``tiles``.
 
 Writes ``--json`` (default ``benchmarks/results/low_bit_linear.json``): ``records``, one per (shape, layer, rows,
 method), with ``us``, ``bytes``, ``GBps``, ``of_copy_bandwidth``; a method that fails records its error.
@@ -80,6 +81,27 @@ def _tinygemm(weight: torch.Tensor, group: int = 128):
     return lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, group, scales_zeros.to(torch.bfloat16))
 
 
+def _timed(args, name: str, out: int, inp: int, rows: int, method: str, fn, weight_bytes: int, bandwidth: float,
+           **extra) -> dict:  # fmt: skip
+    """One record: ``fn`` timed (`graph_us`) against the bytes it moves (weights + activations + output), or the
+    error it raised."""
+    try:
+        us = graph_us(fn)
+    except Exception as err:
+        return dict(layer=name, rows=rows, method=method, **extra, error=f"{type(err).__name__}: {err}"[:300])
+    moved = weight_bytes + rows * inp * 2 + rows * out * 2
+    gbps = moved / us / 1e3
+    return dict(
+        shape=args.shape, layer=name, out=out, inp=inp, rows=rows, method=method, **extra, us=round(us, 2),
+        bytes=moved, GBps=round(gbps, 1), of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3),
+    )  # fmt: skip
+
+
+def _quantized(weight: torch.Tensor, fmt: str, group: int):
+    values, scales = quantize(weight, fmt, group)
+    return pack(values, fmt), scales
+
+
 def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandwidth: float) -> list[dict]:
     """Every method on one layer shape and row count."""
     weight = torch.randn(out, inp, device=device, dtype=torch.bfloat16) * 0.02
@@ -87,8 +109,7 @@ def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandw
     methods = {"bf16_cublas": (lambda: F.linear(x, weight), weight.nbytes)}
     records = []
     for fmt in ("int8", "int4"):
-        values, scales = quantize(weight, fmt, args.group_size)
-        stored = pack(values, fmt)
+        stored, scales = _quantized(weight, fmt, args.group_size)
         methods[f"hsv_{fmt}"] = (
             lambda s=stored, c=scales, f=fmt: low_bit_linear(x, s, c, f, args.group_size),
             stored.nbytes + scales.nbytes,
@@ -100,51 +121,28 @@ def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandw
         error = f"{type(err).__name__}: {err}"[:300]
         records.append(dict(layer=name, rows=rows, method="torch_int4_tinygemm", error=error))
     for method, (fn, weight_bytes) in methods.items():
-        try:
-            us = graph_us(fn)
-        except Exception as err:
-            records.append(dict(layer=name, rows=rows, method=method, error=f"{type(err).__name__}: {err}"[:300]))
-            continue
-        moved = weight_bytes + x.nbytes + rows * out * 2
-        gbps = moved / us / 1e3
-        records.append(
-            dict(
-                shape=args.shape, layer=name, out=out, inp=inp, rows=rows, method=method, us=round(us, 2),
-                bytes=moved, GBps=round(gbps, 1), of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3),
-            )  # fmt: skip
-        )
+        records.append(_timed(args, name, out, inp, rows, method, fn, weight_bytes, bandwidth))
     return records
 
 
-def _sweep_records(args, name: str, out: int, inp: int, rows: int, device, bandwidth: float) -> list[dict]:
-    """Our kernel over a grid of `low_bit_kernel.TILES` settings on one layer shape and row count."""
+def _sweep_records(args, name: str, out: int, inp: int, device, bandwidth: float) -> list[dict]:
+    """Our kernel at one row over a grid of launch settings (output block x input block), for each format the
+    settings its one-row launch takes (int4: `low_bit_kernel.GEMV_TILES`, int8: `low_bit_kernel.TILES`)."""
     weight = torch.randn(out, inp, device=device, dtype=torch.bfloat16) * 0.02
-    x = torch.randn(rows, inp, device=device, dtype=torch.bfloat16)
-    records, default = [], dict(low_bit_kernel.TILES)
+    x = torch.randn(1, inp, device=device, dtype=torch.bfloat16)
+    records = []
     for fmt in ("int8", "int4"):
-        values, scales = quantize(weight, fmt, args.group_size)
-        stored = pack(values, fmt)
-        moved = stored.nbytes + scales.nbytes + x.nbytes + rows * out * 2
-        block_ks = (128, 256) if fmt == "int8" else (64, 128)
-        for block_n, block_k, stages, split in itertools.product((16, 32, 64), block_ks, (2, 4), (1, 2, 4, 8)):
-            tiles = dict(default, block_n=block_n, block_k=block_k, stages=stages, split_k=split)
-            low_bit_kernel.TILES.update(tiles)
+        stored, scales = _quantized(weight, fmt, args.group_size)
+        tiles = low_bit_kernel.GEMV_TILES if fmt == "int4" else low_bit_kernel.TILES
+        default = dict(tiles)
+        for block_n, block_k in itertools.product((16, 32, 64), (128, 256, 512)):
+            tiles.update(block_n=block_n, block_k=block_k)
             try:
-                us = graph_us(lambda s=stored, c=scales, f=fmt: low_bit_linear(x, s, c, f, args.group_size))
-            except Exception as err:
-                records.append(dict(layer=name, rows=rows, method=f"hsv_{fmt}_sweep", tiles=tiles,
-                                    error=f"{type(err).__name__}: {err}"[:300]))  # fmt: skip
-                continue
+                fn = lambda s=stored, c=scales, f=fmt: low_bit_linear(x, s, c, f, args.group_size)  # noqa: E731
+                records.append(_timed(args, name, out, inp, 1, f"hsv_{fmt}_sweep", fn,
+                                      stored.nbytes + scales.nbytes, bandwidth, tiles=dict(tiles)))  # fmt: skip
             finally:
-                low_bit_kernel.TILES.update(default)
-            gbps = moved / us / 1e3
-            records.append(
-                dict(
-                    shape=args.shape, layer=name, out=out, inp=inp, rows=rows, method=f"hsv_{fmt}_sweep",
-                    tiles=tiles, us=round(us, 2), bytes=moved, GBps=round(gbps, 1),
-                    of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3),
-                )  # fmt: skip
-            )
+                tiles.update(default)
     return records
 
 
@@ -195,9 +193,8 @@ def main() -> None:
     for name, (out, inp), rows in tqdm(todo, desc="low-bit linear"):
         records.extend(_layer_records(args, name, out, inp, rows, device, bandwidth))
     if args.sweep:
-        todo = [(n, s, r) for n, s in layers(args.shape).items() for r in (1, 8)]
-        for name, (out, inp), rows in tqdm(todo, desc="launch settings"):
-            records.extend(_sweep_records(args, name, out, inp, rows, device, bandwidth))
+        for name, (out, inp) in tqdm(layers(args.shape).items(), desc="launch settings"):
+            records.extend(_sweep_records(args, name, out, inp, device, bandwidth))
     report = dict(
         benchmark="low_bit_linear",
         machine=machine_info(device),

@@ -52,6 +52,29 @@ PROGRAMS_PER_SM = 4
 
 
 @triton.jit
+def _group_scales(S, offs_n, n_ok, g, n_groups):
+    """The int4 scales ``[N, G]`` of output channels ``offs_n`` for groups ``g`` (0 past the last group)."""
+    mask = n_ok[:, None] & (g < n_groups)[None, :]
+    return tl.load(S + offs_n[:, None].to(tl.int64) * n_groups + g[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(
+    acc, B, OUT, WS, offs_m, offs_n, m_ok, n_ok, n_rows, n_out, s_o, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr
+):  # fmt: skip
+    """A program's ``[M, N]`` float32 sums: into the workspace ``[slices, n_rows, n_out]`` at its slice when the
+    input channels are split (``PARTIAL``), else plus the bias, in the output's dtype."""
+    if PARTIAL:
+        p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
+        tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
+        tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _low_bit_linear_kernel(
     X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
     INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -76,11 +99,7 @@ def _low_bit_linear_kernel(
             j = k0 // 2 + offs_j  # byte index in the row
             j_ok = j < n_in // 2
             b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
-            g = k0 // GROUP + offs_g
-            scale = tl.load(
-                S + offs_n[:, None].to(tl.int64) * n_groups + g[None, :], mask=n_ok[:, None] & (g < n_groups)[None, :],
-                other=0.0,
-            )[:, :, None]  # [N, GROUPS, 1]
+            scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)[:, :, None]  # [N, GROUPS, 1]
             low = ((b_w & 0xF).to(tl.int32) - 8).to(tl.float32)
             high = ((b_w >> 4).to(tl.int32) - 8).to(tl.float32)
             low = tl.reshape(tl.reshape(low, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])
@@ -98,14 +117,7 @@ def _low_bit_linear_kernel(
             b_x = tl.load(X + rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc = tl.dot(b_x, tl.trans(b_w), acc, input_precision="ieee")
         acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
-    if PARTIAL:  # float32 partial sums of this slice: [slices, n_rows, n_out]
-        p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
-        tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        if HAS_BIAS:
-            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
-        tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _store_tile(acc, B, OUT, WS, offs_m, offs_n, m_ok, n_ok, n_rows, n_out, s_o, HAS_BIAS, PARTIAL)
 
 
 @triton.jit
@@ -134,11 +146,7 @@ def _low_bit_gemv_kernel(
             b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
             low = (b_w & 0xF).to(tl.float32)  # the stored value + 8
             high = (b_w >> 4).to(tl.float32)
-            g = k0 // GROUP + offs_g
-            scale = tl.load(
-                S + offs_n[:, None].to(tl.int64) * n_groups + g[None, :], mask=n_ok[:, None] & (g < n_groups)[None, :],
-                other=0.0,
-            )  # [N, GROUPS]
+            scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)  # [N, GROUPS]
             for m in tl.static_range(BLOCK_M):
                 x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
                 x_even = tl.load(x_row + 2 * j, mask=j_ok, other=0.0).to(tl.float32)
@@ -160,14 +168,7 @@ def _low_bit_gemv_kernel(
                 part = tl.sum(b_w * b_x[None, :], axis=1)  # [N]
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
         acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
-    if PARTIAL:  # float32 partial sums of this slice: [slices, n_rows, n_out]
-        p_w = WS + (tl.program_id(2) * n_rows + offs_m[:, None]).to(tl.int64) * n_out + offs_n[None, :]
-        tl.store(p_w, acc, mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        if HAS_BIAS:
-            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        p_o = OUT + offs_m[:, None].to(tl.int64) * s_o + offs_n[None, :]
-        tl.store(p_o, acc.to(OUT.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _store_tile(acc, B, OUT, WS, offs_m, offs_n, m_ok, n_ok, n_rows, n_out, s_o, HAS_BIAS, PARTIAL)
 
 
 @triton.jit
