@@ -102,7 +102,9 @@ def test_shadow_scores_switch_to_prompt_lookup_without_a_trial():
             member != "pl"
         ):  # scored against the tokens the step committed: censored when it matched all of them
             emitted = 1 + accepted[0]
-            shadow = {"pl": [(0, Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0))]}
+            shadow = {
+                "pl": [(0, Step(emitted, emitted, (emitted,), 0.0) if copyable else Step(8, 8, (0,), 0.0))]
+            }
         parts = _parts(member, k)
         planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={
             "member": member, "issued": k, "parts": parts, "shadow": shadow}))  # fmt: skip
@@ -689,7 +691,9 @@ def test_planning_happens_in_prepare_not_after_the_readback(monkeypatch):
         before = len(estimates)
         accepted = [min(k, 3)] if member == "dm" else [0]
         parts = _parts(member, k)
-        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+        planner.observe(
+            StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts})
+        )
         after_readback += len(estimates) - before
     assert estimates, "prepare never estimated"
     assert after_readback == 0
@@ -723,7 +727,9 @@ def test_k_climbs_when_every_draft_is_accepted_despite_a_noisy_verify_bump():
         assert member == "pl"
         verify = 1.0 + 0.01 * k + (0.1 if k == 14 else 0.0)  # width 15 measured dear by noise
         parts = (0.05, verify, 0.2)
-        planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+        planner.observe(
+            StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts})
+        )
     assert k == 16
 
 
@@ -733,7 +739,9 @@ def test_first_trials_priced_by_the_acceptance_of_earlier_calls():
     profile = CostProfile()
 
     def call(planner, steps=60):
-        return _simulate(planner, steps, lambda m, k, i: [k if m == "pl" and i % 3 else (1 if m == "dm" else 0)])
+        return _simulate(
+            planner, steps, lambda m, k, i: [k if m == "pl" and i % 3 else (1 if m == "dm" else 0)]
+        )
 
     first = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
     picks = call(first)
@@ -803,7 +811,9 @@ def test_no_planning_while_a_flat_cost_drafter_fills_the_largest_k(monkeypatch):
                 estimates.clear()
             planner.prepare()
             parts = (0.05 if name == "pl" else 0.01 * k, 1.0 + 0.01 * k, 0.2)
-            planner.observe(StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts}))
+            planner.observe(
+                StepOutcome(i, k, [k], sum(parts), extra={"member": member, "issued": k, "parts": parts})
+            )
         assert ks[-1] == 16, ks
         assert bool(estimates) == planned, name
 
@@ -819,9 +829,34 @@ def test_a_switch_to_a_drafter_is_priced_with_its_catch_up():
     assert planner._after_switch("dm", 4, 2.0) == 2.0  # no switch measured yet
     planner._last_ran = "pl"
     planner.state_of["dm"].steps = 1  # it drafted earlier in this call
-    planner._take(StepOutcome(0, 4, [4], 3.8, extra={"member": "dm", "issued": 4, "parts": (2.4, 1.2, 0.2)}), kept=False)
+    planner._take(
+        StepOutcome(0, 4, [4], 3.8, extra={"member": "dm", "issued": 4, "parts": (2.4, 1.2, 0.2)}), kept=False
+    )
     assert profile.switch_s("dm") == pytest.approx(2.0)  # 2.4 s against its usual 0.4 s
     cost = profile.cost("dm", 4)
     expected = 2.0 * cost * planner_module._SWITCH_HORIZON / (cost * planner_module._SWITCH_HORIZON + 2.0)
     assert planner._after_switch("dm", 4, 2.0) == pytest.approx(expected)
     assert planner._after_switch(None, 0, 2.0) == 2.0
+
+
+def test_batch_pace_counts_luck_and_real_slow_rows():
+    """`batch_pace`: one row is rated by its own tokens; rows of one kind whose runs come in bursts are rated below
+    their mean (the last of 32 rows lags) but above the unluckiest row's recent estimate; where half the rows
+    truly run nothing (plenty of runs, all misses) the batch is rated near one token per step."""
+    k = 8
+    rng = np.random.default_rng(0)
+    age = np.tile(np.arange(23, -1, -1), (32, 1))
+    accepted = np.where(rng.random((32, 24)) < 0.4, k, 0)  # each row: 0 or all 8 drafts, at random
+    per_row = planner_module.row_expected_tokens(age, np.full((32, 24), k), accepted, k)
+    w = 0.5 ** (age / planner_module._HALF_LIFE)
+    weight = w.sum(axis=1) ** 2 / (w**2).sum(axis=1)
+    remaining = np.full(32, 256.0)
+    pace = planner_module.batch_pace(per_row, weight, remaining)
+    mean = per_row[:, k].mean()
+    assert per_row[:, k].min() + 0.3 < pace[k] < mean - 0.5
+    one = planner_module.batch_pace(per_row[:1], weight[:1], remaining[:1])
+    np.testing.assert_allclose(one, np.maximum(np.minimum(per_row[0], 256.0), 1.0))
+    stuck = accepted.copy()
+    stuck[::2] = 0  # every other row never accepts a draft
+    per_row = planner_module.row_expected_tokens(age, np.full((32, 24), k), stuck, k)
+    assert planner_module.batch_pace(per_row, weight, remaining)[k] < 0.6 * pace[k]

@@ -337,9 +337,7 @@ class CostProfile:
         return min(values) if values else None
 
 
-def row_expected_tokens(
-    age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int
-) -> np.ndarray:
+def row_expected_tokens(age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int) -> np.ndarray:
     """Expected tokens per step of each row at K = 0 .. max_k, from its recent runs: ``[R, max_k + 1]``.
 
     ``age``, ``issued``, ``accepted``: ``[R, W]`` runs per row (``age`` in runs behind the newest, negative for an
@@ -385,11 +383,58 @@ def row_expected_tokens(
         else:
             before = survival[:, known - 1]
             ratio = np.where(
-                before > 0, np.minimum(_EXTRAPOLATION_RATIO, survival[:, known] / np.maximum(before, 1e-30)), 0.0
+                before > 0,
+                np.minimum(_EXTRAPOLATION_RATIO, survival[:, known] / np.maximum(before, 1e-30)),
+                0.0,
             )
         powers = np.arange(1, max_k - known + 1)
         survival[:, known + 1 :] = survival[:, known : known + 1] * ratio[:, None] ** powers
     return np.cumsum(survival, axis=1)
+
+
+def batch_pace(per_row: np.ndarray, weight: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    """Tokens per step at K = 0 .. max_k by which a static batch's end comes nearer: the most remaining tokens over
+    the expected steps of the row that finishes last.
+
+    ``per_row``: `row_expected_tokens` of the active rows ``[R, K + 1]``; ``weight``: their effective count of runs
+    ``[R]``;
+    ``remaining``: tokens each may still generate ``[R]``. Two things make a batch slower than its mean row:
+    - rows differ (a row prompt lookup finds nothing to copy in): each row's rate, shrunk toward the rows' mean as
+      far as its own runs are thin against the spread between rows (an empirical-Bayes estimate), so one row's
+      unlucky runs do not pass for a slow row. The price: one slow row among many alike is shrunk toward them
+      (one fresh request among copy-heavy ones reads about half-way to the mean);
+    - luck: a row needing ``n`` steps at ``m`` tokens per step with spread ``s`` per step (the variance of its run
+      lengths, from the same survival curve) lags ``z * s * sqrt(n)`` tokens behind, and the last of ``R`` rows
+      lags by ``z = sqrt(2 ln R)`` (the largest of R normal deviates). A drafter whose runs come in bursts (prompt
+      lookup: 0 or 16) pays this most.
+    One H200, bench_e2e at 32 x 8K: prompt lookup's mean row ran 4.0 tokens per step, the slowest 2.4 per step over
+    the call (255 / 106 steps), where the least of the rows' recent estimates (what the planner used) said 1.0 and
+    chose Vegas at 0.67x prompt lookup's speed; this estimate gives about 2.5 there.
+
+    Example (16 rows that all run 0 or 8 drafts by turns: the batch is slower than the mean row, not stuck at 1):
+        >>> runs = np.array([[1.0] + [0.5] * 8])  # survival 1 then 0.5 up to K = 8
+        >>> per_row = np.repeat(np.cumsum(runs, axis=1), 16, axis=0)
+        >>> pace = batch_pace(per_row, np.full(16, 6.0), np.full(16, 256.0))
+        >>> bool(2.0 < pace[8] < per_row[0, 8] - 1.0)
+        True
+    """
+    count = per_row.shape[0]
+    survival = np.diff(per_row, axis=1, prepend=0.0)  # P(tokens >= j + 1)
+    second = np.cumsum(survival * (2.0 * np.arange(per_row.shape[1]) + 1.0), axis=1)  # E[tokens ** 2]
+    spread = np.maximum(second - per_row**2, 0.0)  # [R, K + 1]
+    z = math.sqrt(2.0 * math.log(count)) if count > 1 else 0.0
+    if count > 1:
+        mean = per_row.mean(axis=0)
+        noise = spread.mean(axis=0) / np.maximum(weight, 1.0)[:, None]  # [R, K + 1]: variance of a row's mean
+        between = np.maximum(per_row.var(axis=0) - noise.mean(axis=0), 0.0)  # spread of the rows' true rates
+        kept = between / np.maximum(between + noise, 1e-12)
+        per_row = mean + kept * (per_row - mean)
+    remaining = np.maximum(remaining, 1.0)[:, None]
+    rate = np.maximum(np.minimum(per_row, remaining), 1.0)
+    steps = remaining / rate
+    lag = z * np.sqrt(spread * steps)  # tokens behind after those steps
+    pace = np.maximum((remaining - lag) / steps, 1.0)  # [R, K + 1]
+    return remaining.max() / (remaining / pace).max(axis=0)
 
 
 class _Runs:
@@ -413,17 +458,24 @@ class _Runs:
     def largest_k(self, rows) -> int:
         return max((i for r in rows if r < len(self.rows) for i, _ in self.rows[r]), default=0)
 
-    def expected_tokens(self, rows, max_k: int) -> np.ndarray:
-        """`row_expected_tokens` of ``rows``."""
+    def expected_tokens(self, rows, max_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`row_expected_tokens` of ``rows``, and each row's effective count of runs (``(sum w) ** 2 / sum w ** 2``
+        of their weights ``w = 0.5 ** (age / _HALF_LIFE)``)."""
         shape = (len(rows), _ROW_WINDOW)
-        age, issued, accepted = np.full(shape, -1), np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        age, issued, accepted = (
+            np.full(shape, -1),
+            np.zeros(shape, dtype=np.int64),
+            np.zeros(shape, dtype=np.int64),
+        )
         for n, r in enumerate(rows):
             runs = self.rows[r] if r < len(self.rows) else ()
             if runs:
                 count = len(runs)
                 age[n, :count] = np.arange(count - 1, -1, -1)
                 issued[n, :count], accepted[n, :count] = zip(*runs)
-        return row_expected_tokens(age, issued, accepted, max_k)
+        weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)
+        runs = weight.sum(axis=1) ** 2 / np.maximum((weight**2).sum(axis=1), 1e-12)
+        return row_expected_tokens(age, issued, accepted, max_k), runs
 
 
 @dataclass
@@ -437,7 +489,9 @@ class _Trial:
 @dataclass
 class _MemberState:
     runs: _Runs
-    short: deque  # K of its recent drafting steps that ran shorter than issued (it had fewer drafts), else None
+    short: (
+        deque  # K of its recent drafting steps that ran shorter than issued (it had fewer drafts), else None
+    )
     last_step: int | None = None  # step index it last drafted at
     backoff: int = 0
     steps: int = 0  # evidence updates (its own steps and scored proposals)
@@ -502,7 +556,9 @@ class Planner(KPolicy):
         self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
         self._remaining = max_k + 1  # the most tokens a row needed at the last `next_step`
         self._estimates: dict = {}  # what the last `prepare` estimated (reported by `state`)
-        self._filled: tuple[str, int] | None = None  # (drafter, K) of the last step if every row accepted all K
+        self._filled: tuple[str, int] | None = (
+            None  # (drafter, K) of the last step if every row accepted all K
+        )
         self._last_ran = K0  # the drafter (or plain) of the last outcome taken in
         self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
         self.active: list[bool] = []  # rows still generating after the last step
@@ -567,7 +623,9 @@ class Planner(KPolicy):
         for name in self.members:
             k, u = self._memo.get(("b", name), (None, None))
             tokens = self._memo.get(("crit", name))
-            self._estimates[name] = None if u is None else (k, u, None if tokens is None else float(tokens[k]))
+            self._estimates[name] = (
+                None if u is None else (k, u, None if tokens is None else float(tokens[k]))
+            )
 
     def _most_remaining(self) -> int:
         """The most tokens an active row may still generate, as of the last outcome taken in."""
@@ -587,7 +645,9 @@ class Planner(KPolicy):
 
     def _take(self, outcome: StepOutcome, kept: bool) -> None:
         member = outcome.extra.get("member") or K0
-        finished = "active" in outcome.extra and list(outcome.extra["active"]) != self.active and bool(self.active)
+        finished = (
+            "active" in outcome.extra and list(outcome.extra["active"]) != self.active and bool(self.active)
+        )
         if not kept or finished or self.trial is not None or self._memo.get(("has", member)) is False:
             # estimates change with every observation: none are kept, or this step was a trial or a drafter's first
             # runs, or a row finished (a choice that turns on them must see them)
@@ -607,11 +667,17 @@ class Planner(KPolicy):
         for name, row_steps in outcome.extra.get("shadow", {}).items():
             shadowed = self.state_of[name]
             # (row, `Step`): a proposal scored against the row's continuation
-            shadowed.runs.add_rows(
-                [row for row, _ in row_steps],
+            issued_, accepted_ = (
                 [step.issued for _, step in row_steps],
                 [step.accepted[0] for _, step in row_steps],
             )
+            shadowed.runs.add_rows([row for row, _ in row_steps], issued_, accepted_)
+            if name != member and accepted_ and all(0 < a == i for i, a in zip(issued_, accepted_)):
+                # every row would have taken all of another drafter's proposals: choose again now rather than keep
+                # this step's choice `_REPLAN_EVERY` steps (one H200, 1 x 16K random tokens: four Vegas steps at
+                # 3.6 ms of drafting each while prompt lookup's scored proposals were all accepted)
+                self._memo.clear()
+                self._estimated_at = self.step
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
             self.profile.add_runs(
@@ -673,8 +739,8 @@ class Planner(KPolicy):
         return self._memo[key]
 
     def _critical_tokens(self, member: str) -> np.ndarray | None:
-        """Tokens per step at K = 0 .. max_k of the row that needs the most steps to finish (its expected tokens times
-        the most remaining tokens over its own remaining tokens); None without runs of active rows."""
+        """Tokens per step at K = 0 .. max_k by which the call's end comes nearer (`batch_pace`: the row expected to
+        finish last, its own rate and the luck of the rest counted); None without runs of active rows."""
         key = ("crit", member)
         if key in self._memo:
             return self._memo[key]
@@ -685,11 +751,12 @@ class Planner(KPolicy):
             cache_key = (state.steps, tuple(rows))
             if state.tokens is None or state.tokens[0] != cache_key:
                 state.tokens = (cache_key, state.runs.expected_tokens(rows, self.max_k))
-            per_row = state.tokens[1]
+            per_row, weight = state.tokens[1]
             if len(self.remaining_rows) > max(rows):
-                remaining = np.maximum(np.array(self.remaining_rows, dtype=np.float64)[rows], 1.0)
-                per_row = np.minimum(per_row, remaining[:, None]) * (remaining.max() / remaining)[:, None]
-            tokens = per_row.min(axis=0)
+                remaining = np.array(self.remaining_rows, dtype=np.float64)[rows]
+            else:
+                remaining = np.full(len(rows), float(self._remaining))
+            tokens = batch_pace(per_row, weight, remaining)
         self._memo[key] = tokens
         return tokens
 
@@ -800,8 +867,10 @@ class Planner(KPolicy):
         current, _ = self.current
         if current is not None and current != best_name and best_u is not None:
             k, u = self.best_k(current)
-            if u is not None and u * (1 + self.switch_margin) >= self._after_switch(best_name, best_k, best_u) and (
-                plain is None or u > plain
+            if (
+                u is not None
+                and u * (1 + self.switch_margin) >= self._after_switch(best_name, best_k, best_u)
+                and (plain is None or u > plain)
             ):
                 best_name, best_k = current, k
             elif best_name is None and self.exploiting == current:
@@ -874,7 +943,9 @@ class Planner(KPolicy):
                 continue  # scored every step and priced: its estimate is live without a trial
             if not self._has_runs(name):
                 k = self._first_trial_k(name, best_u, remaining)
-                if k is None:  # priced, and it cannot pay now even at a good acceptance: asked again next step
+                if (
+                    k is None
+                ):  # priced, and it cannot pay now even at a good acceptance: asked again next step
                     continue
                 self._first_k[name] = k
             due.append(name)
