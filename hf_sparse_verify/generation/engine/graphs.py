@@ -51,10 +51,32 @@ def capture_graph(
                 stream=torch.cuda.Stream(device),
             ):
                 result = fn()
+        except Exception:
+            gc.enable()
+            release_generator(device)
+            raise
         finally:
             gc.enable()
     gc.collect()  # now, rather than in the middle of a later call's steps
     return graph, result
+
+
+def release_generator(device: torch.device) -> None:
+    """After a capture on ``device`` failed: take its CUDA random generator out of capture mode.
+
+    PyTorch's ``CUDAGraph.capture_end`` raises (an invalidated capture) before it ends its generators' capture, and
+    every later random op on that GPU then fails with "Offset increment outside graph capture encountered
+    unexpectedly", so an eager fallback that samples would crash. A trivial capture on the device runs the
+    generator's capture prologue and epilogue again. Errors here are left to the caller's own."""
+    try:
+        with torch.cuda.device(device):
+            scratch = torch.zeros(1, device=device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
+                scratch.add_(1)
+            del graph
+    except Exception:  # the device is broken beyond this: the original error says why
+        pass
 
 
 class CapturedCall:
