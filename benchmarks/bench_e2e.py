@@ -3,7 +3,8 @@
 Target ``code-target``, draft ``code-draft``, held-out prompts of ``prompts_long.jsonl`` cut to the shape's context
 (rows cycle through the prompts when the batch is larger than their count), greedy. Each case runs one identical
 warm-up call (it also captures the CUDA graphs of a new shape bucket, and gives plain ``generate`` its cuDNN plans),
-then ``--repeats`` timed calls (default 3; the one of median decode time is kept). Decode tokens/s = new tokens
+then ``--repeats`` rounds of one timed call per case, interleaved (each round in another order; default 3 rounds;
+per case the call of median decode time is kept). Decode tokens/s = new tokens
 after each row's first / (wall - prefill - graph capture), from ``out.speculation``; call tokens/s = all new tokens
 / wall. Plain transformers (``transformers``) has no step timers: its decode tokens/s takes the prefill from a
 prefill-only call (``max_new_tokens=1``), an estimate.
@@ -223,14 +224,36 @@ def _chosen(stats):
 
 
 def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: int = 1) -> dict:
-    """One warm-up call and ``repeats`` timed calls of ``case``; the record's measured fields come from the timed
-    call of median decode time (``decode_tokens_per_s_all`` lists every timed call's, in order)."""
-    parsed = parse_case(case)
+    """One warm-up call and ``repeats`` timed calls of ``case`` alone (`run_cases` interleaves several cases)."""
+    return run_cases([case], target, draft, ids, new_tokens, device, repeats)[case]
+
+
+def run_cases(cases, target, draft, ids, new_tokens: int, device, repeats: int = 1) -> dict:
+    """Every case's warm-up call, then ``repeats`` rounds of one timed call per case, each round in another order
+    (rotated by one case), so that a drift of the machine over the minutes a shape takes (clocks, the host's load:
+    one H200 saw our K = 0 at 1 x 4K go 1120 -> 1428 -> 2061 tokens/s over three back-to-back calls) lands on every
+    case alike instead of on whichever ran last. Per case its record: the measured fields come from the timed call
+    of median decode time (``decode_tokens_per_s_all`` lists every timed call's, in order)."""
+    parsed = {case: parse_case(case) for case in cases}
+    first = {case: _call(parsed[case], target, draft, ids, new_tokens, device) for case in cases}  # warm-ups
+    timed: dict = {case: [] for case in cases}
+    for round_ in range(repeats):
+        shift = round_ % len(cases)
+        for case in [*cases[shift:], *cases[:shift]]:
+            timed[case].append(_call(parsed[case], target, draft, ids, new_tokens, device))
+    return {
+        case: _record(parsed[case], first[case], timed[case], target, draft, ids, device) for case in cases
+    }
+
+
+def _record(parsed: dict, first, timed: list, target, draft, ids, device) -> dict:
+    """A case's record from its warm-up call and timed calls (each ``(output, wall seconds)`` of `_call`)."""
     fields = {k: parsed[k] for k in ("strategy", "k_policy", "num_draft_tokens")}
-    # plain generate: the call, then a prefill-only call for the decode figure
+    repeats = len(timed)
+    # plain generate: the calls, then a prefill-only call for the decode figure
     if parsed["speculation"] is None:
-        out, _ = _call(parsed, target, draft, ids, new_tokens, device)  # warm-up
-        walls = sorted(_call(parsed, target, draft, ids, new_tokens, device)[1] for _ in range(repeats))
+        out = first[0]
+        walls = sorted(wall for _, wall in timed)
         wall = walls[len(walls) // 2]
         _, prefill = _call(parsed, target, draft, ids, 1, device)
         new = out[:, ids.shape[1] :]
@@ -251,12 +274,11 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: in
             wall_s=wall,
             repeats=repeats,
         )
-    first, _ = _call(parsed, target, draft, ids, new_tokens, device)  # warm-up
 
     def decode_time(s) -> float:
         return s.wall_time_s - s.prefill_time_s - s.graph_capture_s
 
-    timed = [_call(parsed, target, draft, ids, new_tokens, device)[0].speculation for _ in range(repeats)]
+    timed = [out.speculation for out, _ in timed]
     rates = [(sum(t.new_tokens) - len(t.new_tokens)) / decode_time(t) for t in timed]
     s = sorted(timed, key=decode_time)[len(timed) // 2]
     decode_s = decode_time(s)
@@ -272,7 +294,7 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: in
         verify_ms=1000 * s.verify_time_s / steps,
         update_ms=1000 * s.update_time_s / steps,
         capture_s=s.graph_capture_s,
-        first_capture_s=first.speculation.graph_capture_s,
+        first_capture_s=first[0].speculation.graph_capture_s,
         prefill_s=s.prefill_time_s,
         wall_s=s.wall_time_s,
         loop_s=s.loop_time_s,
@@ -281,6 +303,7 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: in
         repeats=repeats,
         decode_tokens_per_s_all=rates,
         capture_s_all=[t.graph_capture_s for t in timed],
+        interleaved=True,
     )
     chosen = _chosen(s)
     if chosen is not None or parsed["strategy"] == "auto":
@@ -292,7 +315,14 @@ def run_case(case: str, target, draft, ids, new_tokens: int, device, repeats: in
 def step_trace(s) -> dict:
     """The kept call's steps, for ``--trace``: per step the drafter, K, accepted and proposed drafts per row (None
     for finished rows), the (draft, verify, update) seconds and what the K policy reported."""
-    fields = ("members", "draft_tokens", "accepted_tokens", "proposed_tokens", "step_parts_s", "policy_states")
+    fields = (
+        "members",
+        "draft_tokens",
+        "accepted_tokens",
+        "proposed_tokens",
+        "step_parts_s",
+        "policy_states",
+    )
     return {name: getattr(s, name) for name in fields}
 
 
@@ -318,10 +348,7 @@ def run_shape(
     ``content="random"`` runs random-token prompts (records ``prompt: "random"``, settings ``...:random:<case>``)."""
     batch, context = (int(x) for x in shape.split("x"))
     ids = prompts(Path(prompts_path), tokenizer, batch, context, device, content)
-    results = {
-        case: run_case(case, target, draft, ids, new_tokens, device, repeats)
-        for case in tqdm(cases, desc=shape)
-    }
+    results = run_cases(list(cases), target, draft, ids, new_tokens, device, repeats)
     k0 = results.get("k0", {}).get("decode_tokens_per_s")
     plain = results.get("transformers", {}).get("call_tokens_per_s")
     out = []
@@ -435,7 +462,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", nargs="+", default=CASES)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="timed calls per case after the warm-up; the median one is kept"
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed calls per case after the warm-up; the median one is kept",
     )
     parser.add_argument(
         "--prompt", choices=["held_out", "random"], default="held_out",
@@ -486,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
             _records.save(args, record, args.device, setting=setting)
     if args.mixed:
         calls = mixed_sequence(prompts_path, tokenizer, args.mixed_scale, args.device)
+
         def save(setting: str, record: dict) -> None:  # each case as measured (a cut run keeps it)
             _records.save(args, record, args.device, setting=setting)
 

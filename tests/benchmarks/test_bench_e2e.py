@@ -131,3 +131,32 @@ def test_plot_draws_shapes_and_mixed(tmp_path):
     assert out.stat().st_size > 0
     assert plot_e2e.main(["--results", str(results), "--device", "cpu"]) == results.with_suffix(".png")
     assert results.with_suffix(".png").stat().st_size > 0
+
+
+def test_timed_calls_of_the_cases_are_interleaved(monkeypatch):
+    """Every case's warm-up first, then rounds of one timed call per case, each round starting one case later; each
+    record keeps its own timed calls."""
+    from types import SimpleNamespace
+
+    order = []
+
+    def fake_call(parsed, target, draft, ids, new_tokens, device):
+        order.append(parsed["case"])
+        wall = 1.0 + len(order)  # each later call slower: a drift
+        stats = SimpleNamespace(
+            wall_time_s=wall, prefill_time_s=0.1, graph_capture_s=0.0, new_tokens=[9], steps=4,
+            mean_acceptance_length=2.0, draft_time_s=0.1, verify_time_s=0.2, update_time_s=0.1, loop_time_s=wall,
+            between_steps_s=0.0, policy_time_s=0.0, chosen=None, members=[], draft_tokens=[], accepted_tokens=[],
+            proposed_tokens=[], step_parts_s=[], policy_states=[],
+        )  # fmt: skip
+        return SimpleNamespace(speculation=stats), wall
+
+    real_parse = bench_e2e.parse_case
+    monkeypatch.setattr(bench_e2e, "parse_case", lambda case: {**real_parse(case), "case": case})
+    monkeypatch.setattr(bench_e2e, "_call", fake_call)
+    cases = ["k0", "prompt_lookup:4", "auto"]
+    records = bench_e2e.run_cases(cases, None, None, None, 8, "cpu", repeats=3)
+    assert order == [*cases, *cases, "prompt_lookup:4", "auto", "k0", "auto", "k0", "prompt_lookup:4"]
+    for case, calls in (("k0", (4, 9, 11)), ("auto", (6, 8, 10))):
+        rates = records[case]["decode_tokens_per_s_all"]
+        assert rates == [8 / (1.0 + n - 0.1) for n in calls]
