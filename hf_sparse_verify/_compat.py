@@ -62,6 +62,10 @@ CACHE_KWARG = "cache" if Version(version("transformers")) >= Version("5.24.0") e
 #: sliding window)
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
+#: cache layer kinds whose recurrent state is a short convolution's last inputs, which our `SpecCache` keeps per slot
+#: (`hf_sparse_verify.attention.cache.SpecConvLayer`): LFM2's ``conv`` layers
+CONV_LAYER_TYPES = frozenset({"conv"})
+
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
 _LAYER_TYPE_REASONS = {
     "conv": "convolution layers with a recurrent state (hybrid model)",
@@ -195,7 +199,7 @@ def architecture_refusal(model) -> str | None:
         layer_types, _ = get_layer_types_and_kwargs(text)
     except Exception as e:  # noqa: BLE001 - a config without per-layer structure
         return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})"
-    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES)
+    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES - CONV_LAYER_TYPES)
     if unknown:
         why = "; ".join(
             f"{kind!r}: {_LAYER_TYPE_REASONS.get(kind, 'a cache layer kind we do not implement')}"
@@ -203,6 +207,15 @@ def architecture_refusal(model) -> str | None:
         )
         return f"{prefix} it has cache layers of kind {why}"
     return None
+
+
+def conv_layer_indices(model) -> list[int]:
+    """Indices of ``model``'s short-convolution cache layers (`CONV_LAYER_TYPES`); empty for attention-only models."""
+    try:
+        layer_types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    except Exception:  # noqa: BLE001 - no per-layer structure: attention only (`architecture_refusal` says so)
+        return []
+    return [i for i, kind in enumerate(layer_types) if kind in CONV_LAYER_TYPES]
 
 
 def set_attn_implementation(model, name: str) -> None:
@@ -328,6 +341,8 @@ def recover_assistant_model():
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
+    "CONV_LAYER_TYPES",
+    "conv_layer_indices",
     "ATTENTION_REPLACED_MODEL_TYPES",
     "MISMATCHED_MODEL_TYPES",
     "RECURRENT_MODEL_TYPES",

@@ -227,7 +227,9 @@ class SpeculationConfig:
         if self.draft_weight_group is not None:
             _check_int("draft_weight_group", self.draft_weight_group)
             if self.draft_weight_group < 2 or self.draft_weight_group % 2:
-                raise ValueError(f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}")
+                raise ValueError(
+                    f"draft_weight_group must be an even number >= 2, got {self.draft_weight_group}"
+                )
         _check_int("prompt_lookup_max_ngram", self.prompt_lookup_max_ngram)
         _check_int("prompt_lookup_min_ngram", self.prompt_lookup_min_ngram)
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:

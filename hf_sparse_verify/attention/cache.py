@@ -10,12 +10,17 @@ business: rolling back rejected drafts is moving a row's length back, with no co
 
 Sliding-window layers keep the full history too; the window is applied by the attention mask. That costs
 memory on long contexts but keeps rollback trivial.
+
+Short-convolution layers of hybrid models (LFM2's ``conv`` layers: a causal depthwise convolution over the last few
+inputs) keep their inputs the same way (`SpecConvLayer`): one ``[B, C, capacity]`` buffer of each slot's input, from
+which a step reads the window its convolution needs. Their state after any number of accepted drafts is then just
+the inputs before the next step's slots, and rolls back as the KV does.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from ..kernels.cache_write import cache_write
 from ..step import current_step
@@ -94,6 +99,79 @@ class SpecLayer(CacheLayerMixin):
             self.values.zero_()
 
 
+class SpecConvLayer(LinearAttentionCacheLayerMixin):
+    """A short-convolution layer of a `SpecCache`: each cache slot's convolution input, ``[B, C, capacity]``.
+
+    ``update_conv_state`` writes the step's inputs ``[B, C, W]`` at the step's slots and returns the window the
+    model's causal convolution runs over: the ``kernel - 1`` inputs before each row's first new slot, then the new
+    ones (``[B, C, kernel - 1 + W]``; slots of the row's left padding, and before slot 0, read as zeros, as plain
+    ``generate`` zeroes padded inputs). The model keeps the last ``W`` outputs. It never reports a previous state
+    (`Cache.get_conv_state` returns None), so models take this path at every step rather than updating a state in
+    place, and a rejected draft's input is simply overwritten by the next step. Recurrent states (SSM,
+    linear-attention) are refused with the reason."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: SpecCache, layer_idx: int):
+        super().__init__(number_of_states=1)
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self.inputs: torch.Tensor | None = None
+        self.is_initialized = False
+
+    def lazy_initialization(
+        self, conv_states=None, recurrent_states=None, state_idx: int = 0, **kwargs
+    ) -> None:
+        if recurrent_states is not None:
+            self.update_recurrent_state(recurrent_states, state_idx)
+        batch, channels = conv_states.shape[:2]
+        if batch != self.owner.batch_size:
+            raise ValueError(
+                f"SpecCache was built for batch {self.owner.batch_size}, got conv inputs of batch {batch}"
+            )
+        self.dtype, self.device = conv_states.dtype, conv_states.device
+        self.inputs = torch.zeros(batch, channels, self.owner.capacity, dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update_conv_state(
+        self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None, **kwargs
+    ) -> torch.Tensor:
+        """Write the step's convolution inputs ``[B, C, W]``; return ``[B, C, kernel - 1 + W]`` to convolve."""
+        if conv_kernel_size is None:
+            raise ValueError(
+                f"layer {self.layer_idx}: the model gave no conv_kernel_size; the cache cannot size the window"
+            )
+        if not self.is_initialized:
+            self.lazy_initialization(conv_states=conv_states)
+        step = current_step()
+        width = conv_states.shape[-1]
+        if width != step.q_len:
+            raise ValueError(f"step announced {step.q_len} new tokens, the layer wrote {width}")
+        view = step.on(self.device)
+        slots = view.query_slots  # [B, W]
+        channels = self.inputs.shape[1]
+        self.inputs.scatter_(2, slots[:, None, :].expand(-1, channels, -1), conv_states.to(self.dtype))
+        back = conv_kernel_size - 1
+        window = slots[:, :1] + torch.arange(-back, width, device=self.device)  # [B, back + W]
+        valid = (window >= view.pad[:, None]) & (window >= 0)
+        index = window.clamp(0, self.owner.capacity - 1)[:, None, :].expand(-1, channels, -1)
+        return self.inputs.gather(2, index) * valid[:, None, :].to(self.dtype)
+
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs
+    ) -> torch.Tensor:
+        raise NotImplementedError(
+            f"layer {self.layer_idx} keeps a recurrent (state-space / linear-attention) state, which cannot be "
+            "rolled back after rejected drafts yet: hf_sparse_verify supports hybrid models whose recurrent layers "
+            "are short convolutions only (LFM2)"
+        )
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.inputs.zero_()
+
+
 class SpecCache(Cache):
     """Preallocated cache of ``capacity`` slots per row for ``num_layers`` layers.
 
@@ -103,12 +181,15 @@ class SpecCache(Cache):
         8
     """
 
-    def __init__(self, num_layers: int, batch_size: int, capacity: int):
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, conv_layers=()):
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
         self.batch_size_ = batch_size
         self.capacity = capacity
-        super().__init__(layers=[SpecLayer(self, i) for i in range(num_layers)])
+        conv = set(conv_layers)
+        super().__init__(
+            layers=[SpecConvLayer(self, i) if i in conv else SpecLayer(self, i) for i in range(num_layers)]
+        )
 
     @property
     def batch_size(self) -> int:
@@ -124,7 +205,12 @@ class SpecCache(Cache):
     @property
     def nbytes(self) -> int:
         """Bytes of the keys and values allocated so far (layers allocate on their first write)."""
-        return sum(t.nbytes for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values))
+        return sum(
+            t.nbytes
+            for layer in self.layers
+            if layer.is_initialized
+            for t in ((layer.inputs,) if isinstance(layer, SpecConvLayer) else (layer.keys, layer.values))
+        )
 
     def layer_device(self, layer_idx: int) -> torch.device | None:
         layer = self.layers[layer_idx]

@@ -191,7 +191,9 @@ def copied_share(prompt: torch.Tensor, output: torch.Tensor, n: int = 4) -> floa
 
 
 @torch.no_grad()
-def generate_freely(model, prompt: torch.Tensor, new_tokens: int, setting: LossySparseVerify | None, k: int = 6):
+def generate_freely(
+    model, prompt: torch.Tensor, new_tokens: int, setting: LossySparseVerify | None, k: int = 6
+):
     """Greedy generation with prompt lookup at K = ``k`` (dense verification, or ``setting``'s): ``(new token ids,
     mean acceptance length)``."""
     device = model.get_input_embeddings().weight.device
@@ -271,7 +273,9 @@ def next_line_task(
             )  # fmt: skip
             for row, (_, line) in enumerate(chunk):
                 text = tokenizer.decode(generated[row, ids.shape[1] :]).split("\n")[0].strip()
-                out[name]["per_line"].append((float(text == line.strip()), edit_similarity(text, line.strip())))
+                out[name]["per_line"].append(
+                    (float(text == line.strip()), edit_similarity(text, line.strip()))
+                )
     for result in out.values():
         lines = result["per_line"]
         result.update(

@@ -27,7 +27,6 @@ FLOAT32_SCORES = frozenset({"MixtralTopKRouter"})
 MAX_ROWS = 16
 
 
-
 def replaceable_router(module: torch.nn.Module) -> bool:
     """Whether `FusedRouter` computes exactly what ``module`` computes: an allow-listed class holding only its
     ``[num_experts, hidden_dim]`` weight (no bias, no submodules, no hooks the replacement would drop, no

@@ -130,7 +130,9 @@ class VocabShardEmbedding(ShardedModule):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         inside = (local >= 0) & (local < self.rows)
-        out = F.embedding(local.clamp(0, self.rows - 1), self.weight) * inside[..., None].to(self.weight.dtype)
+        out = F.embedding(local.clamp(0, self.rows - 1), self.weight) * inside[..., None].to(
+            self.weight.dtype
+        )
         dist.all_reduce(out, group=self.group)
         return out
 
@@ -165,7 +167,12 @@ def _group(weight):
 def _attention_swaps(module) -> list | None:
     if not qkv_attention.replaceable_attention(module) or module.o_proj.bias is not None:
         return None
-    if [_placement(getattr(module, p).weight) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] != [0, 0, 0, 1]:
+    if [_placement(getattr(module, p).weight) for p in ("q_proj", "k_proj", "v_proj", "o_proj")] != [
+        0,
+        0,
+        0,
+        1,
+    ]:
         return None
     size = module.q_proj.weight.device_mesh.size()
     heads = module.q_proj.out_features // module.head_dim
@@ -233,5 +240,8 @@ def local_shard_swaps(model: torch.nn.Module) -> tuple[list, str | None]:
                 covered.update(id(p) for p in child.parameters())
     left = [n for n, p in model.named_parameters() if isinstance(p, DTensor) and id(p) not in covered]
     if left:
-        return [], f"sharded weights our local-shard modules do not cover: {left[:4]}{' ...' if len(left) > 4 else ''}"
+        return (
+            [],
+            f"sharded weights our local-shard modules do not cover: {left[:4]}{' ...' if len(left) > 4 else ''}",
+        )
     return swaps + inner, None

@@ -84,7 +84,9 @@ class PortfolioDrafter(Drafter):
         names = ["prompt_lookup"]
         if draft_model is not None or config.draft_model is not None:
             names.append("draft_model")
-        elif config.draft_weights is not None:  # the target's low-bit copy, asked for, with a cache of its own
+        elif (
+            config.draft_weights is not None
+        ):  # the target's low-bit copy, asked for, with a cache of its own
             names.append("low_bit")
         if vegas:
             names.append("vegas")
@@ -103,7 +105,9 @@ class PortfolioDrafter(Drafter):
             if member.own_model:
                 # the weights its prefill multiplies with (a low-bit copy's packed layers count as whole)
                 draft = sum(p.numel() for p in member.model.parameters()) + sum(
-                    m.in_features * m.out_features for m in member.model.modules() if isinstance(m, LowBitLinear)
+                    m.in_features * m.out_features
+                    for m in member.model.modules()
+                    if isinstance(m, LowBitLinear)
                 )
                 target = (
                     sum(p.numel() for p in self.target_model.parameters()) if self.target_model else draft
@@ -261,7 +265,9 @@ class PortfolioDrafter(Drafter):
             if run == len(continuation) and run < len(proposal):  # the row stopped first: at least this long
                 steps.append((row, Step(run, run, (run,), 0.0)))
             elif run == SHADOW_WIDTH:
-                steps.append((row, Step(SHADOW_WIDTH, SHADOW_WIDTH, (run,), 0.0)))  # as long as it was asked for
+                steps.append(
+                    (row, Step(SHADOW_WIDTH, SHADOW_WIDTH, (run,), 0.0))
+                )  # as long as it was asked for
             else:  # a mismatch, or prompt lookup had no more to propose
                 steps.append((row, Step(SHADOW_WIDTH, len(proposal), (run,), 0.0)))
         self._pending = waiting

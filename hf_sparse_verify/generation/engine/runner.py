@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._compat import CACHE_KWARG
+from ..._compat import CACHE_KWARG, conv_layer_indices
 from ..._logging import warn_once
 from ...attention import SpecCache
 from ...placement import device_segments, graph_obstacle, spans_gpus
@@ -37,7 +37,12 @@ class ModelRunner:
 
     def __init__(self, model, batch: int, capacity: int, out_device, backend: str = "reference"):
         self.model = model
-        self.cache = SpecCache(model.config.get_text_config().num_hidden_layers, batch, capacity)
+        self.cache = SpecCache(
+            model.config.get_text_config().num_hidden_layers,
+            batch,
+            capacity,
+            conv_layers=conv_layer_indices(model),
+        )
         self.device = model.get_input_embeddings().weight.device
         self.out_device = out_device
         self.backend = backend
@@ -92,11 +97,12 @@ class ModelRunner:
             return False
         return True
 
-    def prefill(self, ids: torch.Tensor, chunk_tokens: int = PREFILL_TOKENS, **last_slots) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, chunk_tokens: int | None = None, **last_slots) -> torch.Tensor:
         """Write the prompts ``ids`` ``[B, T]`` at slots ``0 .. T - 1`` in chunks of at most ``chunk_tokens``
         tokens per forward (chunks aligned to the end, so the last one is whole); ``last_slots`` (a score
         collection, say) go to the last chunk only. Returns the float32 logits of the last position ``[B, 1, V]``."""
         batch, length = ids.shape
+        chunk_tokens = PREFILL_TOKENS if chunk_tokens is None else chunk_tokens
         chunk = max(16, chunk_tokens // batch)
         starts = list(range(length - chunk, 0, -chunk))[::-1]
         bounds = list(zip([0, *starts], [*starts, length]))
@@ -117,7 +123,9 @@ class ModelRunner:
     def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int = 0) -> torch.Tensor:
         """One forward of ``step``; the model's logits as they come."""
         positions = (step.start - step.pad)[:, None] + torch.arange(step.q_len, device=self.device)
-        model = self.draft_weights if step.phase is Phase.DRAFT and self.draft_weights is not None else self.model
+        model = (
+            self.draft_weights if step.phase is Phase.DRAFT and self.draft_weights is not None else self.model
+        )
         with step_scope(step):
             out = model(
                 input_ids=ids,

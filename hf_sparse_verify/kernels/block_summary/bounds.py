@@ -60,7 +60,12 @@ def build_block_bounds(
 
 
 def update_block_bounds(
-    keys: torch.Tensor, bounds: torch.Tensor, pad: torch.Tensor, start: torch.Tensor, q_len: int, block_size: int = 64
+    keys: torch.Tensor,
+    bounds: torch.Tensor,
+    pad: torch.Tensor,
+    start: torch.Tensor,
+    q_len: int,
+    block_size: int = 64,
 ) -> None:
     """Recompute in place the bounds of the blocks holding slots ``start[b] .. start[b] + q_len - 1`` (valid slots
     ``pad[b] <= slot < start[b] + q_len``: left-overs of rejected drafts past the new tokens are ignored), as

@@ -99,7 +99,9 @@ def _low_bit_linear_kernel(
             j = k0 // 2 + offs_j  # byte index in the row
             j_ok = j < n_in // 2
             b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
-            scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)[:, :, None]  # [N, GROUPS, 1]
+            scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)[
+                :, :, None
+            ]  # [N, GROUPS, 1]
             low = ((b_w & 0xF).to(tl.int32) - 8).to(tl.float32)
             high = ((b_w >> 4).to(tl.int32) - 8).to(tl.float32)
             low = tl.reshape(tl.reshape(low, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])

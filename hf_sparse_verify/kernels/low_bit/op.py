@@ -47,5 +47,7 @@ def low_bit_linear(
     if scales.dtype != torch.float32 or scales.shape[0] != stored.shape[0]:
         raise ValueError("scales must be float32 [out, groups] (from quantize)")
     lead = x.shape[:-1]
-    out = _low_bit_linear_op(x.reshape(-1, n_in).contiguous(), stored, scales.contiguous(), bias, fmt, group_size)
+    out = _low_bit_linear_op(
+        x.reshape(-1, n_in).contiguous(), stored, scales.contiguous(), bias, fmt, group_size
+    )
     return out.view(*lead, stored.shape[0])

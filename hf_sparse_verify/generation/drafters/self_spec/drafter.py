@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ....attention.cache import SpecConvLayer
 from ....step import Phase, ScoreCollection
 from ...engine.graphs import CapturedCall
 from ...engine.state import DecodeState
@@ -129,11 +130,20 @@ class SelfSpecDrafter(Drafter):
             self.recent_share,
             self.max_k,
             self.pool,
-            None if self.draft_weights is None else (self.draft_weights.config.low_bit_draft, id(self.draft_weights)),
+            None
+            if self.draft_weights is None
+            else (self.draft_weights.config.low_bit_draft, id(self.draft_weights)),
         )
 
     # ------------------------------------------------------------------------------------------------ hooks
     def attach(self, target, state: DecodeState, session) -> None:
+        if any(isinstance(layer, SpecConvLayer) for layer in target.cache.layers):
+            model_type = target.model.config.get_text_config(decoder=True).model_type
+            raise NotImplementedError(
+                f"model type {model_type!r} ({type(target.model).__name__}) is not supported: self-speculation "
+                "(Vegas, Streaming, Quest) selects KV per attention layer, and it also has short-convolution layers "
+                "(a hybrid such as LFM2); use strategy='prompt_lookup', 'draft_model' or 'auto'"
+            )
         if self.draft_weights is not None and target.segments:
             raise NotImplementedError(
                 "draft_weights with a model spread over several GPUs is not supported: leave draft_weights=None"

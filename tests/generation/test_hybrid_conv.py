@@ -1,0 +1,116 @@
+"""Hybrid models whose recurrent layers are short convolutions (LFM2's ``conv`` layers): the cache keeps each slot's
+convolution input (`SpecConvLayer`), so rejected drafts roll back as the KV does. Greedy output equals plain
+``generate`` (float32, a ragged batch), also when the prompt is prefilled in chunks; self-speculation is refused
+with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import noisy_copy
+from transformers import AutoModelForCausalLM, Lfm2Config, Lfm2MoeConfig
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.attention.cache import SpecCache, SpecConvLayer
+from hf_sparse_verify.generation.engine import runner as runner_module
+from hf_sparse_verify.step import Phase, StepContext, step_scope
+
+LAYER_TYPES = ["conv", "full_attention", "conv", "conv"]
+
+
+def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
+    sizes = dict(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, layer_types=LAYER_TYPES, conv_L_cache=3, pad_token_id=0, eos_token_id=1,
+                 bos_token_id=2)  # fmt: skip
+    if kind == "lfm2_moe":
+        config = Lfm2MoeConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                               num_dense_layers=1)  # fmt: skip
+    else:
+        config = Lfm2Config(**sizes)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # peaked outputs, as trained models have: drafts get accepted
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and "norm" not in name:
+                p.mul_(4.0)
+    return model.eval()
+
+
+def _prompt() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, -12:] = ids[:, -24:-12]  # text worth looking up
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    return ids, mask
+
+
+def _equal_plain(model, speculation: dict, **extra) -> None:
+    ids, mask = _prompt()
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
+                         return_dict_in_generate=True, **extra)  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    return out.speculation
+
+
+@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe"])
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
+def test_short_conv_hybrid_equals_plain(kind, strategy):
+    model = _hybrid(kind)
+    extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
+    speculation = (
+        {"strategy": strategy} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
+    )
+    stats = _equal_plain(model, speculation, **extra)
+    if strategy == "prompt_lookup":
+        assert stats.mean_acceptance_length > 1.2  # drafts were accepted and rejected: rollback was exercised
+
+
+def test_prefill_chunks_read_the_inputs_before_them(monkeypatch):
+    """Chunks of 16 tokens per row (the prompt in three): each chunk's window starts with the inputs before it."""
+    monkeypatch.setattr(runner_module, "PREFILL_TOKENS", 32)
+    widths = []
+    forward = runner_module.ModelRunner.run_model
+
+    def counted(self, ids, step, logits_to_keep=0):
+        if step.phase is Phase.PREFILL:
+            widths.append(ids.shape[1])
+        return forward(self, ids, step, logits_to_keep)
+
+    monkeypatch.setattr(runner_module.ModelRunner, "run_model", counted)
+    _equal_plain(_hybrid(), {"strategy": "prompt_lookup", "num_draft_tokens": 4})
+    assert widths[:3] == [8, 16, 16]
+
+
+def test_self_speculation_is_refused_with_the_reason():
+    ids, mask = _prompt()
+    with pytest.raises(NotImplementedError, match="short-convolution layers"):
+        _hybrid().generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0,
+                           custom_generate=hsv.generate, speculation={"strategy": "vegas"})  # fmt: skip
+
+
+def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():
+    """Row 1 is padded to slot 2; a step of 3 tokens at slots 4-6 reads slots 2-6 (kernel 3): the two inputs before
+    it, then its own; slots before the row's padding read as zeros."""
+    cache = SpecCache(num_layers=1, batch_size=2, capacity=10, conv_layers=[0])
+    layer = cache.layers[0]
+    assert isinstance(layer, SpecConvLayer)
+    pad = torch.tensor([0, 3])
+    history = torch.arange(2 * 4 * 10, dtype=torch.float32).reshape(2, 4, 10)
+    prefill = StepContext(
+        Phase.PREFILL, torch.zeros(2, dtype=torch.long), pad, q_len=4, kv_len=4, backend="reference"
+    )
+    with step_scope(prefill):
+        cache.update_conv_state(history[:, :, :4], 0, conv_kernel_size=3)
+    step = StepContext(Phase.VERIFY, torch.tensor([4, 4]), pad, q_len=3, kv_len=7, backend="reference")
+    new = -torch.ones(2, 4, 3)
+    with step_scope(step):
+        window = cache.update_conv_state(new, 0, conv_kernel_size=3)
+    assert window.shape == (2, 4, 5)
+    torch.testing.assert_close(window[0, :, :2], history[0, :, 2:4])
+    torch.testing.assert_close(window[1, :, :2], torch.stack([torch.zeros(4), history[1, :, 3]], dim=1))
+    torch.testing.assert_close(window[:, :, 2:], new)
+    assert cache.get_conv_state(0) is None  # models take the window path at every step
+    with pytest.raises(NotImplementedError, match="recurrent"):
+        cache.update_recurrent_state(torch.zeros(2, 4), 0)
