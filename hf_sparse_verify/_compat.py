@@ -66,6 +66,13 @@ ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 #: (`hf_sparse_verify.attention.cache.SpecConvLayer`): LFM2's ``conv`` layers
 CONV_LAYER_TYPES = frozenset({"conv"})
 
+#: model types whose ``linear_attention`` layers (a short convolution, then a recurrent state) our `SpecCache` keeps
+#: and `hf_sparse_verify.integrations.recurrent.TokenByToken` runs a token at a time in verify steps (its
+#: ``WRAPPED_CLASSES`` are their layer classes)
+LINEAR_ATTENTION_MODEL_TYPES = frozenset(
+    {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini", "qwen4_exp_text", "bamba"}
+)
+
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
 _LAYER_TYPE_REASONS = {
     "conv": "convolution layers with a recurrent state (hybrid model)",
@@ -170,7 +177,7 @@ def architecture_refusal(model) -> str | None:
     if supports_dynamic is not None and not supports_dynamic():
         return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
     hybrid = [name for name in _HYBRID_CONFIG_FIELDS if getattr(text, name, None) is not None]
-    if hybrid:
+    if hybrid and text.model_type not in LINEAR_ATTENTION_MODEL_TYPES:
         return (
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
             f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
@@ -199,7 +206,7 @@ def architecture_refusal(model) -> str | None:
         layer_types, _ = get_layer_types_and_kwargs(text)
     except Exception as e:  # noqa: BLE001 - a config without per-layer structure
         return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})"
-    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES - CONV_LAYER_TYPES)
+    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES - CONV_LAYER_TYPES - _linear_types(text))
     if unknown:
         why = "; ".join(
             f"{kind!r}: {_LAYER_TYPE_REASONS.get(kind, 'a cache layer kind we do not implement')}"
@@ -209,13 +216,20 @@ def architecture_refusal(model) -> str | None:
     return None
 
 
-def conv_layer_indices(model) -> list[int]:
-    """Indices of ``model``'s short-convolution cache layers (`CONV_LAYER_TYPES`); empty for attention-only models."""
+def _linear_types(text) -> frozenset:
+    return frozenset({"linear_attention"}) if text.model_type in LINEAR_ATTENTION_MODEL_TYPES else frozenset()
+
+
+def recurrent_layer_indices(model) -> list[int]:
+    """Indices of ``model``'s recurrent cache layers we keep (`CONV_LAYER_TYPES`, and the ``linear_attention``
+    layers of `LINEAR_ATTENTION_MODEL_TYPES`); empty for attention-only models."""
+    text = model.config.get_text_config(decoder=True)
     try:
-        layer_types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+        layer_types, _ = get_layer_types_and_kwargs(text)
     except Exception:  # noqa: BLE001 - no per-layer structure: attention only (`architecture_refusal` says so)
         return []
-    return [i for i, kind in enumerate(layer_types) if kind in CONV_LAYER_TYPES]
+    kept = CONV_LAYER_TYPES | _linear_types(text)
+    return [i for i, kind in enumerate(layer_types) if kind in kept]
 
 
 def set_attn_implementation(model, name: str) -> None:
@@ -342,7 +356,8 @@ def recover_assistant_model():
 __all__ = [
     "ATTENTION_LAYER_TYPES",
     "CONV_LAYER_TYPES",
-    "conv_layer_indices",
+    "LINEAR_ATTENTION_MODEL_TYPES",
+    "recurrent_layer_indices",
     "ATTENTION_REPLACED_MODEL_TYPES",
     "MISMATCHED_MODEL_TYPES",
     "RECURRENT_MODEL_TYPES",

@@ -55,7 +55,6 @@ ARCHITECTURES: dict[str, tuple[type, dict]] = {
 }
 
 
-
 @contextlib.contextmanager
 def decoding_experts(*models: torch.nn.Module, use_fused: bool | None = None, expert_skipping: bool = False):
     """The experts implementation of decoding steps for ``models``, through the library's one switch (no attention

@@ -121,7 +121,9 @@ def test_hooks_that_only_move_inputs_inside_a_layer_allow_replacements():
         kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
         assert kinds == ["GatedMLP", "LlamaMLP", "LlamaMLP", "GatedMLP"]
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["LlamaMLP"] * 4
-    assert not swappable(model.model.norm, in_layer=False)  # outside a layer: its inputs may come from elsewhere
+    assert not swappable(
+        model.model.norm, in_layer=False
+    )  # outside a layer: its inputs may come from elsewhere
     assert swappable(model.model.layers[0].mlp, in_layer=True) and not swappable(model.model.layers[0].mlp)
 
 

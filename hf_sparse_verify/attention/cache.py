@@ -99,32 +99,73 @@ class SpecLayer(CacheLayerMixin):
             self.values.zero_()
 
 
-class SpecConvLayer(LinearAttentionCacheLayerMixin):
-    """A short-convolution layer of a `SpecCache`: each cache slot's convolution input, ``[B, C, capacity]``.
+class _PreviousState:
+    """``has_previous_state`` of a `SpecConvLayer`: True once a step has tokens before it (the host bound
+    ``kv_len - q_len``), for every state index; read by transformers' `Cache.get_conv_state` /
+    ``get_recurrent_state``."""
 
-    ``update_conv_state`` writes the step's inputs ``[B, C, W]`` at the step's slots and returns the window the
-    model's causal convolution runs over: the ``kernel - 1`` inputs before each row's first new slot, then the new
-    ones (``[B, C, kernel - 1 + W]``; slots of the row's left padding, and before slot 0, read as zeros, as plain
-    ``generate`` zeroes padded inputs). The model keeps the last ``W`` outputs. It never reports a previous state
-    (`Cache.get_conv_state` returns None), so models take this path at every step rather than updating a state in
-    place, and a rejected draft's input is simply overwritten by the next step. Recurrent states (SSM,
-    linear-attention) are refused with the reason."""
+    def __init__(self, layer: SpecConvLayer):
+        self.layer = layer
+
+    def __getitem__(self, state_idx: int) -> bool:
+        step = current_step(required=False)
+        return step is not None and step.kv_len - step.q_len > 0 and self.layer.ring is not None
+
+    def values(self):
+        return [self[0]]
+
+
+class _StateBefore:
+    """``recurrent_states`` of a `SpecConvLayer`: index 0 is each row's state after the slot before the current
+    step's first token, ``[B, ...]``, read from the layer's ring."""
+
+    def __init__(self, layer: SpecConvLayer):
+        self.layer = layer
+
+    def __getitem__(self, state_idx: int) -> torch.Tensor:
+        layer = self.layer
+        view = current_step().on(layer.device)
+        rows = torch.arange(layer.ring.shape[0], device=layer.device)
+        return layer.ring[rows, (view.start - 1).remainder(layer.ring.shape[1])]
+
+
+class SpecConvLayer(LinearAttentionCacheLayerMixin):
+    """A recurrent layer of a hybrid model in a `SpecCache`: its convolution inputs per slot, and its recurrent state
+    after each of the last `RING` slots.
+
+    - **Convolution** (LFM2's ``conv`` layers, and the short convolution before a linear-attention layer):
+      ``update_conv_state`` writes the step's inputs ``[B, C, W]`` at the step's slots into ``[B, C, capacity]`` and
+      returns the window the model's causal convolution runs over: the ``kernel - 1`` inputs before each row's first
+      new slot, then the new ones (``[B, C, kernel - 1 + W]``; slots of the row's left padding, and before slot 0,
+      read as zeros, as plain ``generate`` zeroes padded inputs). The model keeps the last ``W`` outputs. The layer
+      says it records its past (``record_past``), so models take this path at every step instead of updating a
+      state in place; a rejected draft's input is simply overwritten by the next step.
+    - **Recurrent state** (a linear-attention or state-space layer): ``update_recurrent_state`` keeps the state it
+      is given as the state after the step's last slot, in a ring of `RING` slots per row; ``get_recurrent_state``
+      reads the state after the slot before the step. A layer that runs a verify step one token at a time
+      (`hf_sparse_verify.integrations.recurrent.TokenByToken`) leaves the state after every token there, so the
+      next step, which starts after the last accepted token, finds its state without any rollback.
+    """
 
     is_compileable = True
     is_sliding = False
+    #: recurrent states kept per row: more than the widest step (the largest K + 1) plus one
+    RING = 32
 
     def __init__(self, owner: SpecCache, layer_idx: int):
         super().__init__(number_of_states=1)
         self.owner = owner
         self.layer_idx = layer_idx
+        self.record_past = True
         self.inputs: torch.Tensor | None = None
+        self.ring: torch.Tensor | None = None
+        self.has_previous_state = _PreviousState(self)
+        self.recurrent_states = _StateBefore(self)
         self.is_initialized = False
 
     def lazy_initialization(
         self, conv_states=None, recurrent_states=None, state_idx: int = 0, **kwargs
     ) -> None:
-        if recurrent_states is not None:
-            self.update_recurrent_state(recurrent_states, state_idx)
         batch, channels = conv_states.shape[:2]
         if batch != self.owner.batch_size:
             raise ValueError(
@@ -161,15 +202,27 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
     def update_recurrent_state(
         self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs
     ) -> torch.Tensor:
-        raise NotImplementedError(
-            f"layer {self.layer_idx} keeps a recurrent (state-space / linear-attention) state, which cannot be "
-            "rolled back after rejected drafts yet: hf_sparse_verify supports hybrid models whose recurrent layers "
-            "are short convolutions only (LFM2)"
+        """Keep ``recurrent_states`` ``[B, ...]`` as each row's state after the current step's last slot."""
+        if state_idx != 0:
+            raise NotImplementedError(f"layer {self.layer_idx}: one recurrent state per layer is supported")
+        step = current_step()
+        if self.ring is None:
+            shape = (recurrent_states.shape[0], self.RING, *recurrent_states.shape[1:])
+            self.ring = torch.zeros(shape, dtype=recurrent_states.dtype, device=recurrent_states.device)
+        if self.device is None:
+            self.device = recurrent_states.device
+        view = step.on(self.ring.device)
+        rows = torch.arange(self.ring.shape[0], device=self.ring.device)
+        self.ring[rows, (view.start + step.q_len - 1).remainder(self.RING)] = recurrent_states.to(
+            self.ring.dtype
         )
+        return recurrent_states
 
     def reset(self) -> None:
         if self.is_initialized:
             self.inputs.zero_()
+        if self.ring is not None:
+            self.ring.zero_()
 
 
 class SpecCache(Cache):
@@ -181,12 +234,12 @@ class SpecCache(Cache):
         8
     """
 
-    def __init__(self, num_layers: int, batch_size: int, capacity: int, conv_layers=()):
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, recurrent_layers=()):
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
         self.batch_size_ = batch_size
         self.capacity = capacity
-        conv = set(conv_layers)
+        conv = set(recurrent_layers)
         super().__init__(
             layers=[SpecConvLayer(self, i) if i in conv else SpecLayer(self, i) for i in range(num_layers)]
         )
@@ -194,6 +247,16 @@ class SpecCache(Cache):
     @property
     def batch_size(self) -> int:
         return self.batch_size_
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens before the current step (every layer holds the same slots; also for models with no attention
+        layer, whose `Cache.get_seq_length` would refuse)."""
+        step = current_step(required=False)
+        return 0 if step is None else step.kv_len - step.q_len
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        step = current_step(required=False)
+        return (step.kv_len if step is not None else self.capacity), 0
 
     def check_fits(self, kv_len: int) -> None:
         if kv_len > self.capacity:
@@ -209,7 +272,11 @@ class SpecCache(Cache):
             t.nbytes
             for layer in self.layers
             if layer.is_initialized
-            for t in ((layer.inputs,) if isinstance(layer, SpecConvLayer) else (layer.keys, layer.values))
+            for t in (
+                (layer.inputs, *(() if layer.ring is None else (layer.ring,)))
+                if isinstance(layer, SpecConvLayer)
+                else (layer.keys, layer.values)
+            )
         )
 
     def layer_device(self, layer_idx: int) -> torch.device | None:

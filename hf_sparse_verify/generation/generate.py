@@ -91,7 +91,7 @@ def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, promp
         and _graph_obstacle(model) is None
         and prompt_len >= VEGAS_MIN_PROMPT
         and not (sparse is not None and sparse.attention is not None)
-        and not _compat.conv_layer_indices(
+        and not _compat.recurrent_layer_indices(
             model
         )  # its selection is per attention layer (short-convolution hybrids)
     )

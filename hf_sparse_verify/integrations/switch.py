@@ -47,6 +47,7 @@ from . import (
     gptj,
     mlp,
     qkv_attention,
+    recurrent,
     rms_norm,
     router,
     segments,
@@ -154,6 +155,12 @@ def _device_segment(module, walk: _Walk):
     return None
 
 
+def _token_by_token(module, walk: _Walk):
+    """Linear-attention layers of hybrid models run verify steps one token at a time (`recurrent.TokenByToken`): not
+    an optimisation, what keeps their recurrent state exact after rejected drafts."""
+    return recurrent.TokenByToken(module) if recurrent.wraps(module) else None
+
+
 def _decoder_layer(module, walk: _Walk):
     if (
         walk.fused("decoder_layer")
@@ -228,6 +235,7 @@ ATTENTION_REPLACEMENTS = (
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
 RULES = (
     Rule("device_segment", _device_segment, descend=True),
+    Rule("token_by_token", _token_by_token),
     Rule("decoder_layer", _decoder_layer, descend=True),
     Rule("dispatching_attention", _dispatching_attention),
     Rule("qkv_attention", _qkv_attention),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,6 +77,21 @@ class StepContext:
             raise ValueError(f"phase must be one of {[p.value for p in Phase]}, got {self.phase!r}") from None
         if self.q_len < 1:
             raise ValueError(f"q_len must be >= 1, got {self.q_len}")
+
+    def token(self, index: int) -> StepContext:
+        """The context of this step's token ``index`` alone (one new token per row at ``start + index``): layers
+        whose state advances token by token (`hf_sparse_verify.integrations.recurrent.TokenByToken`) run a step
+        as one call per token."""
+        return dataclasses.replace(
+            self,
+            start=self.start + index,
+            q_len=1,
+            kv_len=self.kv_len - self.q_len + index + 1,
+            no_padding=False,
+            uniform_start=False,
+            host_pad=None,
+            _views={},
+        )
 
     def on(self, device: torch.device) -> DeviceView:
         """The per-device tensors of this step, built on first use."""

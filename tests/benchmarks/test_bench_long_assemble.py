@@ -8,7 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, holding the benchmarks package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # the repository root, holding the benchmarks package
 from benchmarks import bench_long  # noqa: E402
 
 MACHINE = dict(commit="c0ffee", date="2026-11-27", gpu="test")

@@ -15,7 +15,9 @@ from conftest import make_model
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.prompt_lookup import PromptLookupDrafter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, holding the benchmarks package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # the repository root, holding the benchmarks package
 from benchmarks import replay_cascade as replay  # noqa: E402
 
 NEW_TOKENS = 40

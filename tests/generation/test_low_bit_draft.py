@@ -86,8 +86,13 @@ def test_low_bit_strategy_equals_plain_generate_and_makes_its_copy_once(weights)
     settings = dict(strategy="low_bit", num_draft_tokens=3, draft_weights=weights, draft_weight_group=16)
     runs = [
         model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=17, do_sample=False, custom_generate=hsv.generate,
-            speculation=settings, return_dict_in_generate=True,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=17,
+            do_sample=False,
+            custom_generate=hsv.generate,
+            speculation=settings,
+            return_dict_in_generate=True,
         )  # fmt: skip
         for _ in range(2)
     ]
@@ -97,7 +102,9 @@ def test_low_bit_strategy_equals_plain_generate_and_makes_its_copy_once(weights)
         assert out.speculation.mean_acceptance_length > 1.0  # the copy's drafts are taken
     copies = low_bit._COPIES[model]
     assert list(copies) == [(weights, 16)]  # one copy, reused by the second call
-    assert all(isinstance(m, LowBitLinear) for n, m in copies[(weights, 16)].named_modules() if n.endswith("up_proj"))
+    assert all(
+        isinstance(m, LowBitLinear) for n, m in copies[(weights, 16)].named_modules() if n.endswith("up_proj")
+    )
 
 
 def test_low_bit_strategy_says_which_setting_to_change():
@@ -109,7 +116,9 @@ def test_low_bit_strategy_says_which_setting_to_change():
         )  # fmt: skip
     assert low_bit.default_group(model) == 32  # the default picks the largest group that divides them
     with pytest.raises(ValueError, match="draft_weight_group"):
-        low_bit.default_group(make_model("llama", hidden_size=48, intermediate_size=48, num_attention_heads=3))
+        low_bit.default_group(
+            make_model("llama", hidden_size=48, intermediate_size=48, num_attention_heads=3)
+        )
     with pytest.raises(ValueError, match="draft_weights"):
         hsv.SpeculationConfig(strategy="low_bit", draft_weights="fp4")
 
@@ -123,7 +132,9 @@ def test_self_speculation_with_low_bit_draft_weights_equals_plain_generate(strat
     model = make_model("llama")
     calls = []
     forward = LowBitLinear.forward
-    monkeypatch.setattr(LowBitLinear, "forward", lambda self, x: calls.append(x.shape[-2]) or forward(self, x))
+    monkeypatch.setattr(
+        LowBitLinear, "forward", lambda self, x: calls.append(x.shape[-2]) or forward(self, x)
+    )
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=gen)
     ids[:, 20:] = ids[:, :20]  # text worth drafting

@@ -146,7 +146,10 @@ def test_replacement_computes_what_the_original_computes(variant):
     with torch.no_grad():
         expected_logits = model(input_ids=ids, attention_mask=mask).logits
         expected = model.generate(**common)
-        with speculation_mode(model, mode=Mode(attention=False, dispatch_attention=True)) as switched, _sdpa(model):
+        with (
+            speculation_mode(model, mode=Mode(attention=False, dispatch_attention=True)) as switched,
+            _sdpa(model),
+        ):
             assert sum(switched.counts.values()) == model.config.num_hidden_layers
             logits = model(input_ids=ids, attention_mask=mask).logits
             out = model.generate(**common)

@@ -139,7 +139,9 @@ def test_router_replacements_bitwise_and_restored(arch):
         if replaceable_router(child)
     ]
     assert len(routers) == model.config.num_hidden_layers
-    assert not any(isinstance(new, FusedRouter) for *_, new in plan_swaps(model, Mode(attention=False, fused=True)))
+    assert not any(
+        isinstance(new, FusedRouter) for *_, new in plan_swaps(model, Mode(attention=False, fused=True))
+    )
     for parent, name, child in routers:
         setattr(parent, name, FusedRouter(child))
     try:

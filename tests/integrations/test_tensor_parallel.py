@@ -76,7 +76,13 @@ def test_sharded_llama_runs_on_local_shards_and_is_put_back(mesh):
         assert not dtensor_weights(model) and tensor_parallel(model)  # still sharded, for RankAgreement
         assert graph_obstacle(model) is None
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
-    assert (layer.self_attn, layer.mlp, model.model.embed_tokens, model.lm_head, layer.self_attn.q_proj) == originals
+    assert (
+        layer.self_attn,
+        layer.mlp,
+        model.model.embed_tokens,
+        model.lm_head,
+        layer.self_attn.q_proj,
+    ) == originals
     assert dtensor_weights(model)
 
 

@@ -95,7 +95,9 @@ def test_low_bit_linear_matches_reference(fmt, group, rows, dtype):
     bias = torch.randn(80, generator=gen).to(dtype)
     got = low_bit_linear(x, stored, scales, fmt, group, bias)
     ref = low_bit_linear_naive(x, stored, scales, fmt, bias)
-    exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64), bias.double())
+    exact = torch.nn.functional.linear(
+        x.double(), dequantize(values, scales, fmt, torch.float64), bias.double()
+    )
     assert got.dtype == dtype and got.shape == (rows, 80)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
@@ -122,7 +124,9 @@ def test_low_bit_linear_with_input_size_not_a_multiple_of_the_block(fmt, group):
     stored, scales, values = _layer(40, 192, fmt, group, torch.float32)
     x = torch.randn(3, 192, generator=torch.Generator().manual_seed(2))
     exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64))
-    torch.testing.assert_close(low_bit_linear(x, stored, scales, fmt, group).double(), exact, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        low_bit_linear(x, stored, scales, fmt, group).double(), exact, rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 64), ("int4", 128)])
@@ -137,7 +141,9 @@ def test_low_bit_linear_split_over_input_channels(monkeypatch, fmt, group, split
     stored, scales, values = _layer(48, 896, fmt, group, torch.float32)
     gen = torch.Generator().manual_seed(3)
     x, bias = torch.randn(rows, 896, generator=gen), torch.randn(48, generator=gen)
-    exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, fmt, torch.float64), bias.double())
+    exact = torch.nn.functional.linear(
+        x.double(), dequantize(values, scales, fmt, torch.float64), bias.double()
+    )
     monkeypatch.setitem(kernel.TILES, "split_k", split)
     monkeypatch.setitem(kernel.GEMV_TILES, "split_k", split)
     got = low_bit_linear(x, stored, scales, fmt, group, bias)

@@ -23,7 +23,9 @@ from hf_sparse_verify.drivers.quality import (
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention
 
 #: block-sparse verify attention that acts on a short prompt: 16-token blocks, a fifth of them kept, from 64 tokens
-AGGRESSIVE = LossySparseVerify(attention=SparseAttention(block_size=16, rho=0.2, dense_below=64, local_blocks=1))
+AGGRESSIVE = LossySparseVerify(
+    attention=SparseAttention(block_size=16, rho=0.2, dense_below=64, local_blocks=1)
+)
 
 
 def _window(seed: int = 0, prompt: int = 200, continuation: int = 30):
@@ -50,7 +52,9 @@ def test_a_sparse_setting_shows_damage_and_dense_shows_none():
     assert dense["kl"] == pytest.approx(0.0, abs=1e-6) and dense["flips_margin1"] == 0
     assert dense["positions"] == 3 * 29 and dense["windows"] == 3
     hurt = results["aggressive"].summary()
-    assert hurt["kl"] > 1e-4 and hurt["top1"] < 1.0  # skipping most of a random prompt's blocks changes outputs
+    assert (
+        hurt["kl"] > 1e-4 and hurt["top1"] < 1.0
+    )  # skipping most of a random prompt's blocks changes outputs
     low, high = hurt["delta_nll_ci"]
     assert low <= hurt["delta_nll_pct"] <= high
 
@@ -90,7 +94,9 @@ def test_free_running_measures():
     assert copied_share(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([2, 3, 4, 5, 9])) == 0.5
     assert copied_share(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2])) == 0.0
     model = make_model("llama")
-    results = teacher_forced(model, [_window(0, prompt=120)], {"dense_again": None}, progress=False, free_running=8)
+    results = teacher_forced(
+        model, [_window(0, prompt=120)], {"dense_again": None}, progress=False, free_running=8
+    )
     s = results["dense_again"].summary()
     assert s["accept_ratio"] == 1.0 and s["copied_4gram_delta"] == 0.0
 

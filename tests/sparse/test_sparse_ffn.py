@@ -69,7 +69,9 @@ def test_replaced_model_is_bitwise_dense_without_sparsity():
     with torch.no_grad():
         expected = model(ids).logits
         with speculation_mode(model, mode=SPARSE_FFN) as switched:
-            assert switched.counts == {"GatedMLP": 2} and all(isinstance(layer.mlp, GatedMLP) for layer in model.model.layers)
+            assert switched.counts == {"GatedMLP": 2} and all(
+                isinstance(layer.mlp, GatedMLP) for layer in model.model.layers
+            )
             assert torch.equal(model(ids).logits, expected)  # no step
             for step in (verify_step(2, 9, None), verify_step(2, 9, FixedTau(0.5), phase="draft")):
                 with step_scope(step):  # a verify step without sparsity; sparsity outside verify steps

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._compat import CACHE_KWARG, conv_layer_indices
+from ..._compat import CACHE_KWARG, recurrent_layer_indices
 from ..._logging import warn_once
 from ...attention import SpecCache
 from ...placement import device_segments, graph_obstacle, spans_gpus
@@ -41,7 +41,7 @@ class ModelRunner:
             model.config.get_text_config().num_hidden_layers,
             batch,
             capacity,
-            conv_layers=conv_layer_indices(model),
+            recurrent_layers=recurrent_layer_indices(model),
         )
         self.device = model.get_input_embeddings().weight.device
         self.out_device = out_device

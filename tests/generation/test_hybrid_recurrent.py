@@ -1,14 +1,17 @@
-"""Hybrid models whose recurrent layers are short convolutions (LFM2's ``conv`` layers): the cache keeps each slot's
-convolution input (`SpecConvLayer`), so rejected drafts roll back as the KV does. Greedy output equals plain
-``generate`` (float32, a ragged batch), also when the prompt is prefilled in chunks; self-speculation is refused
-with the reason."""
+"""Hybrid models with recurrent layers: short convolutions (LFM2's ``conv`` layers) and linear attention (Qwen3-Next's
+Gated DeltaNet: a short convolution, then a recurrent state). The cache keeps each slot's convolution input and the
+recurrent state after each of the last slots (`SpecConvLayer`), and linear-attention layers run verify steps one
+token at a time (`TokenByToken`), so rejected drafts roll back as the KV does. Greedy output equals plain
+``generate`` (float32, a ragged batch) with drafts rejected part-way, also when the prompt is prefilled in chunks;
+self-speculation is refused with the reason."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from arch_survey import build
 from conftest import noisy_copy
-from transformers import AutoModelForCausalLM, Lfm2Config, Lfm2MoeConfig
+from transformers import AutoModelForCausalLM, BambaConfig, Lfm2Config, Lfm2MoeConfig, Qwen3NextConfig
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention.cache import SpecCache, SpecConvLayer
@@ -22,7 +25,23 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
     sizes = dict(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, layer_types=LAYER_TYPES, conv_L_cache=3, pad_token_id=0, eos_token_id=1,
                  bos_token_id=2)  # fmt: skip
-    if kind == "lfm2_moe":
+    if kind == "qwen3_next":
+        config = Qwen3NextConfig(
+            vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "bamba":  # Mamba-2 mixers around one attention layer
+        config = BambaConfig(
+            vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+            mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, pad_token_id=0, eos_token_id=1,
+            bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "lfm2_moe":
         config = Lfm2MoeConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
                                num_dense_layers=1)  # fmt: skip
     else:
@@ -54,20 +73,53 @@ def _equal_plain(model, speculation: dict, **extra) -> None:
     return out.speculation
 
 
-@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe"])
+@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe", "qwen3_next", "bamba"])
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
-def test_short_conv_hybrid_equals_plain(kind, strategy):
+def test_hybrid_equals_plain(kind, strategy):
     model = _hybrid(kind)
     extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
     speculation = (
         {"strategy": strategy} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
     )
     stats = _equal_plain(model, speculation, **extra)
-    if strategy == "prompt_lookup":
-        assert stats.mean_acceptance_length > 1.2  # drafts were accepted and rejected: rollback was exercised
+    if strategy == "draft_model":  # a noisy copy: some drafts accepted, others rejected, so rollback ran
+        assert 1.0 < stats.mean_acceptance_length < 5.0
 
 
-def test_prefill_chunks_read_the_inputs_before_them(monkeypatch):
+def test_linear_attention_state_after_a_partly_accepted_draft():
+    """A noisy copy as draft model: drafts accepted part-way (mean acceptance between 1 and K + 1), and each next
+    step finds the recurrent state after the last accepted token; the target as its own draft accepts everything."""
+    model = _hybrid("qwen3_next")
+    stats = _equal_plain(
+        model, {"strategy": "draft_model", "num_draft_tokens": 4}, draft_model=noisy_copy(model)
+    )
+    assert 1.2 < stats.mean_acceptance_length < 4.5
+    stats = _equal_plain(
+        model, {"strategy": "draft_model", "num_draft_tokens": 4}, draft_model=_hybrid("qwen3_next")
+    )
+    assert stats.mean_acceptance_length > 4.0
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini"])
+def test_gated_deltanet_families_equal_plain(model_type):
+    """The survey's tiny model of each Gated DeltaNet family, with a noisy copy as draft model (drafts accepted
+    part-way)."""
+    model = build(model_type)[0]
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, return_dict_in_generate=True,
+                         speculation={"strategy": "draft_model", "num_draft_tokens": 3},
+                         draft_model=noisy_copy(model))  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    assert out.speculation.mean_acceptance_length > 1.0
+
+
+@pytest.mark.parametrize("kind", ["lfm2", "qwen3_next", "bamba"])
+def test_prefill_chunks_read_the_inputs_before_them(monkeypatch, kind):
     """Chunks of 16 tokens per row (the prompt in three): each chunk's window starts with the inputs before it."""
     monkeypatch.setattr(runner_module, "PREFILL_TOKENS", 32)
     widths = []
@@ -79,13 +131,13 @@ def test_prefill_chunks_read_the_inputs_before_them(monkeypatch):
         return forward(self, ids, step, logits_to_keep)
 
     monkeypatch.setattr(runner_module.ModelRunner, "run_model", counted)
-    _equal_plain(_hybrid(), {"strategy": "prompt_lookup", "num_draft_tokens": 4})
+    _equal_plain(_hybrid(kind), {"strategy": "prompt_lookup", "num_draft_tokens": 4})
     assert widths[:3] == [8, 16, 16]
 
 
 def test_self_speculation_is_refused_with_the_reason():
     ids, mask = _prompt()
-    with pytest.raises(NotImplementedError, match="short-convolution layers"):
+    with pytest.raises(NotImplementedError, match="recurrent layers"):
         _hybrid().generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0,
                            custom_generate=hsv.generate, speculation={"strategy": "vegas"})  # fmt: skip
 
@@ -93,7 +145,7 @@ def test_self_speculation_is_refused_with_the_reason():
 def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():
     """Row 1 is padded to slot 2; a step of 3 tokens at slots 4-6 reads slots 2-6 (kernel 3): the two inputs before
     it, then its own; slots before the row's padding read as zeros."""
-    cache = SpecCache(num_layers=1, batch_size=2, capacity=10, conv_layers=[0])
+    cache = SpecCache(num_layers=1, batch_size=2, capacity=10, recurrent_layers=[0])
     layer = cache.layers[0]
     assert isinstance(layer, SpecConvLayer)
     pad = torch.tensor([0, 3])
@@ -112,5 +164,3 @@ def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():
     torch.testing.assert_close(window[1, :, :2], torch.stack([torch.zeros(4), history[1, :, 3]], dim=1))
     torch.testing.assert_close(window[:, :, 2:], new)
     assert cache.get_conv_state(0) is None  # models take the window path at every step
-    with pytest.raises(NotImplementedError, match="recurrent"):
-        cache.update_recurrent_state(torch.zeros(2, 4), 0)
