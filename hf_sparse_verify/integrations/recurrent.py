@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..attention.cache import SpecConvLayer
 from ..step import Phase, current_step, step_scope
 
 #: linear-attention layer classes whose forward takes ``(hidden_states, cache, attention_mask, **kwargs)``, reads
@@ -52,6 +53,11 @@ class TokenByToken(torch.nn.Module):
         width = hidden_states.shape[1]
         if step is None or cache is None or step.phase is Phase.PREFILL or width == 1:
             return self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+        if width > SpecConvLayer.RING:
+            raise ValueError(
+                f"a verify step of {width} tokens is wider than the {SpecConvLayer.RING} recurrent states the cache "
+                f"keeps per row: set max_draft_tokens below {SpecConvLayer.RING}"
+            )
         outputs = []
         for index in range(width):  # a generated or drafted token is never padding: no mask
             with step_scope(step.token(index)):
