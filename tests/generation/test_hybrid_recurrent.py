@@ -164,3 +164,41 @@ def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():
     torch.testing.assert_close(window[1, :, :2], torch.stack([torch.zeros(4), history[1, :, 3]], dim=1))
     torch.testing.assert_close(window[:, :, 2:], new)
     assert cache.get_conv_state(0) is None  # models take the window path at every step
+
+
+def test_linear_attention_sampling_follows_the_target_distribution():
+    """Sampling with a noisy draft model on Qwen3-Next: the pairs (t1, t2) and (t2, t3) of many identical prompts
+    follow the target's exact joint distribution, t3 often drawn right after a draft was rejected at t2 (the
+    recurrent state after the accepted tokens only)."""
+    from test_verify import E2E_VOCAB, _joint_next_tokens, _joint_pvalue
+
+    prompt = [3, 5, 2, 7, 1, 4, 6, 2, 5, 3, 7, 1]  # longer than the convolution: the state carries the start
+
+    rows = 2000
+
+    config = Qwen3NextConfig(
+        vocab_size=E2E_VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, pad_token_id=0, eos_token_id=None, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # a linear-attention state that weighs on the next token
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and "norm" not in name:
+                p.mul_(4.0)
+    draft = noisy_copy(model, scale=1.5)
+    target_12, target_23 = _joint_next_tokens(model, prompt)
+    torch.manual_seed(0)
+    out = model.generate(
+        input_ids=torch.tensor([prompt]).repeat(rows, 1), max_new_tokens=3, do_sample=True,
+        custom_generate=hsv.generate, speculation={"strategy": "draft_model", "num_draft_tokens": 2},
+        draft_model=draft, return_dict_in_generate=True,
+    )  # fmt: skip
+    new = out.sequences[:, len(prompt) :]
+    rejected_first = sum(a == 0 for a in out.speculation.accepted_tokens[0])
+    assert rejected_first > 100  # many rows drew t2 at a rejection, then t3 in the next step
+    assert _joint_pvalue(new[:, 0], new[:, 1], target_12) > 1e-3
+    assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
