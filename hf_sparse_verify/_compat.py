@@ -70,7 +70,17 @@ CONV_LAYER_TYPES = frozenset({"conv"})
 #: and `hf_sparse_verify.integrations.recurrent.TokenByToken` runs a token at a time in verify steps (its
 #: ``WRAPPED_CLASSES`` are their layer classes)
 LINEAR_ATTENTION_MODEL_TYPES = frozenset(
-    {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini", "qwen4_exp_text", "bamba"}
+    {
+        "qwen3_next",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "olmo_hybrid",
+        "lara_mini",
+        "qwen4_exp_text",
+        "bamba",
+        "jamba",
+        "granitemoehybrid",
+    }
 )
 
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why

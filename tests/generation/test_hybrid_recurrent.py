@@ -11,7 +11,15 @@ import pytest
 import torch
 from arch_survey import build
 from conftest import noisy_copy
-from transformers import AutoModelForCausalLM, BambaConfig, Lfm2Config, Lfm2MoeConfig, Qwen3NextConfig
+from transformers import (
+    AutoModelForCausalLM,
+    BambaConfig,
+    GraniteMoeHybridConfig,
+    JambaConfig,
+    Lfm2Config,
+    Lfm2MoeConfig,
+    Qwen3NextConfig,
+)
 
 import hf_sparse_verify as hsv
 from hf_sparse_verify.attention.cache import SpecCache, SpecConvLayer
@@ -39,6 +47,21 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
             vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, pad_token_id=0, eos_token_id=1,
+            bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "jamba":  # Mamba-1 mixers, experts on the last layer
+        config = JambaConfig(
+            vocab_size=99, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, attn_layer_period=3, attn_layer_offset=1, expert_layer_period=3,
+            expert_layer_offset=2, num_experts=2, num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=4,
+            mamba_expand=2, mamba_dt_rank=4, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "granitemoehybrid":  # Granite 4: Mamba-2 layers and experts
+        config = GraniteMoeHybridConfig(
+            vocab_size=99, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=4, mamba_d_head=16,
+            mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+            num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32, pad_token_id=0, eos_token_id=1,
             bos_token_id=2,
         )  # fmt: skip
     elif kind == "lfm2_moe":
@@ -73,7 +96,7 @@ def _equal_plain(model, speculation: dict, **extra) -> None:
     return out.speculation
 
 
-@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe", "qwen3_next", "bamba"])
+@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe", "qwen3_next", "bamba", "jamba", "granitemoehybrid"])
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
 def test_hybrid_equals_plain(kind, strategy):
     model = _hybrid(kind)
