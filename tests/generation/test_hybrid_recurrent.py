@@ -225,3 +225,17 @@ def test_linear_attention_sampling_follows_the_target_distribution():
     assert rejected_first > 100  # many rows drew t2 at a rejection, then t3 in the next step
     assert _joint_pvalue(new[:, 0], new[:, 1], target_12) > 1e-3
     assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "jamba"])
+def test_hybrid_equals_plain_on_the_triton_backend(kind):
+    """The attention layers on the Triton backend (its kernels run interpreted off a GPU), a noisy draft model."""
+    model = _hybrid(kind)
+    speculation = {
+        "strategy": "draft_model",
+        "num_draft_tokens": 4,
+        "attention_backend": "triton",
+        "cuda_graphs": False,
+    }
+    stats = _equal_plain(model, speculation, draft_model=noisy_copy(model))
+    assert stats.mean_acceptance_length > 1.0
