@@ -80,6 +80,7 @@ LINEAR_ATTENTION_MODEL_TYPES = frozenset(
         "bamba",
         "jamba",
         "granitemoehybrid",
+        "nemotron_h",
     }
 )
 
@@ -216,7 +217,13 @@ def architecture_refusal(model) -> str | None:
         layer_types, _ = get_layer_types_and_kwargs(text)
     except Exception as e:  # noqa: BLE001 - a config without per-layer structure
         return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})"
-    unknown = sorted(set(layer_types) - ATTENTION_LAYER_TYPES - CONV_LAYER_TYPES - _linear_types(text))
+    unknown = sorted(
+        set(layer_types)
+        - ATTENTION_LAYER_TYPES
+        - CONV_LAYER_TYPES
+        - _linear_types(text)
+        - _cacheless(text, layer_types)
+    )
     if unknown:
         why = "; ".join(
             f"{kind!r}: {_LAYER_TYPE_REASONS.get(kind, 'a cache layer kind we do not implement')}"
@@ -224,6 +231,16 @@ def architecture_refusal(model) -> str | None:
         )
         return f"{prefix} it has cache layers of kind {why}"
     return None
+
+
+def _cacheless(text, layer_types: list[str]) -> frozenset:
+    """``{"dummy"}`` where every ``dummy`` cache layer is an MLP or MoE block (no attention, no cache: Nemotron-H's
+    ``moe`` / ``mlp`` layers), not a layer that reads another layer's KV (Gemma 4's shared layers); else empty."""
+    raw = getattr(text, "layer_types", None) or []
+    dummies = [i for i, kind in enumerate(layer_types) if kind == "dummy"]
+    if dummies and len(raw) == len(layer_types) and all(raw[i] in ("moe", "mlp") for i in dummies):
+        return frozenset({"dummy"})
+    return frozenset()
 
 
 def _linear_types(text) -> frozenset:

@@ -1,5 +1,5 @@
 """`TokenByToken`: a linear-attention or state-space layer of a hybrid model (the Gated DeltaNet of Qwen3-Next,
-Qwen3.5, OLMo-Hybrid and Lara-Mini; the Mamba mixers of Bamba, Jamba and Granite 4) run one token at a time in verify steps, so the cache keeps its recurrent state after every token and rejected drafts roll back for free.
+Qwen3.5, OLMo-Hybrid and Lara-Mini; the Mamba mixers of Bamba, Jamba, Granite 4 and Nemotron-H) run one token at a time in verify steps, so the cache keeps its recurrent state after every token and rejected drafts roll back for free.
 
 transformers' layer advances its recurrent state over a whole call and hands the cache only the state after the last
 token (its chunked rule over the K + 1 tokens of a verify step). After a verify, though, the state needed is the one
@@ -32,6 +32,7 @@ WRAPPED_CLASSES = frozenset(
         "BambaMixer",
         "JambaMambaMixer",
         "GraniteMoeHybridMambaLayer",
+        "NemotronHMamba2Mixer",
     }
 )
 

@@ -123,10 +123,10 @@ def test_linear_attention_state_after_a_partly_accepted_draft():
     assert stats.mean_acceptance_length > 4.0
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini"])
-def test_gated_deltanet_families_equal_plain(model_type):
-    """The survey's tiny model of each Gated DeltaNet family, with a noisy copy as draft model (drafts accepted
-    part-way)."""
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini", "nemotron_h"])
+def test_survey_hybrids_equal_plain(model_type):
+    """The survey's tiny model of more hybrid families (Gated DeltaNet; Nemotron-H's Mamba-2, MoE and MLP blocks),
+    with a noisy copy as draft model (drafts accepted part-way)."""
     model = build(model_type)[0]
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -239,3 +239,16 @@ def test_hybrid_equals_plain_on_the_triton_backend(kind):
     }
     stats = _equal_plain(model, speculation, draft_model=noisy_copy(model))
     assert stats.mean_acceptance_length > 1.0
+
+
+def test_only_mlp_and_moe_blocks_pass_as_cacheless_layers():
+    """A ``dummy`` cache layer passes when the config names it an MLP or MoE block (Nemotron-H), not when it reuses
+    another layer's KV (Gemma 4's shared layers, which transformers also maps to ``dummy``)."""
+    from types import SimpleNamespace
+
+    from hf_sparse_verify._compat import _cacheless
+
+    blocks = SimpleNamespace(layer_types=["linear_attention", "moe", "full_attention", "mlp"])
+    assert _cacheless(blocks, ["linear_attention", "dummy", "full_attention", "dummy"]) == {"dummy"}
+    shared = SimpleNamespace(layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    assert _cacheless(shared, ["sliding_attention", "full_attention", "dummy"]) == frozenset()
