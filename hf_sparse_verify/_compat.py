@@ -66,21 +66,22 @@ ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 #: (`hf_sparse_verify.attention.cache.SpecConvLayer`): LFM2's ``conv`` layers
 CONV_LAYER_TYPES = frozenset({"conv"})
 
-#: model types whose ``linear_attention`` layers (a short convolution, then a recurrent state) our `SpecCache` keeps
-#: and `hf_sparse_verify.integrations.recurrent.TokenByToken` runs a token at a time in verify steps (its
-#: ``WRAPPED_CLASSES`` are their layer classes)
-LINEAR_ATTENTION_MODEL_TYPES = frozenset(
+#: transformers' linear-attention and state-space layer classes whose ``linear_attention`` cache layers (a short
+#: convolution, then a recurrent state) our `SpecCache` keeps, and which
+#: `hf_sparse_verify.integrations.recurrent.TokenByToken` runs a token at a time in verify steps: a model's
+#: ``linear_attention`` layers are kept only when that many of its modules are of these classes
+RECURRENT_LAYER_CLASSES = frozenset(
     {
-        "qwen3_next",
-        "qwen3_5_text",
-        "qwen3_5_moe_text",
-        "olmo_hybrid",
-        "lara_mini",
-        "qwen4_exp_text",
-        "bamba",
-        "jamba",
-        "granitemoehybrid",
-        "nemotron_h",
+        "Qwen3NextGatedDeltaNet",
+        "Qwen3_5GatedDeltaNet",
+        "Qwen3_5MoeGatedDeltaNet",
+        "OlmoHybridGatedDeltaNet",
+        "LaraMiniGatedDeltaNet",
+        "Qwen4ExpTextGatedDeltaNet",
+        "BambaMixer",
+        "JambaMambaMixer",
+        "GraniteMoeHybridMambaLayer",
+        "NemotronHMamba2Mixer",
     }
 )
 
@@ -188,7 +189,7 @@ def architecture_refusal(model) -> str | None:
     if supports_dynamic is not None and not supports_dynamic():
         return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
     hybrid = [name for name in _HYBRID_CONFIG_FIELDS if getattr(text, name, None) is not None]
-    if hybrid and text.model_type not in LINEAR_ATTENTION_MODEL_TYPES:
+    if hybrid and not _linear_types(model):
         return (
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
             f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
@@ -221,7 +222,7 @@ def architecture_refusal(model) -> str | None:
         set(layer_types)
         - ATTENTION_LAYER_TYPES
         - CONV_LAYER_TYPES
-        - _linear_types(text)
+        - _linear_types(model)
         - _cacheless(text, layer_types)
     )
     if unknown:
@@ -243,20 +244,27 @@ def _cacheless(text, layer_types: list[str]) -> frozenset:
     return frozenset()
 
 
-def _linear_types(text) -> frozenset:
-    return frozenset({"linear_attention"}) if text.model_type in LINEAR_ATTENTION_MODEL_TYPES else frozenset()
+def _layer_types(model) -> list[str]:
+    """``model``'s cache layer kinds (empty where its config has no per-layer structure)."""
+    try:
+        return get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0]
+    except Exception:  # noqa: BLE001 - no per-layer structure: `architecture_refusal` says so
+        return []
+
+
+def _linear_types(model) -> frozenset:
+    """``{"linear_attention"}`` where every such cache layer of ``model`` has a layer of `RECURRENT_LAYER_CLASSES`
+    to run it; else empty."""
+    linear = _layer_types(model).count("linear_attention")
+    wrapped = sum(type(m).__name__ in RECURRENT_LAYER_CLASSES for m in model.modules())
+    return frozenset({"linear_attention"}) if linear and wrapped == linear else frozenset()
 
 
 def recurrent_layer_indices(model) -> list[int]:
-    """Indices of ``model``'s recurrent cache layers we keep (`CONV_LAYER_TYPES`, and the ``linear_attention``
-    layers of `LINEAR_ATTENTION_MODEL_TYPES`); empty for attention-only models."""
-    text = model.config.get_text_config(decoder=True)
-    try:
-        layer_types, _ = get_layer_types_and_kwargs(text)
-    except Exception:  # noqa: BLE001 - no per-layer structure: attention only (`architecture_refusal` says so)
-        return []
-    kept = CONV_LAYER_TYPES | _linear_types(text)
-    return [i for i, kind in enumerate(layer_types) if kind in kept]
+    """Indices of ``model``'s recurrent cache layers we keep (`CONV_LAYER_TYPES`, and ``linear_attention`` layers
+    run by `RECURRENT_LAYER_CLASSES`); empty for attention-only models."""
+    kept = CONV_LAYER_TYPES | _linear_types(model)
+    return [i for i, kind in enumerate(_layer_types(model)) if kind in kept]
 
 
 def set_attn_implementation(model, name: str) -> None:
@@ -383,7 +391,7 @@ def recover_assistant_model():
 __all__ = [
     "ATTENTION_LAYER_TYPES",
     "CONV_LAYER_TYPES",
-    "LINEAR_ATTENTION_MODEL_TYPES",
+    "RECURRENT_LAYER_CLASSES",
     "recurrent_layer_indices",
     "ATTENTION_REPLACED_MODEL_TYPES",
     "MISMATCHED_MODEL_TYPES",

@@ -123,10 +123,10 @@ class _StateBefore:
         self.layer = layer
 
     def __getitem__(self, state_idx: int) -> torch.Tensor:
-        layer = self.layer
-        view = current_step().on(layer.device)
-        rows = torch.arange(layer.ring.shape[0], device=layer.device)
-        return layer.ring[rows, (view.start - 1).remainder(layer.ring.shape[1])]
+        ring = self.layer.ring
+        view = current_step().on(ring.device)
+        rows = torch.arange(ring.shape[0], device=ring.device)
+        return ring[rows, (view.start - 1).remainder(ring.shape[1])]
 
 
 class SpecConvLayer(LinearAttentionCacheLayerMixin):
@@ -209,8 +209,6 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         if self.ring is None:
             shape = (recurrent_states.shape[0], self.RING, *recurrent_states.shape[1:])
             self.ring = torch.zeros(shape, dtype=recurrent_states.dtype, device=recurrent_states.device)
-        if self.device is None:
-            self.device = recurrent_states.device
         view = step.on(self.ring.device)
         rows = torch.arange(self.ring.shape[0], device=self.ring.device)
         self.ring[rows, (view.start + step.q_len - 1).remainder(self.RING)] = recurrent_states.to(

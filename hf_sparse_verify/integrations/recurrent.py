@@ -15,31 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from .._compat import RECURRENT_LAYER_CLASSES
 from ..attention.cache import SpecConvLayer
 from ..step import Phase, current_step, step_scope
-
-#: linear-attention layer classes whose forward takes ``(hidden_states, cache, attention_mask, **kwargs)``, reads
-#: its states through `Cache.get_conv_state` / ``get_recurrent_state`` and writes them back with
-#: ``update_conv_state`` / ``update_recurrent_state``, one position after another being the same as one call
-WRAPPED_CLASSES = frozenset(
-    {
-        "Qwen3NextGatedDeltaNet",
-        "Qwen3_5GatedDeltaNet",
-        "Qwen3_5MoeGatedDeltaNet",
-        "OlmoHybridGatedDeltaNet",
-        "LaraMiniGatedDeltaNet",
-        "Qwen4ExpTextGatedDeltaNet",
-        "BambaMixer",
-        "JambaMambaMixer",
-        "GraniteMoeHybridMambaLayer",
-        "NemotronHMamba2Mixer",
-    }
-)
 
 
 def wraps(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a linear-attention layer `TokenByToken` runs."""
-    return type(module).__name__ in WRAPPED_CLASSES
+    return type(module).__name__ in RECURRENT_LAYER_CLASSES
 
 
 class TokenByToken(torch.nn.Module):

@@ -69,6 +69,7 @@ class StepContext:
     verify_sparsity: VerifySparsity | None = None
     segments: object | None = None
     _views: dict = field(default_factory=dict, repr=False)
+    _tokens: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -81,17 +82,21 @@ class StepContext:
     def token(self, index: int) -> StepContext:
         """The context of this step's token ``index`` alone (one new token per row at ``start + index``): layers
         whose state advances token by token (`hf_sparse_verify.integrations.recurrent.TokenByToken`) run a step
-        as one call per token."""
-        return dataclasses.replace(
-            self,
-            start=self.start + index,
-            q_len=1,
-            kv_len=self.kv_len - self.q_len + index + 1,
-            no_padding=False,
-            uniform_start=False,
-            host_pad=None,
-            _views={},
-        )
+        as one call per token. Built once per step and token, shared by every such layer."""
+        context = self._tokens.get(index)
+        if context is None:
+            context = self._tokens[index] = dataclasses.replace(
+                self,
+                start=self.start + index,
+                q_len=1,
+                kv_len=self.kv_len - self.q_len + index + 1,
+                no_padding=False,
+                uniform_start=False,
+                host_pad=None,
+                _views={},
+                _tokens={},
+            )
+        return context
 
     def on(self, device: torch.device) -> DeviceView:
         """The per-device tensors of this step, built on first use."""

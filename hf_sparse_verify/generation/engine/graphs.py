@@ -52,7 +52,6 @@ def capture_graph(
             ):
                 result = fn()
         except Exception:
-            gc.enable()
             release_generator(device)
             raise
         finally:
