@@ -339,19 +339,22 @@ class SegmentGraphs:
         if piece is None:
             raise RuntimeError(f"decoder layer {index} was called after the step's head")
         if not piece.states and piece.device == device:
-            # the first segment, on the prologue's GPU: its piece goes on
+            # the first segment, on the prologue's GPU: its piece goes on (its step buffers copied on that GPU)
             statics = [None] * len(leaves)
+            state.start.copy_(run.step.start)
+            state.pad.copy_(run.step.pad)
         else:  # the hand-over: outside any graph, into static buffers on this segment's GPU
             self._end()
             with torch.cuda.device(device) if self.cuda else contextlib.nullcontext():
                 statics = [x.to(device, copy=True) if isinstance(x, torch.Tensor) else None for x in leaves]
+                # the segment's own step buffers (outside the graph: a replay copies them before each piece)
+                state.start.copy_(run.step.start)
+                state.pad.copy_(run.step.pad)
             piece = _Piece(device, [])
             piece.handover = [(s, x) for s, x in zip(statics, leaves) if s is not None]
             self._building.pieces.append(piece)
             self._begin(piece, run.mode, state)
         piece.states.append(state)
-        state.start.copy_(run.step.start)
-        state.pad.copy_(run.step.pad)
         if run.mode == "capture":
             state.statics[run.key] = (statics, spec)
         out = self._run_segment(state, run, statics, leaves, spec)
