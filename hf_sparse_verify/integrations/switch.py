@@ -24,12 +24,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from accelerate.hooks import remove_hook_from_module
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _compat
@@ -137,6 +139,7 @@ class _Walk:
         default_factory=set
     )  # ids of the layers wrapped (the walk goes on inside the wrapper)
     one_device: frozenset = frozenset()  # decoder layers whose weights are all on one device
+    first_device: torch.device | None = None  # where a segmented model's forward starts (its input embedding)
 
     def in_one_device_layer(self) -> bool:
         """Inside a decoder layer on one device: its own accelerate hook has moved its inputs there, so hooks below
@@ -159,6 +162,26 @@ def _token_by_token(module, walk: _Walk):
     """Linear-attention layers of hybrid models run verify steps one token at a time (`recurrent.TokenByToken`): not
     an optimisation, what keeps their recurrent state exact after rejected drafts."""
     return recurrent.TokenByToken(module) if recurrent.wraps(module) else None
+
+
+def _rotary_table(module, walk: _Walk):
+    """A segmented model's rotary table on its input embedding's GPU, for the call: a step's first CUDA graph
+    records the forward's prologue on that GPU (`hf_sparse_verify.generation.engine.segments`), and accelerate's
+    balanced map puts the table with the last layers (8B shape over two GPUs: embedding on GPU 0, ``rotary_emb`` on
+    GPU 1), so the prologue would cross GPUs inside the capture. The copy holds only the table's frequencies, and
+    no accelerate hook."""
+    if (
+        not walk.segmented
+        or walk.first_device is None
+        or not type(module).__name__.endswith("RotaryEmbedding")
+    ):
+        return None
+    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    if not buffers or buffers[0].device == walk.first_device:
+        return None
+    table = copy.deepcopy(module)
+    remove_hook_from_module(table)
+    return table.to(walk.first_device)
 
 
 def _decoder_layer(module, walk: _Walk):
@@ -236,6 +259,7 @@ ATTENTION_REPLACEMENTS = (
 RULES = (
     Rule("device_segment", _device_segment, descend=True),
     Rule("token_by_token", _token_by_token),
+    Rule("rotary_table", _rotary_table),
     Rule("decoder_layer", _decoder_layer, descend=True),
     Rule("dispatching_attention", _dispatching_attention),
     Rule("qkv_attention", _qkv_attention),
@@ -269,8 +293,9 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
     one_device = frozenset(
         i for i, layer in enumerate(layers or []) if len({p.device for p in layer.parameters()}) == 1
     )
+    embedding = model.get_input_embeddings() if segmented else None
     walk = _Walk(mode, config, {id(layer): i for i, layer in enumerate(layers or [])}, segmented=segmented,
-                 one_device=one_device)  # fmt: skip
+                 one_device=one_device, first_device=None if embedding is None else embedding.weight.device)  # fmt: skip
     swaps: list[Swap] = []
 
     def visit(parent: torch.nn.Module) -> None:

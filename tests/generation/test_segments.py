@@ -141,3 +141,25 @@ def test_mode_device_segments_wraps_each_layer_once(monkeypatch):
         assert [type(x).__name__ for x in layers] == ["SegmentLayer"] * 3
         assert [x.layer for x in layers] == originals and [x.index for x in layers] == [0, 1, 2]
     assert list(decoder_layers(model)) == originals
+
+
+def test_rotary_table_follows_the_input_embedding_for_segmented_calls():
+    """A segmented model's rotary table on another device than its input embedding is replaced, for the call, by a
+    copy on the embedding's device without accelerate's hook; on the same device, or unsegmented, it stays."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    from hf_sparse_verify.integrations.switch import Mode, _rotary_table, _Walk
+
+    model = make_model("llama", num_hidden_layers=2)
+    table = model.model.rotary_emb
+    add_hook_to_module(table, AlignDevicesHook(execution_device="cpu"))
+    walk = _Walk(Mode(device_segments=True), None, {}, segmented=True, first_device=torch.device("meta"))
+    moved = _rotary_table(table, walk)
+    assert moved is not None and moved is not table and not hasattr(moved, "_hf_hook")
+    assert moved.inv_freq.device.type == "meta" and table.inv_freq.device.type == "cpu"
+    assert hasattr(table, "_hf_hook")  # the original keeps its hook
+    assert _rotary_table(table, _Walk(Mode(), None, {}, segmented=True, first_device=CPU)) is None
+    assert (
+        _rotary_table(table, _Walk(Mode(), None, {}, segmented=False, first_device=torch.device("meta")))
+        is None
+    )
