@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..._compat import decoder_layers
 from ...placement import Segment
 from ...step import Phase, StepContext, step_scope
-from .graphs import WARMUP_FORWARDS, StepGraphs
+from .graphs import WARMUP_FORWARDS, StepGraphs, release_generator
 
 
 @dataclass
@@ -216,6 +216,8 @@ class SegmentGraphs:
                     with contextlib.suppress(Exception):
                         piece.graph.capture_end()
                 context.__exit__(None, None, None)
+                if capturing:
+                    release_generator(piece.device)
             gc.enable()
         captured, self._building = self._building, None
         return captured
