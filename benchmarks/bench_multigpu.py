@@ -235,15 +235,12 @@ def main() -> None:
     if not args.no_save and rank0:
         data = _records.load(path) if path.exists() else {"benchmark": "multigpu", "records": []}
         data.setdefault("description", __doc__.split("\n\n")[0])
-        keys = {
-            (r["device"], r["gpus"], r["path"], r["shape"], r["batch"], r["context"], r["strategy"])
-            for r in records
-        }
+        # a record is replaced only by one of the same commit, so runs before and after a change sit side by side
+        fields = ("device", "gpus", "path", "shape", "batch", "context", "strategy")
+        keys = {tuple(r[f] for f in fields) + (machine.get("commit"),) for r in records}
         kept = [
-            r for r in data.get("records", [])
-            if (r.get("device"), r.get("gpus"), r.get("path"), r.get("shape"), r.get("batch"), r.get("context"),
-                r.get("strategy")) not in keys
-        ]  # fmt: skip
+            r for r in data.get("records", []) if tuple(r.get(f) for f in fields) + (r.get("commit"),) not in keys
+        ]
         data["records"] = kept + [dict(r, machine=machine, commit=machine.get("commit")) for r in records]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
