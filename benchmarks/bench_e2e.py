@@ -155,8 +155,12 @@ def _sync(device) -> None:
 
 
 def _generated(new: torch.Tensor, eos) -> int:
-    """New tokens of plain ``generate``'s ``[B, T]`` output: each row up to and including its first EOS."""
-    eos = torch.tensor(eos if isinstance(eos, list) else [eos], device=new.device)
+    """New tokens of plain ``generate``'s ``[B, T]`` output: each row up to and including its first EOS (a model
+    with no EOS token, such as a random one built from a config, runs every row to the end)."""
+    eos = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    if not eos:
+        return new.numel()
+    eos = torch.tensor(eos, device=new.device)
     stop = torch.isin(new, eos)
     first = torch.where(stop.any(dim=1), stop.int().argmax(dim=1) + 1, new.shape[1])
     return int(first.sum())

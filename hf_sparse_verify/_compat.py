@@ -36,6 +36,11 @@
   the layer's attention ``layer_idx`` where it has one). Checked on 5.23.0.
 - `has_forward_hooks` reads torch's ``nn.Module`` hook dicts (own and global), so a replacement that calls an
   experts function directly can fall back where a hook would be skipped. Checked on torch 2.11 and 2.13.
+- accelerate's ``dispatch_model`` wraps the top module's ``forward`` with an ``AlignDevicesHook`` that moves its
+  inputs to the map's "main device" (the first GPU of a set, not the input embedding's), keeping the unwrapped
+  method as ``_old_forward``. `forward_on` calls that method where the hook would move the inputs off the GPU they
+  are on (a captured step's first piece records on the embedding's GPU and cannot hold a copy to another GPU).
+  Checked on accelerate 1.13 and 1.15.
 """
 
 from __future__ import annotations
@@ -402,12 +407,28 @@ __all__ = [
     "check_transformers_version",
     "decoder_layers",
     "experts_layers",
+    "forward_on",
     "is_experts_module",
     "recover_assistant_model",
     "recover_streamer",
     "set_attn_implementation",
     "transformers",
 ]
+
+
+def forward_on(model: torch.nn.Module, device: torch.device):
+    """What to call for a forward of ``model`` whose inputs are on ``device``: the model itself, or, where
+    accelerate's top-level hook would move them to another device first (its device map's main device is not
+    ``device``), the model's forward without that hook. The layers' own hooks still place every layer's inputs, and
+    the logits stay where the head computes them."""
+    hook = getattr(model, "_hf_hook", None)
+    target = getattr(hook, "execution_device", None)
+    forward = getattr(model, "_old_forward", None)
+    if target is None or forward is None:
+        return model
+    if isinstance(target, int):
+        target = torch.device("cuda", target)
+    return model if torch.device(target) == torch.device(device) else forward
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:

@@ -163,3 +163,21 @@ def test_rotary_table_follows_the_input_embedding_for_segmented_calls():
         _rotary_table(table, _Walk(Mode(), None, {}, segmented=False, first_device=torch.device("meta")))
         is None
     )
+
+
+def test_forward_skips_accelerates_input_move_only_to_another_device():
+    """accelerate's top-level hook moves a dispatched model's inputs to its map's main device (the lowest GPU), which
+    need not hold the input embedding: a segmented step calls the forward without that hook where the devices differ
+    (a copy to another GPU cannot sit inside the step's first captured piece), and the model itself otherwise."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    from hf_sparse_verify._compat import forward_on
+
+    model = make_model("llama", num_hidden_layers=2)
+    assert forward_on(model, CPU) is model  # no hook
+    add_hook_to_module(model, AlignDevicesHook(execution_device="cpu", io_same_device=True))
+    assert forward_on(model, CPU) is model
+    bare = forward_on(model, torch.device("meta"))
+    assert bare is not model and bare == model._old_forward
+    ids = torch.randint(3, 90, (1, 6))
+    torch.testing.assert_close(bare(input_ids=ids).logits, model(input_ids=ids).logits)

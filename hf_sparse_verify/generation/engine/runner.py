@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._compat import CACHE_KWARG, recurrent_layer_indices
+from ..._compat import CACHE_KWARG, forward_on, recurrent_layer_indices
 from ..._logging import warn_once
 from ...attention import SpecCache
 from ...placement import device_segments, graph_obstacle, spans_gpus
@@ -126,6 +126,8 @@ class ModelRunner:
         model = (
             self.draft_weights if step.phase is Phase.DRAFT and self.draft_weights is not None else self.model
         )
+        if self.segments is not None:  # the step's first piece records on this GPU: no move to another first
+            model = forward_on(model, self.device)
         with step_scope(step):
             out = model(
                 input_ids=ids,
