@@ -353,12 +353,13 @@ def run_shape(
     batch, context = (int(x) for x in shape.split("x"))
     ids = prompts(Path(prompts_path), tokenizer, batch, context, device, content)
     results = run_cases(list(cases), target, draft, ids, new_tokens, device, repeats)
+    gpus = len({p.device for p in target.parameters() if p.device.type == "cuda"})
     k0 = results.get("k0", {}).get("decode_tokens_per_s")
     plain = results.get("transformers", {}).get("call_tokens_per_s")
     out = []
     for case, result in results.items():
         record = dict(
-            device=device_name(device), shape=shape, batch=batch, context=context, new_tokens=new_tokens
+            device=device_name(device), shape=shape, batch=batch, context=context, new_tokens=new_tokens, gpus=gpus
         )
         record.update(result)
         decode = result.get("decode_tokens_per_s")
@@ -368,7 +369,7 @@ def run_shape(
         if content != "held_out":
             record["prompt"] = content
             where = f"{shape}:{content}"
-        out.append((f"{torch.device(device).type}:{where}:{case}", record))
+        out.append((f"{torch.device(device).type}{f'x{gpus}' if gpus > 1 else ''}:{where}:{case}", record))
     return out
 
 
@@ -442,11 +443,25 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
     return out
 
 
-def load_models(shared, device, dtype=None):
-    """(tokenizer, target, draft) of ``<shared>/models``; dtype bfloat16 on GPU, float32 on CPU by default."""
+def load_models(shared, device, dtype=None, gpus: int = 1):
+    """(tokenizer, target, draft) of ``<shared>/models``; dtype bfloat16 on GPU, float32 on CPU by default.
+    ``gpus`` > 1: the target's decoder layers split evenly over the first ``gpus`` GPUs by an accelerate device map
+    (embedding with the first layers, final norm and head with the last), the draft on the first."""
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     models = Path(shared) / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
+    if gpus > 1:
+        from accelerate import dispatch_model
+
+        if torch.cuda.device_count() < gpus:
+            raise SystemExit(f"--gpus {gpus}: this machine has {torch.cuda.device_count()} CUDA GPUs")
+        target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=dtype).eval()
+        layers = target.config.num_hidden_layers
+        device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": gpus - 1, "lm_head": gpus - 1}
+        device_map.update({f"model.layers.{i}": i * gpus // layers for i in range(layers)})
+        target = dispatch_model(target, device_map=device_map)
+        draft = AutoModelForCausalLM.from_pretrained(models / "code-draft", dtype=dtype).to("cuda:0").eval()
+        return tokenizer, target, draft
     target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=dtype).to(device).eval()
     draft = AutoModelForCausalLM.from_pretrained(models / "code-draft", dtype=dtype).to(device).eval()
     return tokenizer, target, draft
@@ -486,6 +501,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
     parser.add_argument(
+        "--gpus", type=int, default=1, help="split the target's layers over this many GPUs (a device map); "
+        "records are named <device>x<gpus>:...",
+    )  # fmt: skip
+    parser.add_argument(
         "--trace", default=None, help="also write each case's per-step trace (drafter, K, accepted per row, step "
         "parts, policy reports) to this JSON file, keyed by setting",
     )  # fmt: skip
@@ -495,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("bench_e2e names each record itself (<device>:<shape>:<case>); drop --setting")
     shapes = args.shapes if args.shapes is not None else ([] if args.mixed else SHAPES)
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    tokenizer, target, draft = load_models(args.shared, args.device, dtype)
+    tokenizer, target, draft = load_models(args.shared, args.device, dtype, args.gpus)
     prompts_path = Path(args.shared) / "models" / "prompts_long.jsonl"
     for shape in shapes:
         for setting, record in run_shape(
