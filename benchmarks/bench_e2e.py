@@ -446,7 +446,8 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
 def load_models(shared, device, dtype=None, gpus: int = 1):
     """(tokenizer, target, draft) of ``<shared>/models``; dtype bfloat16 on GPU, float32 on CPU by default.
     ``gpus`` > 1: the target's decoder layers split evenly over the first ``gpus`` GPUs by an accelerate device map
-    (embedding with the first layers, final norm and head with the last), the draft on the first."""
+    (embedding with the first layers, final norm and head with the last, or with the embedding where they are
+    tied), the draft on the first."""
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     models = Path(shared) / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
@@ -457,7 +458,8 @@ def load_models(shared, device, dtype=None, gpus: int = 1):
             raise SystemExit(f"--gpus {gpus}: this machine has {torch.cuda.device_count()} CUDA GPUs")
         target = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=dtype).eval()
         layers = target.config.num_hidden_layers
-        device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": gpus - 1, "lm_head": gpus - 1}
+        last = 0 if target.config.tie_word_embeddings else gpus - 1  # a tied head stays with its embedding
+        device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": last, "lm_head": last}
         device_map.update({f"model.layers.{i}": i * gpus // layers for i in range(layers)})
         target = dispatch_model(target, device_map=device_map)
         draft = AutoModelForCausalLM.from_pretrained(models / "code-draft", dtype=dtype).to("cuda:0").eval()
