@@ -42,8 +42,10 @@ from hf_sparse_verify.placement import RankAgreement, tensor_parallel
 
 def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, std: float, device) -> None:
     """Rank 0: a random model of preset ``shape`` saved to ``path``. The model is built on the meta device and each
-    tensor drawn on ``device`` (a GPU draws billions in seconds) and kept in host memory, so a model larger than one
-    GPU (the 70B shape: 141 GB) is saved from a host that holds it; norms are ones, tied tensors drawn once."""
+    tensor drawn on ``device`` (a GPU draws billions in seconds); norms are ones, tied tensors drawn once. Llama
+    shapes, whose checkpoint names are their parameter names, are written shard by shard as they are drawn, so the
+    host holds one shard at a time (the 70B shape: 141 GB on disk, 4 GB in memory); other models (MoE experts,
+    which transformers renames on saving) are held whole and saved by ``save_pretrained``."""
     config = shape_config(shape)
     if layers is not None:
         config.num_hidden_layers = layers
@@ -51,15 +53,48 @@ def save_random(shape: str, layers: int | None, path: Path, dtype: torch.dtype, 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     gen = torch.Generator(device=device).manual_seed(0)
     drawn: dict[int, torch.Tensor] = {}
-    state = {}
-    for name, meta in model.state_dict(keep_vars=True).items():
-        if id(meta) not in drawn:
-            t = torch.empty(meta.shape, dtype=meta.dtype, device=device)
-            t.fill_(1.0) if "norm" in name else t.normal_(0.0, std, generator=gen)
-            drawn[id(meta)] = t.cpu()
-        state[name] = drawn[id(meta)]
-    model.save_pretrained(path, state_dict=state)
-    del model, state, drawn
+
+    def draw(name: str, meta: torch.Tensor) -> torch.Tensor:
+        t = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+        t.fill_(1.0) if "norm" in name else t.normal_(0.0, std, generator=gen)
+        return t.cpu()
+
+    if config.model_type != "llama":
+        state = {}
+        for name, meta in model.state_dict(keep_vars=True).items():
+            if id(meta) not in drawn:
+                drawn[id(meta)] = draw(name, meta)
+            state[name] = drawn[id(meta)]
+        model.save_pretrained(path, state_dict=state)
+    else:
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(path)
+        shard, shard_bytes, files, weight_map, total = {}, 0, [], {}, 0
+
+        def flush() -> None:
+            nonlocal shard, shard_bytes
+            name = f"model-{len(files) + 1:05d}.safetensors"
+            save_file(shard, path / name, metadata={"format": "pt"})
+            files.append(name)
+            weight_map.update(dict.fromkeys(shard, name))
+            shard, shard_bytes = {}, 0
+
+        for name, meta in model.state_dict(keep_vars=True).items():
+            if id(meta) in drawn:  # tied: saved once, tied again on loading
+                continue
+            drawn[id(meta)] = None
+            shard[name] = draw(name, meta)
+            shard_bytes += shard[name].nbytes
+            total += shard[name].nbytes
+            if shard_bytes >= 4 << 30:
+                flush()
+        if shard:
+            flush()
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    del model, drawn
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
