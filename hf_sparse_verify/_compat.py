@@ -36,6 +36,10 @@
   the layer's attention ``layer_idx`` where it has one). Checked on 5.23.0.
 - `has_forward_hooks` reads torch's ``nn.Module`` hook dicts (own and global), so a replacement that calls an
   experts function directly can fall back where a hook would be skipped. Checked on torch 2.11 and 2.13.
+- Gemma 4's decoder (``Gemma4TextModel._maybe_slice_kv_shared_inputs``) cuts a forward's hidden states to the last
+  ``logits_to_keep`` positions before its KV-shared layers when ``logits_to_keep`` is an int, so those layers'
+  queries no longer match the step's tokens. `last_logit` gives such models the same position as a tensor index,
+  which that method leaves alone. Checked on 5.24.0.
 - accelerate's ``dispatch_model`` wraps the top module's ``forward`` with an ``AlignDevicesHook`` that moves its
   inputs to the map's "main device" (the first GPU of a set, not the input embedding's), keeping the unwrapped
   method as ``_old_forward``. `forward_on` calls that method where the hook would move the inputs off the GPU they
@@ -87,6 +91,9 @@ RECURRENT_LAYER_CLASSES = frozenset(
         "JambaMambaMixer",
         "GraniteMoeHybridMambaLayer",
         "NemotronHMamba2Mixer",
+        "FalconH1Mixer",
+        "ZambaMambaMixer",
+        "Zamba2MambaMixer",
     }
 )
 
@@ -241,12 +248,35 @@ def architecture_refusal(model) -> str | None:
 
 def _cacheless(text, layer_types: list[str]) -> frozenset:
     """``{"dummy"}`` where every ``dummy`` cache layer is an MLP or MoE block (no attention, no cache: Nemotron-H's
-    ``moe`` / ``mlp`` layers), not a layer that reads another layer's KV (Gemma 4's shared layers); else empty."""
+    ``moe`` / ``mlp`` layers) or an attention layer that reads an earlier layer's keys and values (Gemma 3n's and
+    Gemma 4's ``kv_sharing_modes`` "reuse" layers: their attention is given the cache buffers that layer's update
+    returned, and writes none); else empty."""
     raw = getattr(text, "layer_types", None) or []
+    sources = _kv_sources(text)
     dummies = [i for i, kind in enumerate(layer_types) if kind == "dummy"]
-    if dummies and len(raw) == len(layer_types) and all(raw[i] in ("moe", "mlp") for i in dummies):
+
+    def passes(i: int) -> bool:
+        return (i < len(raw) and len(raw) == len(layer_types) and raw[i] in ("moe", "mlp")) or i in sources
+
+    if dummies and all(passes(i) for i in dummies):
         return frozenset({"dummy"})
     return frozenset()
+
+
+def _kv_sources(text) -> dict[int, int]:
+    """Per KV-shared layer (``kv_sharing_modes`` "reuse": Gemma 3n, Gemma 4), the earlier layer whose keys and values
+    it reads: the "store" layer of its attention kind. A shared layer without one is left out (refused)."""
+    modes = getattr(text, "kv_sharing_modes", None) or []
+    kinds = getattr(text, "layer_types", None) or []
+    if len(modes) != len(kinds):
+        return {}
+    stores = {kinds[j]: j for j, mode in enumerate(modes) if mode == "store"}
+    return {i: stores[kinds[i]] for i, mode in enumerate(modes) if mode == "reuse" and stores.get(kinds[i], i) < i}
+
+
+def kv_shared_sources(model) -> dict[int, int]:
+    """``{shared layer: the layer whose keys and values it reads}`` for models with KV-shared layers; else empty."""
+    return _kv_sources(model.config.get_text_config(decoder=True))
 
 
 def _layer_types(model) -> list[str]:
@@ -258,18 +288,26 @@ def _layer_types(model) -> list[str]:
 
 
 def _linear_types(model) -> frozenset:
-    """``{"linear_attention"}`` where every such cache layer of ``model`` has a layer of `RECURRENT_LAYER_CLASSES`
-    to run it; else empty."""
-    linear = _layer_types(model).count("linear_attention")
+    """The recurrent cache layer kinds of ``model`` we keep: ``linear_attention`` (a mixer alone) and ``hybrid`` (a
+    mixer beside attention: Falcon-H1, Zamba) where every such layer has a module of `RECURRENT_LAYER_CLASSES` to
+    run it; else empty."""
+    types = _layer_types(model)
+    present = frozenset(kind for kind in ("linear_attention", "hybrid") if kind in types)
     wrapped = sum(type(m).__name__ in RECURRENT_LAYER_CLASSES for m in model.modules())
-    return frozenset({"linear_attention"}) if linear and wrapped == linear else frozenset()
+    return present if present and wrapped == sum(types.count(kind) for kind in present) else frozenset()
 
 
 def recurrent_layer_indices(model) -> list[int]:
-    """Indices of ``model``'s recurrent cache layers we keep (`CONV_LAYER_TYPES`, and ``linear_attention`` layers
-    run by `RECURRENT_LAYER_CLASSES`); empty for attention-only models."""
+    """Indices of ``model``'s recurrent cache layers we keep (`CONV_LAYER_TYPES`, and ``linear_attention`` and
+    ``hybrid`` layers run by `RECURRENT_LAYER_CLASSES`); empty for attention-only models."""
     kept = CONV_LAYER_TYPES | _linear_types(model)
     return [i for i, kind in enumerate(_layer_types(model)) if kind in kept]
+
+
+def hybrid_layer_indices(model) -> list[int]:
+    """Indices of ``model``'s kept ``hybrid`` cache layers (recurrent state and KV in one layer)."""
+    kept = _linear_types(model)
+    return [i for i, kind in enumerate(_layer_types(model)) if kind == "hybrid" and kind in kept]
 
 
 def set_attn_implementation(model, name: str) -> None:
@@ -408,12 +446,22 @@ __all__ = [
     "decoder_layers",
     "experts_layers",
     "forward_on",
+    "hybrid_layer_indices",
+    "kv_shared_sources",
+    "last_logit",
     "is_experts_module",
     "recover_assistant_model",
     "recover_streamer",
     "set_attn_implementation",
     "transformers",
 ]
+
+
+def last_logit(model: torch.nn.Module) -> int | torch.Tensor:
+    """``logits_to_keep`` for each row's last position only: 1, or ``tensor([-1])`` for models with KV-shared layers
+    (Gemma 4 would otherwise run those layers on the last position alone)."""
+    text = model.config.get_text_config(decoder=True)
+    return torch.tensor([-1]) if "reuse" in (getattr(text, "kv_sharing_modes", None) or ()) else 1
 
 
 def forward_on(model: torch.nn.Module, device: torch.device):

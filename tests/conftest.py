@@ -95,7 +95,8 @@ def noisy_copy(model: torch.nn.Module, scale: float = 0.15, seed: int = 1) -> to
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
+            spread = p.std() if p.numel() > 1 else p.abs().mean()
+            p.add_(torch.randn(p.shape, generator=gen) * scale * spread.clamp_min(1e-3))
     return draft.eval()
 
 

@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 from arch_survey import MAX_NEW, PAD, STRATEGIES, build_model, causal_lm_types, prompts, survey
+from conftest import noisy_copy
 
 import hf_sparse_verify as hsv
 
@@ -46,6 +47,7 @@ def test_triton_backend_routes_modified_logits_to_reference(model_type, strategy
             **common,
             custom_generate=hsv.generate,
             speculation=dict(attention_backend="triton", cuda_graphs=False, **STRATEGIES[strategy]),
+            **({"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}),
         )
     assert torch.equal(out, expected)
 

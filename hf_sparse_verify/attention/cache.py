@@ -223,6 +223,43 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
             self.ring.zero_()
 
 
+class SpecHybridLayer(SpecConvLayer):
+    """A layer with a recurrent mixer beside its attention (Falcon-H1's layers, Zamba's hybrid layers: transformers'
+    ``hybrid`` cache layers): the mixer's convolution inputs and states as a `SpecConvLayer`, the attention's keys
+    and values in a `SpecLayer` of its own (``kv``), each allocated on its first write."""
+
+    def __init__(self, owner: SpecCache, layer_idx: int):
+        super().__init__(owner, layer_idx)
+        self.kv = SpecLayer(owner, layer_idx)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return self.kv.update(key_states, value_states, *args, **kwargs)
+
+    def direct_write_slots(self, batch: int, q_len: int, dtype: torch.dtype) -> torch.Tensor | None:
+        return self.kv.direct_write_slots(batch, q_len, dtype)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.kv.keys if self.kv.is_initialized else None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.kv.values if self.kv.is_initialized else None
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.kv.get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        return self.kv.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def reset(self) -> None:
+        super().reset()
+        self.kv.reset()
+
+
 class SpecCache(Cache):
     """Preallocated cache of ``capacity`` slots per row for ``num_layers`` layers.
 
@@ -232,15 +269,29 @@ class SpecCache(Cache):
         8
     """
 
-    def __init__(self, num_layers: int, batch_size: int, capacity: int, recurrent_layers=()):
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        capacity: int,
+        recurrent_layers=(),
+        shared_layers=None,
+        hybrid_layers=(),
+    ):
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
         self.batch_size_ = batch_size
         self.capacity = capacity
-        conv = set(recurrent_layers)
-        super().__init__(
-            layers=[SpecConvLayer(self, i) if i in conv else SpecLayer(self, i) for i in range(num_layers)]
-        )
+        conv, hybrid = set(recurrent_layers), set(hybrid_layers)
+        layers = [
+            SpecHybridLayer(self, i) if i in hybrid else SpecConvLayer(self, i) if i in conv else SpecLayer(self, i)
+            for i in range(num_layers)
+        ]
+        # a KV-shared layer (Gemma 3n / 4) is its source layer: it writes nothing, and what reads its cache by
+        # index (self-speculation's selections) finds the keys it attends to
+        for shared, source in (shared_layers or {}).items():
+            layers[shared] = layers[source]
+        super().__init__(layers=layers)
 
     @property
     def batch_size(self) -> int:
@@ -268,13 +319,17 @@ class SpecCache(Cache):
         """Bytes of the keys and values allocated so far (layers allocate on their first write)."""
         return sum(
             t.nbytes
-            for layer in self.layers
+            for layer in {id(layer): layer for layer in self.layers}.values()
             if layer.is_initialized
             for t in (
                 (layer.inputs, *(() if layer.ring is None else (layer.ring,)))
                 if isinstance(layer, SpecConvLayer)
                 else (layer.keys, layer.values)
             )
+        ) + sum(
+            layer.kv.keys.nbytes + layer.kv.values.nbytes
+            for layer in self.layers
+            if isinstance(layer, SpecHybridLayer) and layer.kv.is_initialized
         )
 
     def layer_device(self, layer_idx: int) -> torch.device | None:

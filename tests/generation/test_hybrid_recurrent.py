@@ -1,7 +1,8 @@
 """Hybrid models with recurrent layers: short convolutions (LFM2's ``conv`` layers) and linear attention (Qwen3-Next's
 Gated DeltaNet: a short convolution, then a recurrent state). The cache keeps each slot's convolution input and the
 recurrent state after each of the last slots (`SpecConvLayer`), and linear-attention layers run verify steps one
-token at a time (`TokenByToken`), so rejected drafts roll back as the KV does. Greedy output equals plain
+token at a time (`TokenByToken`), so rejected drafts roll back as the KV does. Layers with a mixer beside their
+attention (Falcon-H1, Zamba's hybrid layers: ``hybrid`` cache layers) keep both (`SpecHybridLayer`). Greedy output equals plain
 ``generate`` (float32, a ragged batch) with drafts rejected part-way, also when the prompt is prefilled in chunks;
 self-speculation is refused with the reason."""
 
@@ -14,11 +15,14 @@ from conftest import noisy_copy
 from transformers import (
     AutoModelForCausalLM,
     BambaConfig,
+    FalconH1Config,
     GraniteMoeHybridConfig,
     JambaConfig,
     Lfm2Config,
     Lfm2MoeConfig,
     Qwen3NextConfig,
+    Zamba2Config,
+    ZambaConfig,
 )
 
 import hf_sparse_verify as hsv
@@ -64,6 +68,27 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32, pad_token_id=0, eos_token_id=1,
             bos_token_id=2,
         )  # fmt: skip
+    elif kind == "falcon_h1":  # a Mamba-2 mixer beside the attention in every layer ("hybrid" cache layers)
+        config = FalconH1Config(
+            vocab_size=99, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, mamba_n_groups=1, mamba_n_heads=16, mamba_d_state=16, mamba_d_conv=4,
+            mamba_expand=2, mamba_chunk_size=16, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "zamba":  # Mamba layers; every third also runs a shared attention block ("hybrid")
+        config = ZambaConfig(
+            vocab_size=99, hidden_size=32, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4,
+            attention_head_dim=8, intermediate_size=37, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+            mamba_dt_rank=4, attn_layer_period=3, attn_layer_offset=1, n_mamba_heads=2, pad_token_id=0,
+            eos_token_id=1, bos_token_id=2,
+        )  # fmt: skip
+    elif kind == "zamba2":  # Mamba-2 layers and hybrid layers with a shared attention block
+        config = Zamba2Config(
+            vocab_size=99, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+            intermediate_size=37, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_headdim=8,
+            n_mamba_heads=8, mamba_ngroups=1, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+            num_mem_blocks=1, use_shared_attention_adapter=False, chunk_size=16, pad_token_id=0, eos_token_id=1,
+            bos_token_id=2,
+        )  # fmt: skip
     elif kind == "lfm2_moe":
         config = Lfm2MoeConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
                                num_dense_layers=1)  # fmt: skip
@@ -96,7 +121,10 @@ def _equal_plain(model, speculation: dict, **extra) -> None:
     return out.speculation
 
 
-@pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe", "qwen3_next", "bamba", "jamba", "granitemoehybrid"])
+@pytest.mark.parametrize(
+    "kind",
+    ["lfm2", "lfm2_moe", "qwen3_next", "bamba", "jamba", "granitemoehybrid", "falcon_h1", "zamba", "zamba2"],
+)
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
 def test_hybrid_equals_plain(kind, strategy):
     model = _hybrid(kind)
@@ -163,6 +191,26 @@ def test_self_speculation_is_refused_with_the_reason():
     with pytest.raises(NotImplementedError, match="recurrent layers"):
         _hybrid().generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0,
                            custom_generate=hsv.generate, speculation={"strategy": "vegas"})  # fmt: skip
+
+
+def test_hybrid_layers_keep_keys_beside_the_mixer_state():
+    """Falcon-H1's ``hybrid`` cache layers are `SpecHybridLayer`s: keys and values in their own buffers, counted in
+    the cache's bytes with the convolution inputs and states."""
+    from hf_sparse_verify._compat import hybrid_layer_indices, recurrent_layer_indices
+    from hf_sparse_verify.attention.cache import SpecHybridLayer
+
+    model = _hybrid("falcon_h1")
+    assert hybrid_layer_indices(model) == recurrent_layer_indices(model) == [0, 1, 2, 3]
+    cache = SpecCache(4, 2, 16, recurrent_layers=[0, 1, 2, 3], hybrid_layers=[0, 1, 2, 3])
+    layer = cache.layers[1]
+    assert isinstance(layer, SpecHybridLayer) and layer.keys is None
+    step = StepContext(Phase.PREFILL, torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), q_len=3,
+                       kv_len=3)  # fmt: skip
+    with step_scope(step):
+        keys, _ = cache.update(torch.ones(2, 2, 3, 8), torch.ones(2, 2, 3, 8), 1)
+        layer.update_conv_state(torch.ones(2, 5, 3), conv_kernel_size=4)
+    assert keys.shape == (2, 2, 16, 8) and keys[:, :, :3].eq(1).all() and keys[:, :, 3:].eq(0).all()
+    assert cache.nbytes == 2 * keys.nbytes + layer.inputs.nbytes
 
 
 def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..._compat import CACHE_KWARG, forward_on, recurrent_layer_indices
+from ..._compat import (
+    CACHE_KWARG,
+    forward_on,
+    hybrid_layer_indices,
+    kv_shared_sources,
+    last_logit,
+    recurrent_layer_indices,
+)
 from ..._logging import warn_once
 from ...attention import SpecCache
 from ...placement import device_segments, graph_obstacle, spans_gpus
@@ -42,6 +49,8 @@ class ModelRunner:
             batch,
             capacity,
             recurrent_layers=recurrent_layer_indices(model),
+            shared_layers=kv_shared_sources(model),
+            hybrid_layers=hybrid_layer_indices(model),
         )
         self.device = model.get_input_embeddings().weight.device
         self.out_device = out_device
@@ -115,12 +124,12 @@ class ModelRunner:
                 Phase.PREFILL,
                 kv_len=end,
                 uniform_start=True,
-                logits_to_keep=1,
+                logits_to_keep=last_logit(self.model),
                 **(last_slots if last else {}),
             )
         return logits
 
-    def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int = 0) -> torch.Tensor:
+    def run_model(self, ids: torch.Tensor, step: StepContext, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
         """One forward of ``step``; the model's logits as they come."""
         positions = (step.start - step.pad)[:, None] + torch.arange(step.q_len, device=self.device)
         model = (
@@ -146,7 +155,7 @@ class ModelRunner:
         *,
         kv_len: int,
         uniform_start: bool = False,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         kv_selection: KVSelection | None = None,
         scores: ScoreCollection | None = None,
         verify_sparsity: VerifySparsity | None = None,
@@ -157,7 +166,8 @@ class ModelRunner:
         width = ids.shape[1]
         slots = {"kv_selection": kv_selection, "scores": scores, "verify_sparsity": verify_sparsity}
         phase = Phase(phase)
-        entry = self.graphs.find(phase, width, slots) if self.graphs and not logits_to_keep else None
+        whole = isinstance(logits_to_keep, int) and not logits_to_keep  # every position: a step graphs hold
+        entry = self.graphs.find(phase, width, slots) if self.graphs and whole else None
         if entry is not None:
             logits = self.graphs.replay(entry, ids.to(self.device), start)
             return logits.to(self.out_device, torch.float32, copy=True)
