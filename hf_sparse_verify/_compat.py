@@ -23,6 +23,10 @@
   `ATTENTION_REPLACED_MODEL_TYPES` (`hf_sparse_verify.integrations.gptj`, ``.codegen``). Checked on 5.23.0 (``GPTJBlock``
   and ``CodeGenBlock`` pass ``layer_past``, ``attention_mask`` and
   ``position_ids`` by name and unpacks ``(output, weights)``).
+- BLOOM's ``BloomAttention`` and MPT's ``MptAttention`` add ALiBi biases themselves and their models' forwards take
+  no ``position_ids``: ``bloom`` and ``mpt`` are in `ATTENTION_REPLACED_MODEL_TYPES` and `ALIBI_MODEL_TYPES`
+  (`hf_sparse_verify.integrations.bloom`, ``.mpt``: the biases come from the cache slots, so positions are not
+  needed). Checked on 5.24.0.
 - GPT-Neo's ``GPTNeoSelfAttention`` (inside ``GPTNeoAttention``) too: ``gpt_neo`` is admitted; its local layers
   pass ``config.window_size`` as the sliding window (`hf_sparse_verify.integrations.gpt_neo` says why the semantics match).
   Checked on 5.23.0.
@@ -68,8 +72,8 @@ from ._version import TRANSFORMERS_MAX, TRANSFORMERS_MIN, check_transformers_ver
 CACHE_KWARG = "cache" if Version(version("transformers")) >= Version("5.24.0") else "past_key_values"
 
 #: cache layer kinds our `SpecCache` and attention implement (chunked attention is refused: its mask is not a
-#: sliding window)
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+#: sliding window; ``indexed_attention``: DSA, keys plus an indexer's keys, `SpecLayer.update_indexer`)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "indexed_attention"})
 
 #: cache layer kinds whose recurrent state is a short convolution's last inputs, which our `SpecCache` keeps per slot
 #: (`hf_sparse_verify.attention.cache.SpecConvLayer`): LFM2's ``conv`` layers
@@ -134,7 +138,15 @@ MISMATCHED_MODEL_TYPES = {
 
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
 #: rotary attention `hf_sparse_verify.integrations.speculation_mode` replaces, for the call, with modules that do
-ATTENTION_REPLACED_MODEL_TYPES = frozenset({"codegen", "falcon", "gpt_neo", "gptj"})
+ATTENTION_REPLACED_MODEL_TYPES = frozenset({"bloom", "codegen", "falcon", "gpt_neo", "gptj", "mpt"})
+
+#: ALiBi model types whose replaced attention takes its position biases from the cache slots
+#: (`hf_sparse_verify.integrations.bloom`, ``.mpt``): their forwards take no ``position_ids`` and need none
+ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt"})
+
+#: model types whose forward calls ``.to(torch.bool)`` on ``create_causal_mask``'s result (MPT, 5.24.0), which the
+#: ``"sparse_verify"`` mask function otherwise returns as None: they get a placeholder tensor nothing reads
+MASK_TENSOR_MODEL_TYPES = frozenset({"mpt"})
 
 #: config fields that only hybrid recurrent/attention models have
 _HYBRID_CONFIG_FIELDS = (
@@ -206,7 +218,10 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
             f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
         )
-    if "position_ids" not in inspect.signature(type(model).forward).parameters:
+    if (
+        "position_ids" not in inspect.signature(type(model).forward).parameters
+        and text.model_type not in ALIBI_MODEL_TYPES
+    ):
         return (
             f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
             f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
@@ -272,6 +287,27 @@ def _kv_sources(text) -> dict[int, int]:
         return {}
     stores = {kinds[j]: j for j, mode in enumerate(modes) if mode == "store"}
     return {i: stores[kinds[i]] for i, mode in enumerate(modes) if mode == "reuse" and stores.get(kinds[i], i) < i}
+
+
+_INDEXED: dict[int, tuple] = {}  # id(config) -> (weak reference to it, answer): asked at every forward's mask
+
+
+def indexed_attention(config) -> bool:
+    """Whether ``config``'s model has DSA indexer layers (transformers' ``indexed_attention`` cache layers:
+    DeepSeek-V3.2, GLM-MoE-DSA), whose indexer reads the causal mask and the attention gets top-k ``indices``."""
+    known = _INDEXED.get(id(config))
+    if known is not None and known[0]() is config:
+        return known[1]
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    try:
+        answer = "indexed_attention" in get_layer_types_and_kwargs(text)[0]
+    except Exception:  # noqa: BLE001 - no per-layer structure
+        answer = False
+    try:
+        _INDEXED[id(config)] = (weakref.ref(config), answer)
+    except TypeError:  # not weakly referable: not cached
+        pass
+    return answer
 
 
 def kv_shared_sources(model) -> dict[int, int]:
@@ -446,6 +482,7 @@ __all__ = [
     "decoder_layers",
     "experts_layers",
     "forward_on",
+    "indexed_attention",
     "hybrid_layer_indices",
     "kv_shared_sources",
     "last_logit",

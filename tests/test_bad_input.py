@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import BOS, EOS, PAD, VOCAB, make_model, noisy_copy, ragged_batch
-from transformers import AutoModelForCausalLM, BloomConfig, LogitsProcessor, LogitsProcessorList, MambaConfig
+from transformers import (
+    AutoModelForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MambaConfig,
+    RoFormerConfig,
+)
 
 import hf_sparse_verify
 
@@ -226,18 +232,20 @@ UNSUPPORTED = [
     ),
     pytest.param(
         lambda: _tiny(
-            BloomConfig(
+            RoFormerConfig(
                 vocab_size=VOCAB,
                 hidden_size=32,
-                n_layer=1,
-                n_head=2,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=37,
+                is_decoder=True,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'bloom' \(BloomForCausalLM\) is not supported: its forward takes no position_ids",
-        id="bloom",
+        r"model type 'roformer' \(RoFormerForCausalLM\) is not supported: its forward takes no position_ids",
+        id="roformer",
     ),
 ]
 
@@ -252,10 +260,10 @@ def test_unsupported_architecture(factory, message):
 
 
 def test_unsupported_draft_model():
-    draft = UNSUPPORTED[1].values[0]()  # bloom
+    draft = UNSUPPORTED[1].values[0]()  # roformer
     target = make_model("llama")
     with pytest.raises(
-        NotImplementedError, match=r"model type 'bloom' \(BloomForCausalLM\) is not supported"
+        NotImplementedError, match=r"model type 'roformer' \(RoFormerForCausalLM\) is not supported"
     ):
         _generate(target, draft_model=draft)
     assert draft.config._attn_implementation != "sparse_verify"

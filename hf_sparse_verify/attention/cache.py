@@ -36,6 +36,7 @@ class SpecLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
         self.layer_idx = layer_idx
+        self.indexer_keys: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads = key_states.shape[:2]
@@ -68,6 +69,21 @@ class SpecLayer(CacheLayerMixin):
             self.values.scatter_(2, index.expand(*value_states.shape), value_states.to(self.dtype))
         return self.keys, self.values
 
+    def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+        """A sparse-attention indexer's keys (DeepSeek-V3.2 and GLM's DSA: ``[B, q, D]``) written at the step's slots,
+        as the layer's keys are; returns the ``[B, kv_len, D]`` slots the step reads (the indexer scores every one,
+        and its top-k are slot indices)."""
+        step = current_step()
+        if self.indexer_keys is None:
+            batch, _, dim = indexer_key_states.shape
+            self.indexer_keys = torch.zeros(
+                batch, self.owner.capacity, dim, dtype=indexer_key_states.dtype, device=indexer_key_states.device
+            )
+        slots = step.on(self.indexer_keys.device).query_slots  # [B, q]
+        index = slots[:, :, None].expand(-1, -1, self.indexer_keys.shape[-1])
+        self.indexer_keys.scatter_(1, index, indexer_key_states.to(self.indexer_keys.dtype))
+        return self.indexer_keys[:, : step.kv_len]
+
     def direct_write_slots(self, batch: int, q_len: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The ``[B, q]`` slots this step's keys and values go to, for a kernel that writes them into ``keys`` /
         ``values`` itself instead of calling `update` (`hf_sparse_verify.integrations.FusedQKVAttention`: rotary and
@@ -97,6 +113,8 @@ class SpecLayer(CacheLayerMixin):
         if self.is_initialized:
             self.keys.zero_()
             self.values.zero_()
+        if self.indexer_keys is not None:
+            self.indexer_keys.zero_()
 
 
 class _PreviousState:

@@ -24,14 +24,18 @@ class LogitMods:
     Attributes:
         softcap: logit soft-capping ``softcap * tanh(logit / softcap)`` (Gemma 2, Cohere 2), applied before masking.
         sinks: ``[H]`` per-head sink logit that joins the softmax denominator and attends to nothing (GPT-OSS).
+        alibi: ``[H]`` per-head ALiBi slopes (BLOOM, MPT): ``slope * j`` added to the logit of cache slot ``j``.
+            Their models add ``slope * (j - n)`` for some ``n`` fixed per row (the row's padding, or the key
+            length), which the softmax does not see.
     """
 
     softcap: float | None = None
     sinks: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
 
     @property
     def plain(self) -> bool:
-        return self.softcap is None and self.sinks is None
+        return self.softcap is None and self.sinks is None and self.alibi is None
 
 
 PLAIN = LogitMods()
@@ -54,6 +58,9 @@ def _row_logits(
     logits = (torch.matmul(q, key.float().transpose(-1, -2)) * scaling).view(batch, heads, q_len, length)
     if mods.softcap is not None:
         logits = torch.tanh(logits / mods.softcap) * mods.softcap
+    if mods.alibi is not None:
+        slots = torch.arange(length, device=logits.device, dtype=torch.float32)
+        logits = logits + mods.alibi.float().view(1, heads, 1, 1) * slots
     return logits
 
 

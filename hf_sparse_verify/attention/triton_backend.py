@@ -46,8 +46,10 @@ def triton_attention(
     layer = module.layer_idx
     selection = step.draft_selection()
     too_many_rows = step.q_len * (query.shape[1] // key.shape[1]) > MAX_ROWS
-    if key.shape[-1] != value.shape[-1] or (
-        not mods.plain and (step.phase is Phase.PREFILL or too_many_rows or selection is not None)
+    if (
+        key.shape[-1] != value.shape[-1]
+        or mods.alibi is not None  # no kernel adds position biases
+        or (not mods.plain and (step.phase is Phase.PREFILL or too_many_rows or selection is not None))
     ):
         return reference_attention(
             module, query, key, value, view, scaling=scaling, sliding_window=sliding_window, mods=mods

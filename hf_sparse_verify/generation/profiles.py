@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -27,8 +28,10 @@ from .policies.planner import CostProfile
 PROFILE_FILE = "speculation_profile.json"
 #: profiles kept in the process, least recently used first out
 MAX_PROFILES = 64
-#: in-process key -> (file key, profile); the in-process key holds the model's identity, the file key what travels
-_PROFILES: OrderedDict[tuple, tuple[dict, CostProfile]] = OrderedDict()
+#: in-process key -> (file key, profile, weak reference to the model); the in-process key holds the model's identity
+#: (whose ``id`` a model loaded after it is freed can take over: the reference tells them apart), the file key what
+#: travels
+_PROFILES: OrderedDict[tuple, tuple[dict, CostProfile, weakref.ref]] = OrderedDict()
 
 
 def device_name(model) -> str:
@@ -51,12 +54,12 @@ def profile_for(model, process_key: tuple, members: list[str], batch: int, promp
     """The process's profile for ``process_key``; on a miss, the matching entry of the model's saved file, else a
     new one."""
     found = _PROFILES.get(process_key)
-    if found is not None:
+    if found is not None and found[2]() is model:
         _PROFILES.move_to_end(process_key)
         return found[1]
     wanted = file_key(model, members, batch, prompt_len)
     profile = _saved(model, wanted) or CostProfile()
-    _PROFILES[process_key] = (wanted, profile)
+    _PROFILES[process_key] = (wanted, profile, weakref.ref(model))
     while len(_PROFILES) > MAX_PROFILES:
         _PROFILES.popitem(last=False)
     return profile
@@ -66,9 +69,7 @@ def save_profile(model, directory: str | os.PathLike) -> str:
     """Write the process's profiles of ``model`` (every shape and drafter set its ``auto`` calls measured) to
     ``directory/speculation_profile.json``, keeping the file's entries for other devices, dtypes or shapes. Returns
     the path."""
-    mine = [
-        (key, profile) for (process_key, (key, profile)) in _PROFILES.items() if process_key[0] == id(model)
-    ]
+    mine = [(key, profile) for key, profile, owner in _PROFILES.values() if owner() is model]
     if not mine:
         raise ValueError(
             "no auto profile of this model in this process: run generate with strategy='auto' on it first"

@@ -6,7 +6,7 @@
 - Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
   (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` (`rms_norm`), `GatedMLP` (`mlp`, also
   the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
-  (`falcon`, `gptj`, `codegen`, `gpt_neo`) replaced by ones that dispatch through it; on a model over several GPUs,
+  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`) replaced by ones that dispatch through it; on a model over several GPUs,
   `SegmentLayer` (`segments`) around each decoder layer, so steps run as one CUDA graph per device segment.
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
@@ -18,6 +18,7 @@ modules. Modules that accelerate hooks or whose weights are offloaded are left a
 (`hf_sparse_verify.placement.swappable`): a replacement would not carry the hook.
 """
 
+from .bloom import BloomAttentionDispatch
 from .codegen import CodeGenAttentionDispatch
 from .decoder_layer import FusedDecoderLayer, replaceable_decoder_layer
 from .experts import decoding_implementation, decoding_plan
@@ -27,6 +28,7 @@ from .fused_experts import fused_experts_forward, record_layers, supports
 from .gpt_neo import GPTNeoAttentionDispatch
 from .gptj import GPTJAttentionDispatch
 from .mlp import GatedMLP, replaceable_mlp
+from .mpt import MptAttentionDispatch
 from .qkv_attention import FusedQKVAttention
 from .rms_norm import TritonRMSNorm
 from .router import FusedRouter
@@ -42,7 +44,9 @@ __all__ = [
     "FusedQKVAttention",
     "FusedRouter",
     "GPTJAttentionDispatch",
+    "BloomAttentionDispatch",
     "GPTNeoAttentionDispatch",
+    "MptAttentionDispatch",
     "GatedMLP",
     "Mode",
     "RULES",

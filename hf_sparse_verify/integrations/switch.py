@@ -41,6 +41,7 @@ from ..kernels._triton import compiled_on
 from ..placement import device_segments, dtensor_weights, spans_gpus, swappable
 from ..placement import tensor_parallel as sharded
 from . import (
+    bloom,
     codegen,
     decoder_layer,
     experts,
@@ -48,6 +49,7 @@ from . import (
     gpt_neo,
     gptj,
     mlp,
+    mpt,
     qkv_attention,
     recurrent,
     rms_norm,
@@ -253,6 +255,8 @@ ATTENTION_REPLACEMENTS = (
     (gptj.replaceable_attention, gptj.GPTJAttentionDispatch),
     (codegen.replaceable_attention, codegen.CodeGenAttentionDispatch),
     (gpt_neo.replaceable_attention, gpt_neo.GPTNeoAttentionDispatch),
+    (bloom.replaceable_attention, bloom.BloomAttentionDispatch),
+    (mpt.replaceable_attention, mpt.MptAttentionDispatch),
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)

@@ -860,3 +860,17 @@ def test_batch_pace_counts_luck_and_real_slow_rows():
     stuck[::2] = 0  # every other row never accepts a draft
     per_row = planner_module.row_expected_tokens(age, np.full((32, 24), k), stuck, k)
     assert planner_module.batch_pace(per_row, weight, remaining)[k] < 0.6 * pace[k]
+
+
+def test_a_profile_is_not_inherited_through_a_reused_id():
+    """A model freed and another of the same shape built at the same address (its ``id``): the new model starts
+    from its own profile, and saving it writes only its own entries."""
+    from hf_sparse_verify.generation import profiles
+
+    first, second = make_model("llama"), make_model("llama")
+    key = ("same id", "same shape")
+    old = profiles.profile_for(first, key, ["prompt_lookup", "draft_model"], 1, 40)
+    assert profiles.profile_for(first, key, ["prompt_lookup", "draft_model"], 1, 40) is old
+    fresh = profiles.profile_for(second, key, ["prompt_lookup"], 1, 40)  # the key the freed model left behind
+    assert fresh is not old
+    assert [k["members"] for k, _, owner in profiles._PROFILES.values() if owner() is second] == [["prompt_lookup"]]

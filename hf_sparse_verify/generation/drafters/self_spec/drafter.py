@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...._compat import indexed_attention
 from ....attention.cache import SpecConvLayer
 from ....step import Phase, ScoreCollection
 from ...engine.graphs import CapturedCall
@@ -143,6 +144,14 @@ class SelfSpecDrafter(Drafter):
                 f"model type {model_type!r} ({type(target.model).__name__}) is not supported: self-speculation "
                 "(Vegas, Streaming, Quest) selects KV per attention layer, and it also has recurrent layers (a hybrid such "
                 "as LFM2 or Qwen3-Next); use strategy='prompt_lookup', 'draft_model' or 'auto'"
+            )
+        if indexed_attention(target.model.config):
+            model_type = target.model.config.get_text_config(decoder=True).model_type
+            raise NotImplementedError(
+                f"model type {model_type!r} ({type(target.model).__name__}) is not supported: self-speculation "
+                "(Vegas, Streaming, Quest) selects KV from the attention's scores, and this model's attention already "
+                "attends to the top-k slots its DSA indexer selects (no scores are collected there); use "
+                "strategy='prompt_lookup', 'draft_model' or 'auto'"
             )
         if self.draft_weights is not None and target.segments:
             raise NotImplementedError(
