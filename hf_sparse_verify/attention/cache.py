@@ -334,7 +334,8 @@ class SpecCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the keys and values allocated so far (layers allocate on their first write)."""
+        """Bytes of the keys and values allocated so far (layers allocate on their first write), with recurrent
+        layers' inputs and states and DSA indexers' keys; a shared layer's entry counted once."""
         return sum(
             t.nbytes
             for layer in {id(layer): layer for layer in self.layers}.values()
@@ -348,6 +349,10 @@ class SpecCache(Cache):
             layer.kv.keys.nbytes + layer.kv.values.nbytes
             for layer in self.layers
             if isinstance(layer, SpecHybridLayer) and layer.kv.is_initialized
+        ) + sum(
+            layer.indexer_keys.nbytes
+            for layer in {id(layer): layer for layer in self.layers}.values()
+            if getattr(layer, "indexer_keys", None) is not None
         )
 
     def layer_device(self, layer_idx: int) -> torch.device | None:

@@ -17,7 +17,7 @@ from . import eager as _eager  # noqa: F401 - registers the "reference" (eager) 
 from . import token_sparse as _token_sparse  # noqa: F401 - registers the "token_sparse" backend
 from . import triton_backend as _triton_backend  # noqa: F401 - registers the "triton" backend
 from .dispatch import get_backend
-from .eager import LogitMods
+from .eager import ROW_CHUNK, LogitMods, _attention_with_logits
 
 NAME = "sparse_verify"
 
@@ -70,8 +70,6 @@ def selected_attention(query, key, value, view, indices, scaling, sliding_window
     the step's ``kv_len``), within the step's mask: DeepSeek Sparse Attention as transformers' eager path runs it,
     each verify token with its own selection, so output equals plain ``generate``. Explicit logits, in blocks of
     query rows. Returns ``[B, q, H, D_v]``."""
-    from .eager import ROW_CHUNK, _attention_with_logits
-
     step = view.step
     key, value = key[:, :, : step.kv_len], value[:, :, : step.kv_len]
     chosen = torch.zeros(*indices.shape[:2], step.kv_len, dtype=torch.bool, device=query.device)

@@ -91,3 +91,4 @@ def test_indexer_keys_are_written_at_the_step_slots():
     assert keys.shape == (2, 7, 2)  # the slots the step reads
     assert torch.equal(keys[1, 3:7], torch.arange(8, 16, dtype=torch.float32).view(4, 2))
     assert keys[1, :3].eq(0).all() and cache.layers[0].indexer_keys.shape == (2, 16, 2)
+    assert cache.nbytes == cache.layers[0].indexer_keys.nbytes  # no keys written yet: the indexer's alone
