@@ -6,7 +6,7 @@
 - Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
   (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` (`rms_norm`), `GatedMLP` (`mlp`, also
   the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
-  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`) replaced by ones that dispatch through it; on a model over several GPUs,
+  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`, `xglm`) replaced by ones that dispatch through it; on a model over several GPUs,
   `SegmentLayer` (`segments`) around each decoder layer, so steps run as one CUDA graph per device segment.
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
@@ -34,6 +34,7 @@ from .rms_norm import TritonRMSNorm
 from .router import FusedRouter
 from .segments import SegmentLayer
 from .switch import ATTENTION_REPLACEMENTS, RULES, Mode, Switched, plan_swaps, speculation_mode
+from .xglm import XGLMAttentionDispatch
 
 __all__ = [
     "ATTENTION_REPLACEMENTS",
@@ -47,6 +48,7 @@ __all__ = [
     "BloomAttentionDispatch",
     "GPTNeoAttentionDispatch",
     "MptAttentionDispatch",
+    "XGLMAttentionDispatch",
     "GatedMLP",
     "Mode",
     "RULES",

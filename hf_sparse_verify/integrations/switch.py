@@ -56,6 +56,7 @@ from . import (
     router,
     segments,
     tensor_parallel,
+    xglm,
 )
 
 logger = logging.getLogger(__name__)
@@ -257,6 +258,7 @@ ATTENTION_REPLACEMENTS = (
     (gpt_neo.replaceable_attention, gpt_neo.GPTNeoAttentionDispatch),
     (bloom.replaceable_attention, bloom.BloomAttentionDispatch),
     (mpt.replaceable_attention, mpt.MptAttentionDispatch),
+    (xglm.replaceable_attention, xglm.XGLMAttentionDispatch),
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)

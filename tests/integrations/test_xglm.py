@@ -1,0 +1,68 @@
+"""XGLM's attention runs its own ``bmm`` / softmax; `integrations.xglm` replaces its self-attention modules for the
+call with ones that dispatch through `AttentionInterface`. Greedy output equals plain ``generate`` token for token
+(float32, a left-padded batch of 2) for every lossless strategy, also on the Triton backend; the originals are back
+after the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import noisy_copy
+from transformers import XGLMConfig, XGLMForCausalLM
+
+import hf_sparse_verify as hsv
+from hf_sparse_verify.integrations import XGLMAttentionDispatch, speculation_mode
+
+
+def _xglm() -> torch.nn.Module:
+    # XGLMModelTester's sizes (vocabulary 99, d_model 32, 4 heads), two layers
+    config = XGLMConfig(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37, max_position_embeddings=512,
+                        pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = XGLMForCausalLM(config).eval()
+    with torch.no_grad():  # peaked outputs: drafts are accepted and rejected
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and "embed" not in name:
+                p.mul_(3.0)
+    return model
+
+
+def _equal_plain(model, speculation: dict, **extra):
+    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, -12:] = ids[:, -24:-12]
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
+                         return_dict_in_generate=True, **extra)  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    return out.speculation
+
+
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "vegas", "auto"])
+def test_xglm_equals_plain(strategy):
+    model = _xglm()
+    extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
+    speculation = (
+        {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
+    )
+    stats = _equal_plain(model, speculation, **extra)
+    if strategy == "draft_model":
+        assert 1.0 < stats.mean_acceptance_length < 5.0
+
+
+def test_xglm_equals_plain_on_the_triton_backend():
+    model = _xglm()
+    speculation = {"strategy": "prompt_lookup", "num_draft_tokens": 4, "attention_backend": "triton",
+                   "cuda_graphs": False}  # fmt: skip
+    _equal_plain(model, speculation)
+
+
+def test_replacements_run_and_are_undone():
+    model = _xglm()
+    originals = [layer.self_attn for layer in model.model.layers]
+    with speculation_mode(model) as switched:
+        assert all(isinstance(layer.self_attn, XGLMAttentionDispatch) for layer in model.model.layers)
+        assert switched.counts and model.model.layers[0].self_attn.q_proj is originals[0].q_proj
+    assert [layer.self_attn for layer in model.model.layers] == originals
