@@ -301,10 +301,7 @@ def indexed_attention(config) -> bool:
     if known is not None and known[0]() is config:
         return known[1]
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    try:
-        answer = "indexed_attention" in get_layer_types_and_kwargs(text)[0]
-    except Exception:  # noqa: BLE001 - no per-layer structure
-        answer = False
+    answer = "indexed_attention" in _config_layer_types(text)
     try:
         _INDEXED[id(config)] = (weakref.ref(config), answer)
     except TypeError:  # not weakly referable: not cached
@@ -317,12 +314,17 @@ def kv_shared_sources(model) -> dict[int, int]:
     return _kv_sources(model.config.get_text_config(decoder=True))
 
 
-def _layer_types(model) -> list[str]:
-    """``model``'s cache layer kinds (empty where its config has no per-layer structure)."""
+def _config_layer_types(text) -> list[str]:
+    """The cache layer kinds of text config ``text`` (empty where it has no per-layer structure)."""
     try:
-        return get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0]
+        return get_layer_types_and_kwargs(text)[0]
     except Exception:  # noqa: BLE001 - no per-layer structure: `architecture_refusal` says so
         return []
+
+
+def _layer_types(model) -> list[str]:
+    """``model``'s cache layer kinds (empty where its config has no per-layer structure)."""
+    return _config_layer_types(model.config.get_text_config(decoder=True))
 
 
 def _linear_types(model) -> frozenset:

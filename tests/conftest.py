@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers import models as hf_models
 
+import hf_sparse_verify as hsv
 from hf_sparse_verify.integrations import Mode, speculation_mode
 
 VOCAB = 96
@@ -98,6 +99,38 @@ def noisy_copy(model: torch.nn.Module, scale: float = 0.15, seed: int = 1) -> to
             spread = p.std() if p.numel() > 1 else p.abs().mean()
             p.add_(torch.randn(p.shape, generator=gen) * scale * spread.clamp_min(1e-3))
     return draft.eval()
+
+
+def sharpen(model: torch.nn.Module, factor: float, skip: tuple[str, ...] = ("norm",)) -> torch.nn.Module:
+    """Scale ``model``'s matrices (not those whose name holds one of ``skip``) by ``factor``: peaked outputs, as
+    trained models have, so drafts are both accepted and rejected."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and not any(part in name for part in skip):
+                p.mul_(factor)
+    return model
+
+
+def copy_prompt() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 40 tokens (vocabulary 3-98) whose last 12 repeat the 12 before them (text worth looking up),
+    row 1 left-padded by 9."""
+    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, -12:] = ids[:, -24:-12]
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    return ids, mask
+
+
+def equal_plain(model: torch.nn.Module, speculation: dict, **extra):
+    """Assert that 24 greedy tokens on `copy_prompt` with ``speculation`` are plain ``generate``'s; return the
+    call's speculation statistics."""
+    ids, mask = copy_prompt()
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
+                         return_dict_in_generate=True, **extra)  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    return out.speculation
 
 
 def ragged_batch(batch: int, length: int = 14, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

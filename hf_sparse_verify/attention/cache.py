@@ -98,6 +98,12 @@ class SpecLayer(CacheLayerMixin):
             return None
         return step.on(self.device).query_slots
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its buffers allocated so far: keys and values, and a DSA indexer's keys."""
+        held = (self.keys, self.values) if self.is_initialized else ()
+        return sum(t.nbytes for t in (*held, self.indexer_keys) if t is not None)
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         step = current_step(required=False)
         return step.kv_len if step is not None else self.owner.capacity, 0
@@ -234,6 +240,11 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         )
         return recurrent_states
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its buffers allocated so far: convolution inputs and the ring of states."""
+        return sum(t.nbytes for t in (self.inputs, self.ring) if t is not None)
+
     def reset(self) -> None:
         if self.is_initialized:
             self.inputs.zero_()
@@ -272,6 +283,10 @@ class SpecHybridLayer(SpecConvLayer):
 
     def get_max_length(self) -> int:
         return self.owner.capacity
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.kv.nbytes
 
     def reset(self) -> None:
         super().reset()
@@ -334,26 +349,9 @@ class SpecCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the keys and values allocated so far (layers allocate on their first write), with recurrent
-        layers' inputs and states and DSA indexers' keys; a shared layer's entry counted once."""
-        return sum(
-            t.nbytes
-            for layer in {id(layer): layer for layer in self.layers}.values()
-            if layer.is_initialized
-            for t in (
-                (layer.inputs, *(() if layer.ring is None else (layer.ring,)))
-                if isinstance(layer, SpecConvLayer)
-                else (layer.keys, layer.values)
-            )
-        ) + sum(
-            layer.kv.keys.nbytes + layer.kv.values.nbytes
-            for layer in self.layers
-            if isinstance(layer, SpecHybridLayer) and layer.kv.is_initialized
-        ) + sum(
-            layer.indexer_keys.nbytes
-            for layer in {id(layer): layer for layer in self.layers}.values()
-            if getattr(layer, "indexer_keys", None) is not None
-        )
+        """Bytes of the buffers allocated so far (layers allocate on their first write): keys and values,
+        recurrent layers' inputs and states, DSA indexers' keys; a shared layer's entry counted once."""
+        return sum(layer.nbytes for layer in {id(layer): layer for layer in self.layers}.values())
 
     def layer_device(self, layer_idx: int) -> torch.device | None:
         layer = self.layers[layer_idx]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arch_survey import build
-from conftest import noisy_copy
+from conftest import copy_prompt, equal_plain, noisy_copy, sharpen
 from transformers import (
     AutoModelForCausalLM,
     BambaConfig,
@@ -96,29 +96,8 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
         config = Lfm2Config(**sizes)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # peaked outputs, as trained models have: drafts get accepted
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "norm" not in name:
-                p.mul_(4.0)
+    sharpen(model, 4.0)  # peaked outputs: drafts are accepted and rejected
     return model.eval()
-
-
-def _prompt() -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
-    ids[:, -12:] = ids[:, -24:-12]  # text worth looking up
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    return ids, mask
-
-
-def _equal_plain(model, speculation: dict, **extra) -> None:
-    ids, mask = _prompt()
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
-                         return_dict_in_generate=True, **extra)  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    return out.speculation
 
 
 @pytest.mark.parametrize(
@@ -132,7 +111,7 @@ def test_hybrid_equals_plain(kind, strategy):
     speculation = (
         {"strategy": strategy} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
     )
-    stats = _equal_plain(model, speculation, **extra)
+    stats = equal_plain(model, speculation, **extra)
     if strategy == "draft_model":  # a noisy copy: some drafts accepted, others rejected, so rollback ran
         assert 1.0 < stats.mean_acceptance_length < 5.0
 
@@ -141,11 +120,11 @@ def test_linear_attention_state_after_a_partly_accepted_draft():
     """A noisy copy as draft model: drafts accepted part-way (mean acceptance between 1 and K + 1), and each next
     step finds the recurrent state after the last accepted token; the target as its own draft accepts everything."""
     model = _hybrid("qwen3_next")
-    stats = _equal_plain(
+    stats = equal_plain(
         model, {"strategy": "draft_model", "num_draft_tokens": 4}, draft_model=noisy_copy(model)
     )
     assert 1.2 < stats.mean_acceptance_length < 4.5
-    stats = _equal_plain(
+    stats = equal_plain(
         model, {"strategy": "draft_model", "num_draft_tokens": 4}, draft_model=_hybrid("qwen3_next")
     )
     assert stats.mean_acceptance_length > 4.0
@@ -182,12 +161,12 @@ def test_prefill_chunks_read_the_inputs_before_them(monkeypatch, kind):
         return forward(self, ids, step, logits_to_keep)
 
     monkeypatch.setattr(runner_module.ModelRunner, "run_model", counted)
-    _equal_plain(_hybrid(kind), {"strategy": "prompt_lookup", "num_draft_tokens": 4})
+    equal_plain(_hybrid(kind), {"strategy": "prompt_lookup", "num_draft_tokens": 4})
     assert widths[:3] == [8, 16, 16]
 
 
 def test_self_speculation_is_refused_with_the_reason():
-    ids, mask = _prompt()
+    ids, mask = copy_prompt()
     with pytest.raises(NotImplementedError, match="recurrent layers"):
         _hybrid().generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0,
                            custom_generate=hsv.generate, speculation={"strategy": "vegas"})  # fmt: skip
@@ -256,10 +235,7 @@ def test_linear_attention_sampling_follows_the_target_distribution():
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # a linear-attention state that weighs on the next token
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "norm" not in name:
-                p.mul_(4.0)
+    sharpen(model, 4.0)  # peaked outputs: drafts are accepted and rejected
     draft = noisy_copy(model, scale=1.5)
     target_12, target_23 = _joint_next_tokens(model, prompt)
     torch.manual_seed(0)
@@ -285,7 +261,7 @@ def test_hybrid_equals_plain_on_the_triton_backend(kind):
         "attention_backend": "triton",
         "cuda_graphs": False,
     }
-    stats = _equal_plain(model, speculation, draft_model=noisy_copy(model))
+    stats = equal_plain(model, speculation, draft_model=noisy_copy(model))
     assert stats.mean_acceptance_length > 1.0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import noisy_copy
+from conftest import equal_plain, noisy_copy, sharpen
 from transformers import AutoModelForCausalLM, DeepseekV32Config
 
 import hf_sparse_verify as hsv
@@ -28,24 +28,8 @@ def _dsa(topk: int = 8) -> torch.nn.Module:
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # peaked outputs: drafts are accepted and rejected
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "norm" not in name:
-                p.mul_(3.0)
+    sharpen(model, 3.0)  # peaked outputs: drafts are accepted and rejected
     return model.eval()
-
-
-def _equal_plain(model, speculation: dict, **extra):
-    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
-    ids[:, -12:] = ids[:, -24:-12]  # text worth looking up
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
-                         return_dict_in_generate=True, **extra)  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    return out.speculation
 
 
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
@@ -55,7 +39,7 @@ def test_dsa_equals_plain(strategy):
     speculation = (
         {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
     )
-    stats = _equal_plain(model, speculation, **extra)
+    stats = equal_plain(model, speculation, **extra)
     if strategy == "draft_model":
         assert 1.0 < stats.mean_acceptance_length < 5.0
 
@@ -64,7 +48,7 @@ def test_dsa_equals_plain_on_the_triton_backend():
     model = _dsa()
     speculation = {"strategy": "draft_model", "num_draft_tokens": 4, "attention_backend": "triton",
                    "cuda_graphs": False}  # fmt: skip
-    _equal_plain(model, speculation, draft_model=noisy_copy(model))
+    equal_plain(model, speculation, draft_model=noisy_copy(model))
 
 
 def test_the_selection_matters():

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import noisy_copy
+from conftest import equal_plain, noisy_copy, sharpen
 from transformers import AutoModelForCausalLM, Gemma3nTextConfig, Gemma4TextConfig
 
-import hf_sparse_verify as hsv
 from hf_sparse_verify._compat import architecture_refusal, kv_shared_sources, last_logit
 from hf_sparse_verify.attention.cache import SpecCache
 
@@ -38,24 +37,8 @@ def _shared(kind: str, seed: int = 0) -> torch.nn.Module:
         )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # peaked outputs, as trained models have: drafts get accepted
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "norm" not in name:
-                p.mul_(3.0)
+    sharpen(model, 3.0)  # peaked outputs: drafts are accepted and rejected
     return model.eval()
-
-
-def _equal_plain(model, speculation: dict, **extra):
-    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
-    ids[:, -12:] = ids[:, -24:-12]  # text worth looking up
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
-                         return_dict_in_generate=True, **extra)  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    return out.speculation
 
 
 @pytest.mark.parametrize("kind", ["gemma4", "gemma3n"])
@@ -63,8 +46,10 @@ def _equal_plain(model, speculation: dict, **extra):
 def test_shared_kv_equals_plain(kind, strategy):
     model = _shared(kind)
     extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
-    speculation = {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
-    stats = _equal_plain(model, speculation, **extra)
+    speculation = (
+        {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
+    )
+    stats = equal_plain(model, speculation, **extra)
     if strategy == "draft_model":  # a noisy copy: some drafts accepted, others rejected, so rollback ran
         assert 1.0 < stats.mean_acceptance_length < 5.0
 
@@ -75,7 +60,7 @@ def test_shared_kv_equals_plain_on_the_triton_backend(kind):
     model = _shared(kind)
     speculation = {"strategy": "draft_model", "num_draft_tokens": 4, "attention_backend": "triton",
                    "cuda_graphs": False}  # fmt: skip
-    stats = _equal_plain(model, speculation, draft_model=noisy_copy(model))
+    stats = equal_plain(model, speculation, draft_model=noisy_copy(model))
     assert stats.mean_acceptance_length > 1.0
 
 

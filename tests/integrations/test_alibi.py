@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import noisy_copy
+from conftest import equal_plain, noisy_copy, sharpen
 from transformers import BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
 
-import hf_sparse_verify as hsv
 from hf_sparse_verify.attention.eager import LogitMods, _attention_with_logits
 from hf_sparse_verify.integrations import BloomAttentionDispatch, MptAttentionDispatch, speculation_mode
 from hf_sparse_verify.integrations.bloom import alibi_slopes
@@ -30,24 +29,8 @@ def _model(kind: str) -> torch.nn.Module:
         cls = BloomForCausalLM
     torch.manual_seed(0)
     model = cls(config).eval()
-    with torch.no_grad():  # peaked outputs: drafts are accepted and rejected
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "word_embeddings" not in name and "wte" not in name:
-                p.mul_(3.0)
+    sharpen(model, 3.0, ("word_embeddings", "wte"))  # peaked outputs: drafts are accepted and rejected
     return model
-
-
-def _equal_plain(model, speculation: dict, **extra):
-    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
-    ids[:, -12:] = ids[:, -24:-12]  # text worth looking up
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
-                         return_dict_in_generate=True, **extra)  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    return out.speculation
 
 
 @pytest.mark.parametrize("kind", ["bloom", "mpt"])
@@ -58,7 +41,7 @@ def test_alibi_models_equal_plain(kind, strategy):
     speculation = (
         {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
     )
-    stats = _equal_plain(model, speculation, **extra)
+    stats = equal_plain(model, speculation, **extra)
     if strategy == "draft_model":
         assert 1.0 < stats.mean_acceptance_length < 5.0
 
@@ -68,7 +51,7 @@ def test_alibi_models_equal_plain_on_the_triton_backend(kind):
     model = _model(kind)
     speculation = {"strategy": "draft_model", "num_draft_tokens": 4, "attention_backend": "triton",
                    "cuda_graphs": False}  # fmt: skip
-    _equal_plain(model, speculation, draft_model=noisy_copy(model))
+    equal_plain(model, speculation, draft_model=noisy_copy(model))
 
 
 @pytest.mark.parametrize("kind", ["bloom", "mpt"])

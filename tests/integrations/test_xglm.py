@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import noisy_copy
+from conftest import equal_plain, noisy_copy, sharpen
 from transformers import XGLMConfig, XGLMForCausalLM
 
-import hf_sparse_verify as hsv
 from hf_sparse_verify.integrations import XGLMAttentionDispatch, speculation_mode
 
 
@@ -20,24 +19,8 @@ def _xglm() -> torch.nn.Module:
                         pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
     torch.manual_seed(0)
     model = XGLMForCausalLM(config).eval()
-    with torch.no_grad():  # peaked outputs: drafts are accepted and rejected
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "embed" not in name:
-                p.mul_(3.0)
+    sharpen(model, 3.0, ("embed",))  # peaked outputs: drafts are accepted and rejected
     return model
-
-
-def _equal_plain(model, speculation: dict, **extra):
-    ids = torch.randint(3, 99, (2, 40), generator=torch.Generator().manual_seed(0))
-    ids[:, -12:] = ids[:, -24:-12]
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, speculation=speculation,
-                         return_dict_in_generate=True, **extra)  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    return out.speculation
 
 
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "vegas", "auto"])
@@ -47,7 +30,7 @@ def test_xglm_equals_plain(strategy):
     speculation = (
         {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
     )
-    stats = _equal_plain(model, speculation, **extra)
+    stats = equal_plain(model, speculation, **extra)
     if strategy == "draft_model":
         assert 1.0 < stats.mean_acceptance_length < 5.0
 
@@ -56,7 +39,7 @@ def test_xglm_equals_plain_on_the_triton_backend():
     model = _xglm()
     speculation = {"strategy": "prompt_lookup", "num_draft_tokens": 4, "attention_backend": "triton",
                    "cuda_graphs": False}  # fmt: skip
-    _equal_plain(model, speculation)
+    equal_plain(model, speculation)
 
 
 def test_replacements_run_and_are_undone():
