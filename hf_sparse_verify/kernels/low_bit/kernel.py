@@ -123,6 +123,18 @@ def _low_bit_linear_kernel(
 
 
 @triton.jit
+def _nibble_floats(words, i: tl.constexpr):
+    """Nibble ``i`` of each int32 of ``words`` (bits ``4i .. 4i + 3``, stored value ``n``) as the float32 ``1 + n /
+    16``: the nibble moved into the top four mantissa bits under the exponent of 1.0, one shift and one
+    and-or, no integer-to-float conversion (a quarter-rate instruction on Hopper)."""
+    if 4 * i <= 19:
+        moved = words << (19 - 4 * i)
+    else:
+        moved = words >> (4 * i - 19)
+    return ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _low_bit_gemv_kernel(
     X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
     INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -135,29 +147,32 @@ def _low_bit_gemv_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < n_rows
     n_ok = offs_n < n_out
+    rows = offs_m[:, None].to(tl.int64) * s_x
     cols = offs_n[:, None].to(tl.int64) * s_w
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if INT4:
-        HALF: tl.constexpr = BLOCK_K // 2
+        # W: int32 words [N, in / 8], word j holding input channels 8j .. 8j + 7 (nibble i = channel 8j + i)
+        WORDS: tl.constexpr = BLOCK_K // 8
         GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1  # groups a block covers
-        offs_j = tl.arange(0, HALF)
+        offs_j = tl.arange(0, WORDS)
         offs_g = tl.arange(0, GROUPS)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            j = k0 // 2 + offs_j  # byte index in the row
-            j_ok = j < n_in // 2
-            b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0x88)  # [N, HALF]
-            low = (b_w & 0xF).to(tl.float32)  # the stored value + 8
-            high = (b_w >> 4).to(tl.float32)
+            j = k0 // 8 + offs_j
+            j_ok = j < n_in // 8
+            b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)  # [N, WORDS]
+            x_ok = m_ok[:, None] & j_ok[None, :]
+            sums = tl.zeros([BLOCK_M, BLOCK_N, WORDS], dtype=tl.float32)
+            x_sum = tl.zeros([BLOCK_M, WORDS], dtype=tl.float32)
+            for i in tl.static_range(8):
+                b_x = tl.load(X + rows + 8 * j[None, :] + i, mask=x_ok, other=0.0).to(tl.float32)  # [M, WORDS]
+                x_sum += b_x
+                # (1 + n / 16) * 16 x = n x + 16 x
+                sums += _nibble_floats(b_w, i)[None, :, :] * (16.0 * b_x)[:, None, :]
+            per_group = tl.sum(tl.reshape(sums, [BLOCK_M, BLOCK_N, GROUPS, WORDS // GROUPS]), axis=3)
+            x_group = tl.sum(tl.reshape(x_sum, [BLOCK_M, GROUPS, WORDS // GROUPS]), axis=2)  # [M, GROUPS]
             scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)  # [N, GROUPS]
-            for m in tl.static_range(BLOCK_M):
-                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
-                x_even = tl.load(x_row + 2 * j, mask=j_ok, other=0.0).to(tl.float32)
-                x_odd = tl.load(x_row + 2 * j + 1, mask=j_ok, other=0.0).to(tl.float32)
-                prod = low * x_even[None, :] + high * x_odd[None, :]  # [N, HALF]
-                per_group = tl.sum(tl.reshape(prod, [BLOCK_N, GROUPS, HALF // GROUPS]), axis=2)  # [N, GROUPS]
-                x_sum = tl.sum(tl.reshape(x_even + x_odd, [GROUPS, HALF // GROUPS]), axis=1)  # [GROUPS]
-                part = tl.sum((per_group - 8.0 * x_sum[None, :]) * scale, axis=1)  # [N]
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            # sum (n - 8) x = sum (n x + 16 x) - 24 sum x
+            acc += tl.sum((per_group - 24.0 * x_group[:, None, :]) * scale[None, :, :], axis=2)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for k0 in range(k_begin, k_end, BLOCK_K):
@@ -219,7 +234,8 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     out = torch.empty((rows, n_out), device=x.device, dtype=x.dtype)
     if rows == 0:
         return out
-    gemv = fmt == "int4" and rows <= GEMV_ROWS
+    # the elementwise kernel reads int4 as int32 words of eight channels: groups and rows of whole words
+    gemv = fmt == "int4" and rows <= GEMV_ROWS and group_size % 8 == 0 and stored.stride(0) % 4 == 0
     tiles = GEMV_TILES if gemv else TILES
     block_m = next_power_of_2(rows) if gemv else max(16, next_power_of_2(rows))
     block_n = tiles["block_n"]
@@ -230,8 +246,9 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     split = triton.cdiv(n_in, k_slice)  # no empty slice
     work = torch.empty((split, rows, n_out), device=x.device, dtype=torch.float32) if split > 1 else out
     bias_or_any = bias if bias is not None else scales
-    args = (x, stored, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
-            x.stride(0), stored.stride(0), out.stride(0))  # fmt: skip
+    weights = stored.view(torch.int32) if gemv else stored  # [out, in / 8] words (little-endian bytes)
+    args = (x, weights, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
+            x.stride(0), weights.stride(0), out.stride(0))  # fmt: skip
     common = dict(
         INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
         GROUP=group_size, PARTIAL=split > 1, num_warps=tiles["warps"], num_stages=tiles["stages"],
