@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -207,12 +208,17 @@ def _dispatching_attention(module, walk: _Walk):
     return None
 
 
+def _device(module: torch.nn.Module) -> torch.device:
+    """Where a projection's weights live (an ``nn.Linear``'s parameter or a `LowBitLinear`'s packed buffer)."""
+    return next(itertools.chain(module.parameters(), module.buffers())).device
+
+
 def _qkv_attention(module, walk: _Walk):
     if (
         walk.fused("attention")
         and qkv_attention.replaceable_attention(module)
         and swappable(module, in_layer=walk.in_one_device_layer())
-        and compiled_on(module.q_proj.weight.device)
+        and compiled_on(_device(module.q_proj))
     ):
         return qkv_attention.FusedQKVAttention(module)
     return None

@@ -198,3 +198,22 @@ def test_fused_attention_takes_a_low_bit_copys_projections():
     torch.testing.assert_close(got, expected)
     attention.o_proj = target.model.layers[0].self_attn.o_proj  # a mix of low-bit and bf16 projections
     assert not replaceable_attention(attention)
+
+
+def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
+    """The swap walk reads a low-bit projection's device from its packed buffer (a `LowBitLinear` has no
+    ``weight``): on a device where the kernels compile, the copy's attention is planned as `FusedQKVAttention`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_sparse_verify.integrations import switch
+    from hf_sparse_verify.integrations.qkv_attention import FusedQKVAttention
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    copy = low_bit_copy(LlamaForCausalLM(config).eval(), "int4", group_size=32)
+    monkeypatch.setattr(switch, "compiled_on", lambda device: True)
+    replacements = [swap[3] for swap in switch.plan_swaps(copy, switch.Mode(fused=True))]  # (parent, name, old, new)
+    fused = [r for r in replacements if isinstance(r, FusedQKVAttention)]
+    assert len(fused) == 2 and all(r.low_bit for r in fused)

@@ -78,8 +78,13 @@ def test_pack_round_trips_and_halves_int4():
     stored = naive.pack(values, "int4")
     assert stored.dtype == torch.uint8 and stored.shape == (48, 128)
     assert torch.equal(naive.unpack(stored, "int4"), values)
-    # channel 2j in the low nibble, 2j + 1 in the high one, each stored as value + 8
-    assert int(stored[0, 0]) == (int(values[0, 0]) + 8) | ((int(values[0, 1]) + 8) << 4)
+    # blocks of 32 channels as four little-endian int32 words: nibble i of word j is channel j + 4 i, value + 8
+    words = stored.view(torch.int32)  # [48, 128 / 4]
+    for block, j, i in [(0, 0, 0), (0, 1, 0), (0, 3, 7), (1, 2, 5), (3, 0, 1)]:
+        nibble = (int(words[5, 4 * block + j]) >> (4 * i)) & 0xF
+        assert nibble == int(values[5, 32 * block + j + 4 * i]) + 8
+    with pytest.raises(ValueError, match="blocks of 32"):
+        naive.pack(values[:, :48], "int4")
     assert naive.pack(values, "int8") is not None and torch.equal(naive.unpack(values, "int8"), values)
 
 

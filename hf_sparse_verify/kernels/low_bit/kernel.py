@@ -106,10 +106,12 @@ def _low_bit_linear_kernel(
             high = ((b_w >> 4).to(tl.int32) - 8).to(tl.float32)
             low = tl.reshape(tl.reshape(low, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])
             high = tl.reshape(tl.reshape(high, [BLOCK_N, GROUPS, HALF // GROUPS]) * scale, [BLOCK_N, HALF])
-            x_even = tl.load(X + rows + 2 * j[None, :], mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-            x_odd = tl.load(X + rows + 2 * j[None, :] + 1, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-            acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(low.to(DOT_DTYPE)), acc, input_precision="ieee")
-            acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(high.to(DOT_DTYPE)), acc, input_precision="ieee")
+            # byte j: channel 32 (j // 16) + 8 (j % 4) + (j % 16) // 4 low, 4 more high (`naive.pack`)
+            chan = 32 * (j // 16) + 8 * (j % 4) + (j % 16) // 4
+            x_low = tl.load(X + rows + chan[None, :], mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+            x_high = tl.load(X + rows + chan[None, :] + 4, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+            acc = tl.dot(x_low.to(DOT_DTYPE), tl.trans(low.to(DOT_DTYPE)), acc, input_precision="ieee")
+            acc = tl.dot(x_high.to(DOT_DTYPE), tl.trans(high.to(DOT_DTYPE)), acc, input_precision="ieee")
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for k0 in range(k_begin, k_end, BLOCK_K):
@@ -151,28 +153,36 @@ def _low_bit_gemv_kernel(
     cols = offs_n[:, None].to(tl.int64) * s_w
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if INT4:
-        # W: int32 words [N, in / 8], word j holding input channels 8j .. 8j + 7 (nibble i = channel 8j + i)
-        WORDS: tl.constexpr = BLOCK_K // 8
+        # W: int32 words [N, in / 8]; per block of 32 input channels four words, word j holding channels j + 4 i of
+        # the block in nibble i (`naive.pack`)
+        BLOCKS: tl.constexpr = BLOCK_K // 32
         GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1  # groups a block covers
-        offs_j = tl.arange(0, WORDS)
+        offs_b = tl.arange(0, BLOCKS)
+        offs_w = tl.arange(0, 4)
         offs_g = tl.arange(0, GROUPS)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            j = k0 // 8 + offs_j
-            j_ok = j < n_in // 8
-            b_w = tl.load(W + cols + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)  # [N, WORDS]
-            x_ok = m_ok[:, None] & j_ok[None, :]
-            sums = tl.zeros([BLOCK_M, BLOCK_N, WORDS], dtype=tl.float32)
-            x_sum = tl.zeros([BLOCK_M, WORDS], dtype=tl.float32)
-            for i in tl.static_range(8):
-                b_x = tl.load(X + rows + 8 * j[None, :] + i, mask=x_ok, other=0.0).to(tl.float32)  # [M, WORDS]
-                x_sum += b_x
-                # (1 + n / 16) * 16 x = n x + 16 x
-                sums += _nibble_floats(b_w, i)[None, :, :] * (16.0 * b_x)[:, None, :]
-            per_group = tl.sum(tl.reshape(sums, [BLOCK_M, BLOCK_N, GROUPS, WORDS // GROUPS]), axis=3)
-            x_group = tl.sum(tl.reshape(x_sum, [BLOCK_M, GROUPS, WORDS // GROUPS]), axis=2)  # [M, GROUPS]
+            word = k0 // 8 + 4 * offs_b[:, None] + offs_w[None, :]  # [BLOCKS, 4]
+            w_ok = word < n_in // 8
+            b_w = tl.load(
+                W + cols[:, :, None] + word[None, :, :], mask=n_ok[:, None, None] & w_ok[None, :, :], other=0
+            )  # [N, BLOCKS, 4]
             scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)  # [N, GROUPS]
-            # sum (n - 8) x = sum (n x + 16 x) - 24 sum x
-            acc += tl.sum((per_group - 24.0 * x_group[:, None, :]) * scale[None, :, :], axis=2)
+            for m in tl.static_range(BLOCK_M):
+                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
+                sums = tl.zeros([BLOCK_N, BLOCKS, 4], dtype=tl.float32)
+                x_sum = tl.zeros([BLOCKS, 4], dtype=tl.float32)
+                for i in tl.static_range(8):
+                    chan = k0 + 32 * offs_b[:, None] + 4 * i + offs_w[None, :]  # [BLOCKS, 4]: four consecutive
+                    b_x = tl.load(x_row + chan, mask=w_ok, other=0.0).to(tl.float32)
+                    x_sum += b_x
+                    # (1 + n / 16) * 16 x = n x + 16 x
+                    sums += _nibble_floats(b_w, i) * (16.0 * b_x)[None, :, :]
+                per_block = tl.sum(sums, axis=2)  # [N, BLOCKS]
+                per_group = tl.sum(tl.reshape(per_block, [BLOCK_N, GROUPS, BLOCKS // GROUPS]), axis=2)
+                x_group = tl.sum(tl.reshape(tl.sum(x_sum, axis=1), [GROUPS, BLOCKS // GROUPS]), axis=1)
+                # sum (n - 8) x = sum (n x + 16 x) - 24 sum x
+                part = tl.sum((per_group - 24.0 * x_group[None, :]) * scale, axis=1)  # [N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for k0 in range(k_begin, k_end, BLOCK_K):
@@ -234,8 +244,7 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     out = torch.empty((rows, n_out), device=x.device, dtype=x.dtype)
     if rows == 0:
         return out
-    # the elementwise kernel reads int4 as int32 words of eight channels: groups and rows of whole words
-    gemv = fmt == "int4" and rows <= GEMV_ROWS and group_size % 8 == 0 and stored.stride(0) % 4 == 0
+    gemv = fmt == "int4" and rows <= GEMV_ROWS  # it reads the packed int4 rows as int32 words
     tiles = GEMV_TILES if gemv else TILES
     block_m = next_power_of_2(rows) if gemv else max(16, next_power_of_2(rows))
     block_n = tiles["block_n"]

@@ -4,8 +4,7 @@ only torch).
 - ``"int8"``: one scale per output channel, values in [-127, 127].
 - ``"int4"``: one scale per output channel and group of ``group_size`` input channels, values in [-8, 7] (the scale
   maps the group's largest magnitude to 7). `quantize` returns one value per int8; the kernel reads them packed
-  (`pack`): two per byte, input channel ``2j`` in the low nibble and ``2j + 1`` in the high one, each stored as
-  ``value + 8``.
+  (`pack`): two per byte, each stored as ``value + 8``, in blocks of 32 input channels read as four int32 words.
 
 `low_bit_linear_naive` is what the kernel computes: ``x @ W.T`` with ``W`` the dequantized weight in ``x``'s dtype.
 
@@ -75,24 +74,40 @@ def quantized_bytes(weight: torch.Tensor, fmt: str, group_size: int = 128) -> in
     return out * inp // 2 + 2 * out * (inp // group_size)
 
 
+#: input channels per int4 block of the stored layout: four little-endian int32 words of eight nibbles
+INT4_BLOCK = 32
+
+
 def pack(values: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The stored layout of `quantize`'s ``values``: int8 as they are; int4 two per byte (uint8 ``[out, in / 2]``,
-    input channel ``2j`` in the low nibble, ``2j + 1`` in the high one, each as ``value + 8``)."""
+    """The stored layout of `quantize`'s ``values``: int8 as they are; int4 two per byte, uint8 ``[out, in / 2]``,
+    each value stored as ``value + 8``, in blocks of `INT4_BLOCK` input channels. A block is 16 bytes read as four
+    little-endian int32 words; word ``j`` holds channels ``j, j + 4, ..., j + 28`` of the block in its nibbles
+    ``0 .. 7`` (bits ``4i .. 4i + 3``). So the channels that one nibble position of the four words holds are four
+    consecutive ones (a kernel loads their activations as one vector), and byte ``4j + t`` holds channel ``8t + j``
+    in its low nibble and ``8t + 4 + j`` in its high one."""
     if fmt == "int8":
         return values.contiguous()
-    if values.shape[1] % 2:
-        raise ValueError(f"int4 packs two input channels per byte: {values.shape[1]} input channels is odd")
-    biased = (values.to(torch.int16) + 8).to(torch.uint8)
-    return (biased[:, 0::2] | (biased[:, 1::2] << 4)).contiguous()
+    out, inp = values.shape
+    if inp % INT4_BLOCK:
+        raise ValueError(
+            f"int4 packs input channels in blocks of {INT4_BLOCK}: {inp} input channels is not a multiple of it; "
+            "use int8 for this layer"
+        )
+    # channel 32 b + 8 t + 4 h + j -> [out, b, t, h, j]; byte (b, j, t) = nibble h = 0 | nibble h = 1 << 4
+    biased = (values.to(torch.int16) + 8).to(torch.uint8).view(out, inp // INT4_BLOCK, 4, 2, 4)
+    stored = biased[:, :, :, 0, :] | (biased[:, :, :, 1, :] << 4)  # [out, b, t, j]
+    return stored.transpose(2, 3).reshape(out, inp // 2).contiguous()
 
 
 def unpack(stored: torch.Tensor, fmt: str) -> torch.Tensor:
     """`pack`'s inverse: int8 values ``[out, in]``."""
     if fmt == "int8":
         return stored
-    low = (stored & 0xF).to(torch.int8) - 8
-    high = (stored >> 4).to(torch.int8) - 8
-    return torch.stack([low, high], dim=-1).view(stored.shape[0], 2 * stored.shape[1])
+    out, half = stored.shape
+    blocks = stored.view(out, half // 16, 4, 4).transpose(2, 3)  # [out, b, t, j]
+    low = (blocks & 0xF).to(torch.int8) - 8
+    high = (blocks >> 4).to(torch.int8) - 8
+    return torch.stack([low, high], dim=3).reshape(out, 2 * half)  # [out, b, t, h, j]
 
 
 def low_bit_linear_naive(
