@@ -139,63 +139,43 @@ def _nibble_floats(words, i: tl.constexpr):
 @triton.jit
 def _low_bit_gemv_kernel(
     X, W, S, B, OUT, WS, n_rows, n_out, n_in, n_groups, k_slice, s_x, s_w, s_o,
-    INT4: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    PARTIAL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    """One token row (program axis 0) of an int4 layer. ``W``: int32 words ``[N, in / 8]``, per block of 32 input
+    channels four words, word ``j`` holding channels ``j + 4 i`` of the block in nibble ``i`` (`naive.pack`).
+    Everything inside the loop is elementwise per word; the sums over the input channels are taken once, after it."""
     pdl_wait(PDL)
+    BLOCKS: tl.constexpr = BLOCK_K // 32
     k_begin = tl.program_id(2) * k_slice
     k_end = tl.minimum(k_begin + k_slice, n_in)
-    offs_m = tl.arange(0, BLOCK_M)
+    row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < n_rows
+    offs_b = tl.arange(0, BLOCKS)
+    offs_w = tl.arange(0, 4)
     n_ok = offs_n < n_out
-    rows = offs_m[:, None].to(tl.int64) * s_x
-    cols = offs_n[:, None].to(tl.int64) * s_w
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if INT4:
-        # W: int32 words [N, in / 8]; per block of 32 input channels four words, word j holding channels j + 4 i of
-        # the block in nibble i (`naive.pack`)
-        BLOCKS: tl.constexpr = BLOCK_K // 32
-        GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1  # groups a block covers
-        offs_b = tl.arange(0, BLOCKS)
-        offs_w = tl.arange(0, 4)
-        offs_g = tl.arange(0, GROUPS)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            word = k0 // 8 + 4 * offs_b[:, None] + offs_w[None, :]  # [BLOCKS, 4]
-            w_ok = word < n_in // 8
-            b_w = tl.load(
-                W + cols[:, :, None] + word[None, :, :], mask=n_ok[:, None, None] & w_ok[None, :, :], other=0
-            )  # [N, BLOCKS, 4]
-            scale = _group_scales(S, offs_n, n_ok, k0 // GROUP + offs_g, n_groups)  # [N, GROUPS]
-            for m in tl.static_range(BLOCK_M):
-                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
-                sums = tl.zeros([BLOCK_N, BLOCKS, 4], dtype=tl.float32)
-                x_sum = tl.zeros([BLOCKS, 4], dtype=tl.float32)
-                for i in tl.static_range(8):
-                    chan = k0 + 32 * offs_b[:, None] + 4 * i + offs_w[None, :]  # [BLOCKS, 4]: four consecutive
-                    b_x = tl.load(x_row + chan, mask=w_ok, other=0.0).to(tl.float32)
-                    x_sum += b_x
-                    # (1 + n / 16) * 16 x = n x + 16 x
-                    sums += _nibble_floats(b_w, i) * (16.0 * b_x)[None, :, :]
-                per_block = tl.sum(sums, axis=2)  # [N, BLOCKS]
-                per_group = tl.sum(tl.reshape(per_block, [BLOCK_N, GROUPS, BLOCKS // GROUPS]), axis=2)
-                x_group = tl.sum(tl.reshape(tl.sum(x_sum, axis=1), [GROUPS, BLOCKS // GROUPS]), axis=1)
-                # sum (n - 8) x = sum (n x + 16 x) - 24 sum x
-                part = tl.sum((per_group - 24.0 * x_group[None, :]) * scale, axis=1)  # [N]
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-    else:
-        offs_k = tl.arange(0, BLOCK_K)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            k = k0 + offs_k
-            k_ok = k < n_in
-            b_w = tl.load(W + cols + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0).to(tl.float32)
-            for m in tl.static_range(BLOCK_M):
-                x_row = X + tl.minimum(m, n_rows - 1) * s_x  # rows past the last (padding) are not stored
-                b_x = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)
-                part = tl.sum(b_w * b_x[None, :], axis=1)  # [N]
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-        acc *= tl.load(S + offs_n, mask=n_ok, other=0.0)[None, :]
-    _store_tile(acc, B, OUT, WS, offs_m, offs_n, m_ok, n_ok, n_rows, n_out, s_o, HAS_BIAS, PARTIAL)
+    x_row = X + row.to(tl.int64) * s_x
+    cols = offs_n[:, None, None].to(tl.int64) * s_w
+    acc = tl.zeros([BLOCK_N, BLOCKS, 4], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        word = k0 // 8 + 4 * offs_b[:, None] + offs_w[None, :]  # [BLOCKS, 4]
+        w_ok = word < n_in // 8
+        b_w = tl.load(W + cols + word[None, :, :], mask=n_ok[:, None, None] & w_ok[None, :, :], other=0)
+        group = (k0 + 32 * offs_b) // GROUP  # [BLOCKS]: a block of 32 lies in one group
+        s_ok = n_ok[:, None] & (group < n_groups)[None, :]
+        scale = tl.load(S + offs_n[:, None].to(tl.int64) * n_groups + group[None, :], mask=s_ok, other=0.0)
+        sums = tl.zeros([BLOCK_N, BLOCKS, 4], dtype=tl.float32)
+        x_sum = tl.zeros([BLOCKS, 4], dtype=tl.float32)
+        for i in tl.static_range(8):
+            chan = k0 + 32 * offs_b[:, None] + 4 * i + offs_w[None, :]  # [BLOCKS, 4]: four consecutive channels
+            b_x = tl.load(x_row + chan, mask=w_ok, other=0.0).to(tl.float32)
+            x_sum += b_x
+            sums += _nibble_floats(b_w, i) * (16.0 * b_x)[None, :, :]  # (1 + n / 16) 16 x = n x + 16 x
+        acc += (sums - 24.0 * x_sum[None, :, :]) * scale[:, :, None]  # (n - 8) x, scaled
+    total = tl.sum(tl.sum(acc, axis=2), axis=1)  # [N]
+    offs_m = row + tl.arange(0, 1)
+    _store_tile(total[None, :], B, OUT, WS, offs_m, offs_n, offs_m < n_rows, n_ok, n_rows, n_out, s_o, HAS_BIAS,
+                PARTIAL)  # fmt: skip
 
 
 @triton.jit
@@ -246,7 +226,7 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
         return out
     gemv = fmt == "int4" and rows <= GEMV_ROWS  # it reads the packed int4 rows as int32 words
     tiles = GEMV_TILES if gemv else TILES
-    block_m = next_power_of_2(rows) if gemv else max(16, next_power_of_2(rows))
+    block_m = 1 if gemv else max(16, next_power_of_2(rows))  # the GEMV: one program row per token row
     block_n = tiles["block_n"]
     bk = block_k(fmt, group_size, n_in, tiles)
     grid_m, grid_n, blocks_k = triton.cdiv(rows, block_m), triton.cdiv(n_out, block_n), triton.cdiv(n_in, bk)
@@ -258,17 +238,18 @@ def low_bit_linear_launch(x, stored, scales, bias, fmt: str, group_size: int) ->
     weights = stored.view(torch.int32) if gemv else stored  # [out, in / 8] words (little-endian bytes)
     args = (x, weights, scales, bias_or_any, out, work, rows, n_out, n_in, scales.shape[1], k_slice,
             x.stride(0), weights.stride(0), out.stride(0))  # fmt: skip
-    common = dict(
-        INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-        GROUP=group_size, PARTIAL=split > 1, num_warps=tiles["warps"], num_stages=tiles["stages"],
-    )  # fmt: skip
     if gemv:
-        _low_bit_gemv_kernel[(grid_m, grid_n, split)](*args, **common, **pdl_launch(x.device))
+        _low_bit_gemv_kernel[(grid_m, grid_n, split)](
+            *args, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=bk, GROUP=group_size, PARTIAL=split > 1,
+            num_warps=tiles["warps"], num_stages=tiles["stages"], **pdl_launch(x.device),
+        )  # fmt: skip
     else:
         dot_dtype = _TL_DTYPE[torch.float32 if dot_in_float32(x.dtype) else x.dtype]
         _low_bit_linear_kernel[(grid_m, grid_n, split)](
-            *args, DOT_DTYPE=dot_dtype, **common, **pdl_launch(x.device)
-        )
+            *args, INT4=fmt == "int4", HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
+            GROUP=group_size, DOT_DTYPE=dot_dtype, PARTIAL=split > 1, num_warps=tiles["warps"],
+            num_stages=tiles["stages"], **pdl_launch(x.device),
+        )  # fmt: skip
     if split > 1:
         block = 1024
         _low_bit_reduce_kernel[(rows, triton.cdiv(n_out, block))](
