@@ -15,12 +15,15 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
 Accumulation in float32; the output in the activations' dtype.
 
 For int4 steps of up to `GEMV_ROWS` rows (a draft step of a batch of one or two) `_low_bit_gemv_kernel` does
-without ``tl.dot``: a program multiplies its weight block with each row's activations elementwise and sums along
-the input channels (`GEMV_TILES`). ``tl.dot`` pads the rows to 16 and needs the dequantized block in the matrix units' layout (a trip
-through shared memory); per weight that costs more than the bytes it saves: one H200 read int4 at 0.5-0.8 TB/s
-through ``tl.dot`` against 3.6 TB/s for bf16 through cuBLAS. For int4 the ``- 8`` of the stored nibbles is taken
-out of the sums once per group (``sum((q - 8) x) = sum(q x) - 8 sum(x)``), so a weight costs a mask or shift, a
-conversion and a fused multiply-add.
+without ``tl.dot`` (which pads the rows to 16 and wants the dequantized block in the matrix units' layout). It reads
+`naive.pack`'s blocks of 32 channels as int32 words and, per word and nibble position, loads four consecutive
+activations; a nibble ``n`` becomes the float ``1 + n / 16`` by moving it into the mantissa of 1.0 (a shift and an
+and-or, no integer-to-float conversion, which Hopper issues at a quarter of the FMA rate), so a weight costs a shift,
+an and-or and a fused multiply-add; the ``1`` and the ``- 8`` are taken out per word (``sum((n - 8) x) = sum((1 +
+n / 16) 16 x) - 24 sum(x)``) and the group's scale applied per word. Every operation in its loop is elementwise;
+the sums over the input channels are taken once, after it. Measured on one H200 (one row, 8B layers, weights of
+one layer replayed, so partly from L2): 24-25 us for 4096 x 14336 against 32 for cuBLAS bf16 and 19-20 for
+PyTorch's tinygemm; inside whole draft steps it runs at about a fifth of the copy bandwidth.
 
 Split K: with few output blocks (one row, 4096 output channels: 128 programs of 32 channels) a program per SM
 streams a whole row of weights with too few bytes in flight to reach the copy bandwidth. The input channels are
@@ -42,11 +45,12 @@ _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float
 #: (one H200, 8B shapes, one row: int8 through tl.dot at 64 x 128 read 2.6-3.0 TB/s, 0.62-0.73 of the copy
 #: bandwidth, ahead of the elementwise kernel's 2.1-2.6)
 TILES = {"block_n": 64, "block_k": 128, "warps": 4, "stages": 3, "split_k": "auto"}
-#: int4 steps of up to this many rows run `_low_bit_gemv_kernel` (one H200, 8B shapes, one row: 22.6-24 us for
-#: 4096 x 14336 against 37.6 through tl.dot, cuBLAS bf16 31.6; from 4 rows it loses, each row redoing the sums)
+#: int4 steps of up to this many rows run `_low_bit_gemv_kernel`, one program row per token row (one H200, 8B
+#: shapes, 2 rows: 45-47 us for 4096 x 14336 against 44-47 through tl.dot; 4 rows: 86 against 44-48)
 GEMV_ROWS = 2
-#: its launch settings: best summed time over the 8B layer shapes at one row of a sweep of 9 on one H200
-GEMV_TILES = {"block_n": 16, "block_k": 512, "warps": 4, "stages": 3, "split_k": "auto"}
+#: its launch settings: best summed time over the 8B layer shapes at one row of a sweep of 32 on one H200
+#: (`.carry`-staged sweep, 2026-11-28: 8 x 2048 64.8 us, 16 x 1024 65.8)
+GEMV_TILES = {"block_n": 8, "block_k": 2048, "warps": 4, "stages": 3, "split_k": "auto"}
 #: with ``split_k`` "auto": programs aimed for per streaming multiprocessor (more bytes in flight)
 PROGRAMS_PER_SM = 4
 
