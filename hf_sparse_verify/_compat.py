@@ -181,6 +181,15 @@ def check_architecture(model) -> None:
         raise NotImplementedError(reason)
 
 
+#: what a refused model's user can do instead: transformers' own decoding, plain or assisted (its assisted
+#: generation crops a standard cache, one prompt at a time; it does not roll back recurrent states)
+INSTEAD_PLAIN = "; instead, call model.generate() without custom_generate (transformers' plain decoding)"
+INSTEAD_ASSISTED = (
+    "; instead, use transformers' own assisted generation, one prompt at a time: model.generate(..., "
+    "prompt_lookup_num_tokens=10) or model.generate(..., assistant_model=draft)"
+)
+
+
 def architecture_refusal(model) -> str | None:
     """Why ``model`` is refused (one sentence naming the model type and what is missing), or None."""
     config = model.config
@@ -188,37 +197,49 @@ def architecture_refusal(model) -> str | None:
     cls = type(model).__name__
     prefix = f"model type {text.model_type!r} ({cls}) is not supported:"
     if getattr(config, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False):
-        return f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
+        return (
+            f"{prefix} it is an encoder-decoder model; hf_sparse_verify supports decoder-only causal LMs"
+            + (INSTEAD_ASSISTED)
+        )
     if getattr(text, "causal", True) is False:
-        return f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
+        return (
+            f"{prefix} its attention is bidirectional (config.causal=False); hf_sparse_verify needs a causal LM"
+            + INSTEAD_PLAIN
+        )
     kind, where = _non_causal_attention(model)
     if kind == "encoder_decoder":
         return (
             f"{prefix} it is the decoder of an encoder-decoder model: its layers cross-attend to an encoder's "
-            f"output ({where}); hf_sparse_verify supports decoder-only causal LMs"
+            f"output ({where}); hf_sparse_verify supports decoder-only causal LMs" + INSTEAD_ASSISTED
         )
     if kind == "cross":
         return (
             f"{prefix} it has a non-causal cross-attention ({where}), which the 'sparse_verify' attention does not "
-            f"implement (it runs causal self-attention over the KV cache)"
+            f"implement (it runs causal self-attention over the KV cache)" + INSTEAD_PLAIN
         )
     if kind == "bidirectional":
         return (
             f"{prefix} its self-attention ({where}) is bidirectional; a BERT-style model generates causally "
-            f"only when built with config.is_decoder=True"
+            f"only when built with config.is_decoder=True" + INSTEAD_PLAIN
         )
     if text.model_type in RECURRENT_MODEL_TYPES:
-        return f"{prefix} it is {RECURRENT_MODEL_TYPES[text.model_type]}, with no KV cache to roll back"
+        return (
+            f"{prefix} it is {RECURRENT_MODEL_TYPES[text.model_type]}, with no KV cache to roll back"
+            + INSTEAD_PLAIN
+        )
     if text.model_type in MISMATCHED_MODEL_TYPES:
-        return f"{prefix} it has {MISMATCHED_MODEL_TYPES[text.model_type]}"
+        return f"{prefix} it has {MISMATCHED_MODEL_TYPES[text.model_type]}" + INSTEAD_PLAIN
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
-        return f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
+        return (
+            f"{prefix} it keeps its own recurrent or custom cache instead of a standard KV cache"
+            + INSTEAD_PLAIN
+        )
     hybrid = [name for name in _HYBRID_CONFIG_FIELDS if getattr(text, name, None) is not None]
     if hybrid and not _linear_types(model):
         return (
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
-            f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts"
+            f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts" + INSTEAD_PLAIN
         )
     if (
         "position_ids" not in inspect.signature(type(model).forward).parameters
@@ -227,11 +248,13 @@ def architecture_refusal(model) -> str | None:
         return (
             f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
             f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
+            + INSTEAD_ASSISTED
         )
     if getattr(text, "alibi", False) is True:
         return (
             f"{prefix} it adds ALiBi position biases to the attention logits (config.alibi=True), which the "
             f"'sparse_verify' attention does not implement; only its rotary variant (config.alibi=False) is supported"
+            + INSTEAD_ASSISTED
         )
     for module in model.modules():
         if (
@@ -242,11 +265,12 @@ def architecture_refusal(model) -> str | None:
             return (
                 f"{prefix} the attention of {type(module).__name__} does not dispatch through transformers' "
                 f"AttentionInterface (ALL_ATTENTION_FUNCTIONS), so the 'sparse_verify' attention cannot run it"
+                + INSTEAD_ASSISTED
             )
     try:
         layer_types, _ = get_layer_types_and_kwargs(text)
     except Exception as e:  # noqa: BLE001 - a config without per-layer structure
-        return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})"
+        return f"{prefix} its cache layer types cannot be read ({type(e).__name__}: {e})" + INSTEAD_PLAIN
     unknown = sorted(
         set(layer_types)
         - ATTENTION_LAYER_TYPES
@@ -259,7 +283,7 @@ def architecture_refusal(model) -> str | None:
             f"{kind!r}: {_LAYER_TYPE_REASONS.get(kind, 'a cache layer kind we do not implement')}"
             for kind in unknown
         )
-        return f"{prefix} it has cache layers of kind {why}"
+        return f"{prefix} it has cache layers of kind {why}" + INSTEAD_PLAIN
     return None
 
 
@@ -288,7 +312,9 @@ def _kv_sources(text) -> dict[int, int]:
     if len(modes) != len(kinds):
         return {}
     stores = {kinds[j]: j for j, mode in enumerate(modes) if mode == "store"}
-    return {i: stores[kinds[i]] for i, mode in enumerate(modes) if mode == "reuse" and stores.get(kinds[i], i) < i}
+    return {
+        i: stores[kinds[i]] for i, mode in enumerate(modes) if mode == "reuse" and stores.get(kinds[i], i) < i
+    }
 
 
 _INDEXED: dict[int, tuple] = {}  # id(config) -> (weak reference to it, answer): asked at every forward's mask

@@ -95,6 +95,35 @@ _SMALL_INTS = {
     "window_size": 9,
     "first_k_dense_replace": 1,
 }
+#: fields whose class defaults leave a tiny model without any attention layer (the attention layers sit at a
+#: period or offset past the shrunk layer count, or are none by default), so plain ``generate`` fails on it; set as
+#: transformers' model testers do, one recurrent and one attention layer
+_HYBRID_LAYOUT = {
+    "jamba": {
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+    },
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    # Zamba's shared attention reads the hidden state beside the embeddings: twice the hidden width
+    "zamba": {
+        "layers_block_type": ["linear_attention", "hybrid"],
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "head_dim": 32,
+    },
+    "zamba2": {
+        "layers_block_type": ["linear_attention", "hybrid"],
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "head_dim": 32,
+        "kv_channels": 32,
+        "mamba_headdim": 16,
+        "hybrid_layer_ids": [1],
+    },
+}
 _FILL_NONE = ("head_dim", "num_key_value_heads", "num_experts_per_tok", "n_routed_experts")
 _TOKEN_IDS = {"pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": BOS}
 
@@ -139,9 +168,28 @@ def _overrides(fields: dict, keep_layers: bool) -> dict:
     if isinstance(fields.get("layer_types"), list) and not keep_layers:
         kinds = list(dict.fromkeys(fields["layer_types"]))  # keep every kind the default mixes
         layers = max(overrides.get("num_hidden_layers", len(fields["layer_types"])), len(kinds))
+        # Gemma 3n / 4: the last layers read the first ones' KV (switched on); where every layer reads another
+        # model's KV (a Gemma 4 assistant), still all of them
+        if fields.get("num_kv_shared_layers", 0) >= len(fields["layer_types"]):
+            overrides["num_kv_shared_layers"] = layers
+        elif "num_kv_shared_layers" in fields:
+            layers = 2 * len(kinds)
+            overrides["num_kv_shared_layers"] = len(kinds)
         overrides["layer_types"] = [kinds[i % len(kinds)] for i in range(layers)]
+        if isinstance(
+            fields.get("per_layer_config"), dict
+        ):  # Gemma 4: {"05": {...}}, its full-attention layers
+            overrides["per_layer_config"] = _per_layer(fields, overrides["layer_types"])
         if "num_hidden_layers" in fields:
             overrides["num_hidden_layers"] = layers
+    layers = fields.get("num_hidden_layers")
+    if (
+        isinstance(layers, int) and not keep_layers
+    ):  # per-layer lists (Gemma 3n's widths, sparsity): kept layers'
+        kept = overrides.get("num_hidden_layers", layers)
+        for name, value in fields.items():
+            if isinstance(value, list) and len(value) == layers and name != "layer_types":
+                overrides[name] = [64] * kept if name == "intermediate_size" else value[:kept]
     if keep_layers:
         for name in _LAYER_COUNTS:
             overrides.pop(name, None)
@@ -152,11 +200,26 @@ def _overrides(fields: dict, keep_layers: bool) -> dict:
     return overrides
 
 
+def _per_layer(fields: dict, layer_types: list[str]) -> dict:
+    """A config's per-layer overrides (keyed by layer index) moved onto the shrunk ``layer_types``: each kept layer
+    takes the (shrunk) override of the first original layer of its kind that has one."""
+    by_kind = {}
+    for key, value in sorted(fields["per_layer_config"].items()):
+        by_kind.setdefault(fields["layer_types"][int(key)], {**value, **_overrides(value, keep_layers=True)})
+    width = len(next(iter(fields["per_layer_config"])))
+    return {f"{i:0{width}d}": by_kind[kind] for i, kind in enumerate(layer_types) if kind in by_kind}
+
+
 def _shrunk(fields: dict, keep_layers: bool) -> dict:
     """``fields`` with size fields shrunk, recursing into sub-configs (``text_config``, ``vision_config``, ...)."""
-    out = {**fields, **_overrides(fields, keep_layers)}
+    overrides = _overrides(fields, keep_layers)
+    out = {**fields, **overrides}
     for name, value in fields.items():
-        if isinstance(value, dict) and ("model_type" in value or name.endswith("_config")):
+        if (
+            isinstance(value, dict)
+            and ("model_type" in value or name.endswith("_config"))
+            and name not in overrides
+        ):
             out[name] = _shrunk(value, keep_layers)
     return out
 
@@ -167,11 +230,16 @@ def tiny_config(model_type: str, keep_layers: bool = False, only_overrides: bool
     shrunk fields, for configs that do not survive a ``to_dict`` round trip)."""
     config_cls = type(AutoConfig.for_model(model_type))
     fields = config_cls().to_dict()
+    layout = _HYBRID_LAYOUT.get(model_type, {})
     if not only_overrides:
-        return config_cls(**_shrunk(fields, keep_layers))
-    kwargs = _overrides(fields, keep_layers)
+        return config_cls(**{**_shrunk(fields, keep_layers), **layout})
+    kwargs = {**_overrides(fields, keep_layers), **layout}
     for name, value in fields.items():
-        if isinstance(value, dict) and ("model_type" in value or name.endswith("_config")):
+        if (
+            isinstance(value, dict)
+            and ("model_type" in value or name.endswith("_config"))
+            and name not in kwargs
+        ):
             kwargs[name] = _shrunk(value, keep_layers)
     return config_cls(**kwargs)
 
