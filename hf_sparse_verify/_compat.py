@@ -28,7 +28,8 @@
   (`hf_sparse_verify.integrations.bloom`, ``.mpt``: the biases come from the cache slots, so positions are not
   needed). Checked on 5.24.0.
 - XGLM's ``XGLMAttention`` runs its own ``bmm`` / softmax: ``xglm`` is in `ATTENTION_REPLACED_MODEL_TYPES`
-  (`hf_sparse_verify.integrations.xglm`). Checked on 5.24.0.
+  (`hf_sparse_verify.integrations.xglm`). So does GPT-NeoX-Japanese's ``GPTNeoXJapaneseAttention``
+  (`hf_sparse_verify.integrations.gpt_neox_japanese`). Checked on 5.24.0.
 - GPT-Neo's ``GPTNeoSelfAttention`` (inside ``GPTNeoAttention``) too: ``gpt_neo`` is admitted; its local layers
   pass ``config.window_size`` as the sliding window (`hf_sparse_verify.integrations.gpt_neo` says why the semantics match).
   Checked on 5.23.0.
@@ -140,7 +141,9 @@ MISMATCHED_MODEL_TYPES = {
 
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
 #: rotary attention `hf_sparse_verify.integrations.speculation_mode` replaces, for the call, with modules that do
-ATTENTION_REPLACED_MODEL_TYPES = frozenset({"bloom", "codegen", "falcon", "gpt_neo", "gptj", "mpt", "xglm"})
+ATTENTION_REPLACED_MODEL_TYPES = frozenset(
+    {"bloom", "codegen", "falcon", "gpt_neo", "gpt_neox_japanese", "gptj", "mpt", "xglm"}
+)
 
 #: ALiBi model types whose replaced attention takes its position biases from the cache slots
 #: (`hf_sparse_verify.integrations.bloom`, ``.mpt``): their forwards take no ``position_ids`` and need none

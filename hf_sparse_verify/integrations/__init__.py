@@ -6,7 +6,7 @@
 - Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
   (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` (`rms_norm`), `GatedMLP` (`mlp`, also
   the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
-  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`, `xglm`) replaced by ones that dispatch through it; on a model over several GPUs,
+  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`, `xglm`, `gpt_neox_japanese`) replaced by ones that dispatch through it; on a model over several GPUs,
   `SegmentLayer` (`segments`) around each decoder layer, so steps run as one CUDA graph per device segment.
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
@@ -26,6 +26,7 @@ from .falcon import FalconAttentionDispatch
 from .fused_experts import NAME as FUSED_EXPERTS
 from .fused_experts import fused_experts_forward, record_layers, supports
 from .gpt_neo import GPTNeoAttentionDispatch
+from .gpt_neox_japanese import GPTNeoXJapaneseAttentionDispatch
 from .gptj import GPTJAttentionDispatch
 from .mlp import GatedMLP, replaceable_mlp
 from .mpt import MptAttentionDispatch
@@ -48,6 +49,7 @@ __all__ = [
     "BloomAttentionDispatch",
     "GPTNeoAttentionDispatch",
     "MptAttentionDispatch",
+    "GPTNeoXJapaneseAttentionDispatch",
     "XGLMAttentionDispatch",
     "GatedMLP",
     "Mode",

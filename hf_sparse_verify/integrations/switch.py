@@ -48,6 +48,7 @@ from . import (
     experts,
     falcon,
     gpt_neo,
+    gpt_neox_japanese,
     gptj,
     mlp,
     mpt,
@@ -265,6 +266,7 @@ ATTENTION_REPLACEMENTS = (
     (bloom.replaceable_attention, bloom.BloomAttentionDispatch),
     (mpt.replaceable_attention, mpt.MptAttentionDispatch),
     (xglm.replaceable_attention, xglm.XGLMAttentionDispatch),
+    (gpt_neox_japanese.replaceable_attention, gpt_neox_japanese.GPTNeoXJapaneseAttentionDispatch),
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
