@@ -244,10 +244,20 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} it mixes recurrent (state-space / linear-attention) layers with attention (config has "
             f"{', '.join(hybrid)}); their state cannot be rolled back after rejected drafts" + INSTEAD_PLAIN
         )
-    if (
-        "position_ids" not in inspect.signature(type(model).forward).parameters
-        and text.model_type not in ALIBI_MODEL_TYPES
-    ):
+    layers = getattr(text, "num_hidden_layers", None)
+    if layers and (getattr(text, "num_kv_shared_layers", None) or 0) >= layers:
+        return (
+            f"{prefix} every layer reads another model's KV cache (an assistant of a Gemma 4 target: "
+            f"num_kv_shared_layers covers all {layers} layers), so it cannot run alone; instead, give it to "
+            f"transformers' generate of its target as assistant_model"
+        )
+    forward_args = inspect.signature(type(model).forward).parameters
+    if "cache" not in forward_args and "past_key_values" not in forward_args:
+        return (
+            f"{prefix} it keeps no KV cache (its forward takes none: every step runs the whole sequence again), so "
+            f"there is no cache to verify drafts into or roll back" + INSTEAD_PLAIN
+        )
+    if "position_ids" not in forward_args and text.model_type not in ALIBI_MODEL_TYPES:
         return (
             f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
             f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
