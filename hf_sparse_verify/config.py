@@ -115,9 +115,14 @@ class SpeculationConfig:
         precision: the loosest precision class the output may have (`PRECISIONS`). ``"exact"`` never runs
             anything lossy: greedy output equals plain ``generate`` token for token, and ``lossy_sparse_verify`` with
             it is an error. ``"near_exact"`` / ``"balanced"`` admit lossy settings that a quality calibration granted
-            that class; none grants classes yet, so today they run exactly as ``"exact"`` (a hand-set
-            ``lossy_sparse_verify`` has no class and is refused with them). ``"fast"`` admits any lossy setting,
+            that class (``quality_calibration``); without one, or where it grants none, they run exactly as
+            ``"exact"`` (a hand-set ``lossy_sparse_verify`` has no class and is refused with them, unless the
+            calibration named in ``quality_calibration`` graded it so). ``"fast"`` admits any lossy setting,
             ungated. None (default): ``"fast"`` when ``lossy_sparse_verify`` is set, else ``"exact"``.
+        quality_calibration: a ``sparse_verify_calibration.json`` (file or folder) whose ``grades`` (written by
+            ``hf-sparse-verify calibrate --grade``) give candidate lossy settings their measured precision class;
+            with ``precision="near_exact"`` or ``"balanced"`` the call runs the first setting it grants a class
+            that precision admits (`SparseCalibration.granted`), else exact.
         lossy_sparse_verify: None (default): dense, lossless verification. A `LossySparseVerify` (or a dict):
             LOSSY sparse verification, skipping KV blocks in attention, FFN channels and/or routed experts in the
             verify pass (`hf_sparse_verify.sparse`); greedy output may then differ from plain ``generate``. Measure
@@ -161,6 +166,7 @@ class SpeculationConfig:
     utility_tolerance: float = 0.10
     lossy_sparse_verify: LossySparseVerify | None = None
     precision: str | None = None
+    quality_calibration: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.lossy_sparse_verify, dict):
@@ -183,11 +189,20 @@ class SpeculationConfig:
                 "precision='exact' never runs anything lossy, but lossy_sparse_verify is set: drop "
                 "lossy_sparse_verify, or set precision='fast' to accept output that may differ from plain generate"
             )
-        if self.precision in ("near_exact", "balanced") and self.lossy_sparse_verify is not None:
+        if self.quality_calibration is not None and self.precision not in ("near_exact", "balanced"):
+            raise ValueError(
+                "quality_calibration grants a lossy setting to precision='near_exact' or 'balanced'; set one of "
+                f"them (precision is {self.precision!r}) or drop quality_calibration"
+            )
+        if (
+            self.precision in ("near_exact", "balanced")
+            and self.lossy_sparse_verify is not None
+            and self.quality_calibration is None
+        ):
             raise ValueError(
                 f"precision={self.precision!r} admits only lossy settings a quality calibration granted that class, "
-                "and a lossy_sparse_verify given by hand has no class: set precision='fast' to run it ungated, or "
-                "drop it"
+                "and a lossy_sparse_verify given by hand has no class: name the calibration that graded it "
+                "(quality_calibration=...), set precision='fast' to run it ungated, or drop it"
             )
         for name in ("strategy", "k_policy", "selection", "attention_backend", "vegas_scores", "vegas_lse"):
             value = getattr(self, name)

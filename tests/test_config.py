@@ -52,7 +52,8 @@ CUSTOM = dict(
     lossy_sparse_verify=LossySparseVerify(
         attention=SparseAttention(rho=0.2), ffn=SparseFFN(tau=0.1)
     ).to_dict(),
-    precision="fast",
+    precision="balanced",
+    quality_calibration="calibration",
 )
 
 
@@ -396,7 +397,7 @@ def test_precision_classes():
     with pytest.raises(ValueError, match="precision='exact' never runs anything lossy"):
         SpeculationConfig(precision="exact", lossy_sparse_verify=lossy)
     for gated in ("near_exact", "balanced"):
-        with pytest.raises(ValueError, match="has no class: set precision='fast'"):
+        with pytest.raises(ValueError, match="has no class: name the calibration that graded it"):
             SpeculationConfig(precision=gated, lossy_sparse_verify=lossy)
         assert SpeculationConfig(precision=gated).lossy_sparse_verify is None  # admitted, not imposed
     with pytest.raises(ValueError, match="precision must be one of"):

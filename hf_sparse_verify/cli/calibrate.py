@@ -60,6 +60,22 @@ def add_parser(sub, parents) -> None:
     cal.add_argument(
         "--moe-max-damage", type=common.positive_float, default=0.05, help="NLL bound (default: 0.05)"
     )
+    cal.add_argument(
+        "--grade",
+        action="store_true",
+        help="also grade candidate attention settings (rho = --rho and 0.3) teacher-forced on the prompts' last "
+        "--grade-tokens tokens against dense verification, and write each one's precision class (near_exact / "
+        "balanced / fast) as the calibration's grades; pass the folder as quality_calibration",
+    )
+    cal.add_argument(
+        "--grade-tokens", type=common.positive_int, default=64, help="scored tokens per prompt (default: 64)"
+    )
+    cal.add_argument(
+        "--grade-free-running",
+        type=int,
+        default=0,
+        help="new tokens per prompt for the acceptance-ratio gate of balanced (default: 0, not measured)",
+    )
     cal.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
     cal.add_argument("--dtype", choices=common.DTYPES, help="(default: float32 on CPU, bfloat16 on GPU)")
     cal.add_argument(
@@ -103,6 +119,8 @@ def run(args) -> int:
             else None,
         )
         result = calibrate(model, ids, cfg, verify_tokens=args.verify_tokens)
+        if args.grade:
+            result.grades = _grades(args, model, ids, result)
     except ValueError as err:
         raise UsageError(common.one_line(err)) from err
     path = result.save(out)
@@ -114,5 +132,33 @@ def run(args) -> int:
         print("ffn tau at sparsity 0.5: " + " ".join(f"{t:.3g}" for t in taus if t is not None))
     if result.moe:
         print(f"moe damage: {result.moe.get('damage')}")
+    for g in result.grades or ():
+        m = g["measures"]
+        print(
+            f"grade {g['name']}: {g['class']} (delta NLL {m['delta_nll_pct']:+.2f}%, top-1 {m['top1']:.3f}, "
+            f"KL {m['kl']:.4f}, flips {m['flips_margin1']}, {m['positions']} positions)"
+            + (f"; not higher: {g['why_not_higher']}" if g["why_not_higher"] else "")
+        )
     print(f"saved {path}; use it with lossy_sparse_verify={{..., 'calibration': {out!r}}}")
+    if result.grades:
+        print(f"or with precision='near_exact' / 'balanced' and quality_calibration={out!r}")
     return 0
+
+
+def _grades(args, model, ids, calibration) -> list[dict]:
+    """Attention settings at ``--rho`` and 0.3 (sparsest first), graded on each prompt's last ``--grade-tokens``."""
+    from ..drivers.quality import grade
+    from ..sparse import LossySparseVerify, SparseAttention
+
+    windows = [
+        (t[: -args.grade_tokens], t[-args.grade_tokens :]) for t in ids if t.numel() > args.grade_tokens + 1
+    ]
+    if not windows:
+        raise ValueError(f"--grade needs prompts longer than --grade-tokens={args.grade_tokens} tokens")
+    candidates = {
+        f"attention rho {rho}": LossySparseVerify(
+            attention=SparseAttention(block_size=args.block_size, rho=rho, dense_below=args.dense_below)
+        )
+        for rho in sorted({args.rho, 0.3})
+    }
+    return grade(model, windows, candidates, calibration, free_running=args.grade_free_running)

@@ -349,3 +349,30 @@ def teacher_forced(
                 out, acc = generate_freely(model, prompt, free_running, setting)
                 results[name].free.append(FreeRun(acc, acc_dense, copied_share(prompt, out), copied_dense))
     return results
+
+
+def grade(
+    model,
+    windows: list[tuple[torch.Tensor, torch.Tensor]],
+    candidates: dict[str, LossySparseVerify],
+    calibration=None,
+    window: int = 7,
+    free_running: int = 0,
+    progress: bool = True,
+) -> list[dict]:
+    """Each candidate's measured quality over ``windows`` (`teacher_forced`) and the class it earns (`grant`), as the
+    ``grades`` of a `SparseCalibration`: ``{"name", "setting" (without its calibration), "class",
+    "why_not_higher", "measures"}`` in the candidates' order (give them sparsest first: `SparseCalibration.granted`
+    takes the first that qualifies)."""
+    results = teacher_forced(
+        model, windows, candidates, calibration, window, progress=progress, free_running=free_running
+    )
+    grades = []
+    for name, setting in candidates.items():
+        measures = results[name].summary()
+        cls, why = grant(measures)
+        fields = {k: v for k, v in setting.to_dict().items() if k != "calibration"}
+        grades.append(
+            dict(name=name, setting=fields, measures=measures, why_not_higher=why, **{"class": cls})
+        )
+    return grades

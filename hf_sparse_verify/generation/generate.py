@@ -10,6 +10,7 @@ decoding mode, then calls :func:`generate`, which runs hf_sparse_verify's own lo
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 from transformers.cache_utils import Cache
@@ -23,7 +24,8 @@ from ..integrations.tensor_parallel import local_shard_swaps
 from ..kernels._triton import HAVE_TRITON
 from ..placement import graph_obstacle
 from ..registry import DRAFTERS, resolve
-from ..sparse.calibration import find_calibration
+from ..sparse.calibration import GRANTS, SparseCalibration, find_calibration
+from ..sparse.config import LossySparseVerify
 from .drafters.base import Drafter
 from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
@@ -31,6 +33,8 @@ from .engine.stats import SpeculationStats
 from .policies.k_policy import make_k_policy
 from .policies.planner import Planner
 from .profiles import profile_for
+
+logger = logging.getLogger(__name__)
 
 #: K policies that learn (``utility``) start a request from what the previous request on the same model and
 #: strategy learnt: (id(model), strategy, k_policy) -> (best K, K = 0 steps still due when it ended switched off,
@@ -207,6 +211,46 @@ def _settings(config: SpeculationConfig, generation_config, model, prompt_len: i
     )
 
 
+def granted_config(config: SpeculationConfig, model) -> SpeculationConfig:
+    """``config`` with the lossy setting its ``quality_calibration`` grants its precision (`SparseCalibration.granted`)
+    where it grants one; a ``lossy_sparse_verify`` set together with ``quality_calibration`` must be one the
+    calibration graded a class the precision admits. Unchanged without ``quality_calibration``."""
+    location = config.quality_calibration
+    if location is None:
+        return config
+    calibration = SparseCalibration.load(location)
+    layers = model.config.get_text_config().num_hidden_layers
+    if calibration.num_layers != layers:
+        raise ValueError(
+            f"quality_calibration {location} is for a model of {calibration.num_layers} layers, this one has "
+            f"{layers}: grade this model (hf-sparse-verify calibrate --grade)"
+        )
+    if config.lossy_sparse_verify is not None:
+
+        def fields(setting) -> dict:
+            return {**LossySparseVerify.from_dict(dict(setting)).to_dict(), "calibration": None}
+
+        wanted = fields(config.lossy_sparse_verify.to_dict())
+        admitted = GRANTS[config.precision]
+        if not any(
+            g["class"] in admitted and fields(g["setting"]) == wanted for g in calibration.grades or ()
+        ):
+            raise ValueError(
+                f"lossy_sparse_verify is not a setting {location} grades {' or '.join(admitted)}: leave "
+                "lossy_sparse_verify unset (the calibration picks its granted setting), or set precision='fast'"
+            )
+        return config
+    setting = calibration.granted(config.precision, location)
+    if setting is None:
+        logger.info("precision=%r: %s grants no lossy setting that class; verification stays dense",
+                    config.precision, location)  # fmt: skip
+        return config
+    logger.info(
+        "precision=%r: running the lossy setting %s granted (%s)", config.precision, location, setting
+    )
+    return dataclasses.replace(config, lossy_sparse_verify=setting)
+
+
 def _calibration(config: SpeculationConfig, model):
     """The sparse-verification calibration these settings use (None for dense verification or when none is
     needed and none is found)."""
@@ -229,7 +273,7 @@ def _run(
 ):
     _compat.check_architecture(model)
     _check_generation_config(generation_config, model_kwargs)
-    config = resolve_config(speculation, generation_config, model)
+    config = granted_config(resolve_config(speculation, generation_config, model), model)
     strategy = config.strategy
     sparse = config.lossy_sparse_verify
     if (

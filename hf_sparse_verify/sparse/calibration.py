@@ -5,7 +5,9 @@ Hub.
 - attention: the mean Jaccard similarity of each layer's selected-block mask to the previous layer's (the sparse-verification paper
   Eq. 7, layer 0 scores 0), from which the anchor layers are the least similar ones (Eq. 8);
 - ffn: per-layer activation thresholds for a grid of channel sparsities (`FFN_LEVELS`);
-- moe: per-layer threshold maps ``beta_1 .. beta_{k-1}`` and weight budgets, with the damage each setting did.
+- moe: per-layer threshold maps ``beta_1 .. beta_{k-1}`` and weight budgets, with the damage each setting did;
+- grades: candidate lossy settings, each with the precision class its measured quality earned (issue 40's gates,
+  `hf_sparse_verify.drivers.quality.grant`) and the measures; `granted` picks the one a precision admits.
 
 `hf_sparse_verify.drivers.calibrate.calibrate` makes one by running calibration prompts through the engine.
 """
@@ -21,6 +23,8 @@ from typing import Any
 from .config import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 
 FILE_NAME = "sparse_verify_calibration.json"
+#: precision -> the classes of graded settings it admits (stricter classes included)
+GRANTS = {"near_exact": ("near_exact",), "balanced": ("near_exact", "balanced")}
 #: channel sparsities the FFN thresholds are calibrated for
 FFN_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
@@ -37,6 +41,8 @@ class SparseCalibration:
     ffn: dict[str, Any] | None = None  # levels [n], thresholds [L][n] (None for layers without an FFN)
     # layers, k, thresholds [layers][k-1], budgets {m: [layers]}, damage {...}
     moe: dict[str, Any] | None = None
+    # [{"setting": LossySparseVerify fields, "class": str, "why_not_higher": str, "measures": {...}}], sparsest first
+    grades: list[dict[str, Any]] | None = None
 
     # ---------------------------------------------------------------------------------------------- queries
     def anchor_layers(self, cfg: SparseAttention) -> list[int]:
@@ -102,6 +108,21 @@ class SparseCalibration:
         if budgets is None:
             raise ValueError(f"no budgets calibrated for max_skip={cfg.max_skip}")
         return {layer: ("budget", float(b)) for layer, b in zip(self.moe["layers"], budgets)}
+
+    def granted(self, precision: str, location: str | None = None) -> LossySparseVerify | None:
+        """The first graded setting (calibrate writes them sparsest first) whose class ``precision`` admits:
+        ``"near_exact"`` admits ``near_exact``; ``"balanced"`` admits ``near_exact`` and ``balanced``. None where no
+        grade qualifies (the call then runs exact). ``location``: this calibration's file or folder, which the
+        setting then names as its ``calibration``."""
+        admitted = GRANTS.get(precision)
+        if admitted is None:
+            raise ValueError(
+                f"only precision 'near_exact' or 'balanced' takes a granted setting, got {precision!r}"
+            )
+        for grade in self.grades or ():
+            if grade["class"] in admitted:
+                return LossySparseVerify.from_dict({**grade["setting"], "calibration": location})
+        return None
 
     # ------------------------------------------------------------------------------------------------- files
     def save(self, directory: str | os.PathLike) -> str:

@@ -297,6 +297,32 @@ def test_calibrate_writes_a_loadable_calibration(tmp_path, capsys):
     assert "saved" in capsys.readouterr().out
 
 
+def test_calibrate_grade_writes_classes_the_generate_call_honours(tmp_path, capsys):
+    """``--grade`` grades the attention settings at --rho and 0.3 on each prompt's last tokens and writes their
+    classes; the demo target with ``precision="near_exact"`` and that calibration then runs the first near_exact
+    grade, or stays exact."""
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--prompt-file", str(prompts), "--out", str(out), "--max-tokens", "200", "--device", "cpu",
+            "--no-ffn", "--grade", "--grade-tokens", "24", "--block-size", "16", "--dense-below", "32",
+            "--rho", "0.1"]  # fmt: skip
+    assert main(argv) == 0
+    calibration = SparseCalibration.load(out)
+    assert [g["setting"]["attention"]["rho"] for g in calibration.grades] == [0.1, 0.3]
+    for g in calibration.grades:
+        assert g["class"] in ("near_exact", "balanced", "fast") and g["measures"]["positions"] == 23
+        # balanced needs the acceptance ratio and the task score, which --grade does not measure here
+        assert g["class"] != "balanced"
+    printed = capsys.readouterr().out
+    assert "grade attention rho 0.1:" in printed and "quality_calibration" in printed
+    near = [g["setting"]["attention"]["rho"] for g in calibration.grades if g["class"] == "near_exact"]
+    granted = calibration.granted("near_exact")
+    assert (granted is None and not near) or granted.attention.rho == near[0]
+
+
 def test_calibrate_mistakes_are_one_line(tmp_path, capsys):
     assert main(["calibrate", "--prompt-file", str(tmp_path / "missing.jsonl")]) == 2
     err = capsys.readouterr().err.strip()
