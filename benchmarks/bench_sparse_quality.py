@@ -283,6 +283,9 @@ TEACHER_FORCED_SETTINGS = {
     "default": DEFAULT,
     "attn_rho0.05": LossySparseVerify(attention=SparseAttention(rho=0.05)),
     "attn_rho0.3": LossySparseVerify(attention=SparseAttention(rho=0.3)),
+    # denser budgets, looking for a near_exact setting (no flips at dense margin >= 1)
+    "attn_rho0.5": LossySparseVerify(attention=SparseAttention(rho=0.5)),
+    "attn_rho0.7": LossySparseVerify(attention=SparseAttention(rho=0.7)),
     # Quest's block score: the bound of q . k from the block's elementwise key minimum and maximum
     "attn_bounds": LossySparseVerify(attention=SparseAttention(score="bounds")),
     "attn_bounds_rho0.05": LossySparseVerify(attention=SparseAttention(score="bounds", rho=0.05)),
