@@ -6,9 +6,10 @@ Grid ``(row blocks, output-channel blocks)``. A program keeps its rows' activati
 
 - int8: ``[BLOCK_N, BLOCK_K]`` values, one ``tl.dot`` with the activations (the values are exact in bf16 / fp16),
   the per-channel scale applied once at the end;
-- int4: ``[BLOCK_N, BLOCK_K / 2]`` bytes; the low nibbles (even input channels) and the high ones (odd channels)
-  are scaled by their group's scale in registers (the block covers ``BLOCK_K / GROUP`` groups, or lies inside
-  one) and each meets the matching half of the activations (loaded with stride 2) in a ``tl.dot``. Scaling
+- int4: ``[BLOCK_N, BLOCK_K / 2]`` bytes; the low nibbles and the high ones are scaled by their group's scale in
+  registers (the block covers ``BLOCK_K / GROUP`` groups, or lies inside one) and each meets the activations of
+  its channels (gathered by `naive.pack`'s layout: byte ``4j + t`` of a block of 32 holds channels ``8t + j`` and
+  ``8t + 4 + j``) in a ``tl.dot``. Scaling
   before the dot lets a block span several groups: with groups of 128 a block of 128 channels moves 64 bytes per
   output channel and step, too few to keep the memory busy (one H200: 0.5 TB/s).
 
