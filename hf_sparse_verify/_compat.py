@@ -101,6 +101,8 @@ RECURRENT_LAYER_CLASSES = frozenset(
         "FalconH1Mixer",
         "ZambaMambaMixer",
         "Zamba2MambaMixer",
+        "MambaMixer",
+        "FalconMambaMixer",
     }
 )
 
@@ -117,9 +119,7 @@ _LAYER_TYPE_REASONS = {
 
 #: model types whose layers keep a recurrent state (no per-token KV cache), refused by name
 RECURRENT_MODEL_TYPES = {
-    "mamba": "a state-space model (Mamba)",
     "mamba2": "a state-space model (Mamba-2)",
-    "falcon_mamba": "a state-space model (Mamba)",
     "rwkv": "a recurrent model (RWKV)",
     "xlstm": "a recurrent model (xLSTM)",
     "recurrent_gemma": "a recurrent model (Griffin / RG-LRU layers)",
@@ -257,7 +257,9 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} it keeps no KV cache (its forward takes none: every step runs the whole sequence again), so "
             f"there is no cache to verify drafts into or roll back" + INSTEAD_PLAIN
         )
-    if "position_ids" not in forward_args and text.model_type not in ALIBI_MODEL_TYPES:
+    # a model of recurrent layers only (Mamba) has no positions to get wrong
+    recurrent_only = bool(_linear_types(model)) and set(_layer_types(model)) <= _linear_types(model)
+    if "position_ids" not in forward_args and text.model_type not in ALIBI_MODEL_TYPES and not recurrent_only:
         return (
             f"{prefix} its forward takes no position_ids (it derives positions from the cache length), so rows at "
             f"different lengths (left padding, different numbers of accepted drafts) would get wrong positions"
@@ -374,6 +376,16 @@ def _linear_types(model) -> frozenset:
     present = frozenset(kind for kind in ("linear_attention", "hybrid") if kind in types)
     wrapped = sum(type(m).__name__ in RECURRENT_LAYER_CLASSES for m in model.modules())
     return present if present and wrapped == sum(types.count(kind) for kind in present) else frozenset()
+
+
+def cache_is_empty(cache) -> bool:
+    """Whether a transformers ``Cache`` holds nothing yet. ``get_seq_length`` raises on a cache of recurrent layers
+    only (a pure state-space model's, transformers 5.24: it counts attention layers); there, no layer is
+    initialized."""
+    try:
+        return cache.get_seq_length() == 0
+    except ValueError:
+        return not any(getattr(layer, "is_initialized", False) for layer in getattr(cache, "layers", ()))
 
 
 def recurrent_layer_indices(model) -> list[int]:

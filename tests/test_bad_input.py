@@ -10,8 +10,8 @@ from transformers import (
     AutoModelForCausalLM,
     LogitsProcessor,
     LogitsProcessorList,
-    MambaConfig,
     RoFormerConfig,
+    RwkvConfig,
 )
 
 import hf_sparse_verify
@@ -217,18 +217,18 @@ def _tiny(config) -> torch.nn.Module:
 UNSUPPORTED = [
     pytest.param(
         lambda: _tiny(
-            MambaConfig(
+            RwkvConfig(
                 vocab_size=VOCAB,
                 hidden_size=32,
-                state_size=4,
-                num_hidden_layers=1,
+                num_hidden_layers=2,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
                 bos_token_id=BOS,
             )
         ),
-        r"model type 'mamba' \(MambaForCausalLM\) is not supported: it is a state-space model \(Mamba\)",
-        id="mamba",
+        r"model type 'rwkv' \(RwkvForCausalLM\) is not supported: it is a recurrent model \(RWKV\), with no KV "
+        r"cache to roll back; instead, call model.generate\(\) without custom_generate",
+        id="rwkv",
     ),
     pytest.param(
         lambda: _tiny(

@@ -150,7 +150,9 @@ class _StateBefore:
         ring = self.layer.ring
         view = current_step().on(ring.device)
         rows = torch.arange(ring.shape[0], device=ring.device)
-        return ring[rows, (view.start - 1).remainder(ring.shape[1])]
+        state = ring[rows, (view.start - 1).remainder(ring.shape[1])]  # a copy
+        self.layer.lent = state  # a mixer may advance it in place (`SpecConvLayer.settle`)
+        return state
 
 
 class SpecConvLayer(LinearAttentionCacheLayerMixin):
@@ -168,7 +170,9 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
       is given as the state after the step's last slot, in a ring of `RING` slots per row; ``get_recurrent_state``
       reads the state after the slot before the step. A layer that runs a verify step one token at a time
       (`hf_sparse_verify.integrations.recurrent.TokenByToken`) leaves the state after every token there, so the
-      next step, which starts after the last accepted token, finds its state without any rollback.
+      next step, which starts after the last accepted token, finds its state without any rollback. A mixer whose
+      one-token form advances the state it was given in place and hands the cache nothing (Mamba's) has that
+      state kept by `settle`, which its wrapper calls after each call.
     """
 
     is_compileable = True
@@ -183,6 +187,7 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         self.record_past = True
         self.inputs: torch.Tensor | None = None
         self.ring: torch.Tensor | None = None
+        self.lent: torch.Tensor | None = None  # the state last given out by `get_recurrent_state`, until kept
         self.has_previous_state = _PreviousState(self)
         self.recurrent_states = _StateBefore(self)
         self.is_initialized = False
@@ -229,6 +234,7 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         """Keep ``recurrent_states`` ``[B, ...]`` as each row's state after the current step's last slot."""
         if state_idx != 0:
             raise NotImplementedError(f"layer {self.layer_idx}: one recurrent state per layer is supported")
+        self.lent = None
         step = current_step()
         if self.ring is None:
             shape = (recurrent_states.shape[0], self.RING, *recurrent_states.shape[1:])
@@ -239,6 +245,12 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
             self.ring.dtype
         )
         return recurrent_states
+
+    def settle(self) -> None:
+        """After a call of the layer's mixer: keep the state it was given as the state after the call's last slot
+        where the mixer advanced it in place instead of handing it back (Mamba's one-token recurrent form)."""
+        if self.lent is not None:
+            self.update_recurrent_state(self.lent)
 
     @property
     def nbytes(self) -> int:

@@ -145,7 +145,7 @@ def _check_generation_config(generation_config, model_kwargs: dict) -> None:
         raise NotImplementedError("inputs_embeds are not supported: pass input_ids")
     for name in ("past_key_values", "cache"):  # the cache's name before / from transformers 5.24
         cache = model_kwargs.get(name)
-        if cache is not None and (not isinstance(cache, Cache) or cache.get_seq_length() > 0):
+        if cache is not None and (not isinstance(cache, Cache) or not _compat.cache_is_empty(cache)):
             raise NotImplementedError(
                 f"continuing from a user-provided {name} is not supported: hf_sparse_verify builds its own "
                 f"preallocated cache; pass no {name}"

@@ -1,5 +1,6 @@
 """`TokenByToken`: a linear-attention or state-space layer of a hybrid model (the Gated DeltaNet of Qwen3-Next,
-Qwen3.5, OLMo-Hybrid and Lara-Mini; the Mamba mixers of Bamba, Jamba, Granite 4 and Nemotron-H) run one token at a time in verify steps, so the cache keeps its recurrent state after every token and rejected drafts roll back for free.
+Qwen3.5, OLMo-Hybrid and Lara-Mini; the Mamba mixers of Bamba, Jamba, Granite 4 and Nemotron-H, and of the pure
+state-space models Mamba and FalconMamba) run one token at a time in verify steps, so the cache keeps its recurrent state after every token and rejected drafts roll back for free.
 
 transformers' layer advances its recurrent state over a whole call and hands the cache only the state after the last
 token (its chunked rule over the K + 1 tokens of a verify step). After a verify, though, the state needed is the one
@@ -38,7 +39,9 @@ class TokenByToken(torch.nn.Module):
         step = current_step(required=False)
         width = hidden_states.shape[1]
         if step is None or cache is None or step.phase is Phase.PREFILL or width == 1:
-            return self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+            out = self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+            self._settle(cache)
+            return out
         if width > SpecConvLayer.RING:
             raise ValueError(
                 f"a verify step of {width} tokens is wider than the {SpecConvLayer.RING} recurrent states the cache "
@@ -48,4 +51,12 @@ class TokenByToken(torch.nn.Module):
         for index in range(width):  # a generated or drafted token is never padding: no mask
             with step_scope(step.token(index)):
                 outputs.append(self.layer(hidden_states[:, index : index + 1], cache=cache, **kwargs))
+                self._settle(cache)
         return torch.cat(outputs, dim=1)
+
+    def _settle(self, cache) -> None:
+        """Keep a state the layer advanced in place (`SpecConvLayer.settle`)."""
+        layers = getattr(cache, "layers", None)
+        layer = layers[self.layer_idx] if layers is not None and self.layer_idx is not None else None
+        if isinstance(layer, SpecConvLayer):
+            layer.settle()

@@ -16,10 +16,12 @@ from transformers import (
     AutoModelForCausalLM,
     BambaConfig,
     FalconH1Config,
+    FalconMambaConfig,
     GraniteMoeHybridConfig,
     JambaConfig,
     Lfm2Config,
     Lfm2MoeConfig,
+    MambaConfig,
     Qwen3NextConfig,
     Zamba2Config,
     ZambaConfig,
@@ -89,6 +91,14 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
             num_mem_blocks=1, use_shared_attention_adapter=False, chunk_size=16, pad_token_id=0, eos_token_id=1,
             bos_token_id=2,
         )  # fmt: skip
+    elif kind in (
+        "mamba",
+        "falcon_mamba",
+    ):  # pure state-space models: Mamba-1 mixers only, no attention layer
+        config = (MambaConfig if kind == "mamba" else FalconMambaConfig)(
+            vocab_size=99, hidden_size=32, num_hidden_layers=3, state_size=8, conv_kernel=4, expand=2,
+            time_step_rank=4, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        )  # fmt: skip
     elif kind == "lfm2_moe":
         config = Lfm2MoeConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
                                num_dense_layers=1)  # fmt: skip
@@ -102,7 +112,19 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
 
 @pytest.mark.parametrize(
     "kind",
-    ["lfm2", "lfm2_moe", "qwen3_next", "bamba", "jamba", "granitemoehybrid", "falcon_h1", "zamba", "zamba2"],
+    [
+        "lfm2",
+        "lfm2_moe",
+        "qwen3_next",
+        "bamba",
+        "jamba",
+        "granitemoehybrid",
+        "falcon_h1",
+        "zamba",
+        "zamba2",
+        "mamba",
+        "falcon_mamba",
+    ],
 )
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model", "auto"])
 def test_hybrid_equals_plain(kind, strategy):

@@ -142,8 +142,9 @@ class SelfSpecDrafter(Drafter):
             model_type = target.model.config.get_text_config(decoder=True).model_type
             raise NotImplementedError(
                 f"model type {model_type!r} ({type(target.model).__name__}) is not supported: self-speculation "
-                "(Vegas, Streaming, Quest) selects KV per attention layer, and it also has recurrent layers (a hybrid such "
-                "as LFM2 or Qwen3-Next); use strategy='prompt_lookup', 'draft_model' or 'auto'"
+                "(Vegas, Streaming, Quest) selects KV per attention layer, and it has recurrent layers (a hybrid such "
+                "as LFM2 or Qwen3-Next, or a state-space model such as Mamba); use strategy='prompt_lookup', "
+                "'draft_model' or 'auto'"
             )
         if indexed_attention(target.model.config):
             model_type = target.model.config.get_text_config(decoder=True).model_type
