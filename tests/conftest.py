@@ -133,6 +133,17 @@ def equal_plain(model: torch.nn.Module, speculation: dict, **extra):
     return out.speculation
 
 
+def strategy_equals_plain(model: torch.nn.Module, strategy: str):
+    """`equal_plain` for one lossless ``strategy`` (K = 4; ``auto`` as it chooses); ``draft_model`` drafts with a
+    `noisy_copy`, whose drafts must be accepted part-way (so rejection and rollback ran). Returns the statistics."""
+    extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
+    speculation = {"strategy": "auto"} if strategy == "auto" else {"strategy": strategy, "num_draft_tokens": 4}
+    stats = equal_plain(model, speculation, **extra)
+    if strategy == "draft_model":
+        assert 1.0 < stats.mean_acceptance_length < 5.0
+    return stats
+
+
 def ragged_batch(batch: int, length: int = 14, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompts of different lengths, ``[B, length]`` ids and mask."""
     gen = torch.Generator().manual_seed(seed)

@@ -25,7 +25,6 @@ from ..kernels._triton import HAVE_TRITON
 from ..placement import graph_obstacle
 from ..registry import DRAFTERS, resolve
 from ..sparse.calibration import GRANTS, SparseCalibration, find_calibration
-from ..sparse.config import LossySparseVerify
 from .drafters.base import Drafter
 from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
@@ -226,18 +225,10 @@ def granted_config(config: SpeculationConfig, model) -> SpeculationConfig:
             f"{layers}: grade this model (hf-sparse-verify calibrate --grade)"
         )
     if config.lossy_sparse_verify is not None:
-
-        def fields(setting) -> dict:
-            return {**LossySparseVerify.from_dict(dict(setting)).to_dict(), "calibration": None}
-
-        wanted = fields(config.lossy_sparse_verify.to_dict())
-        admitted = GRANTS[config.precision]
-        if not any(
-            g["class"] in admitted and fields(g["setting"]) == wanted for g in calibration.grades or ()
-        ):
+        if not calibration.graded(config.lossy_sparse_verify, config.precision):
             raise ValueError(
-                f"lossy_sparse_verify is not a setting {location} grades {' or '.join(admitted)}: leave "
-                "lossy_sparse_verify unset (the calibration picks its granted setting), or set precision='fast'"
+                f"lossy_sparse_verify is not a setting {location} grades {' or '.join(GRANTS[config.precision])}: "
+                "leave lossy_sparse_verify unset (the calibration picks its granted setting), or set precision='fast'"
             )
         return config
     setting = calibration.granted(config.precision, location)

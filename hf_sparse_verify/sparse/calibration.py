@@ -124,6 +124,15 @@ class SparseCalibration:
                 return LossySparseVerify.from_dict({**grade["setting"], "calibration": location})
         return None
 
+    def graded(self, setting: LossySparseVerify, precision: str) -> bool:
+        """Whether ``setting`` (its ``calibration`` aside) is one of the grades with a class ``precision`` admits."""
+        def fields(data: dict) -> dict:
+            return {**LossySparseVerify.from_dict(dict(data)).to_dict(), "calibration": None}
+
+        wanted = fields(setting.to_dict())
+        admitted = GRANTS[precision]
+        return any(g["class"] in admitted and fields(g["setting"]) == wanted for g in self.grades or ())
+
     # ------------------------------------------------------------------------------------------------- files
     def save(self, directory: str | os.PathLike) -> str:
         os.makedirs(directory, exist_ok=True)
