@@ -700,6 +700,31 @@ def test_planning_happens_in_prepare_not_after_the_readback(monkeypatch):
     assert planner.current[0] == "dm"  # the lagged choices still find the drafter that pays
 
 
+def test_estimates_are_refreshed_one_drafter_per_step(monkeypatch):
+    """On a steady text, `prepare` renews the oldest estimate past `_REPLAN_EVERY` steps, one drafter (or the plain
+    step) per step, so no step's planning grows with the number of drafters; every estimate is still renewed
+    within `_REPLAN_EVERY` + the number of drafters steps."""
+    planner = Planner(_members(pl=4, dm=4, sd=4), max_k=8, batch=2)
+    renewed = []
+    real = Planner._estimate
+    monkeypatch.setattr(Planner, "_estimate", lambda self, name: renewed[-1].append(name) or real(self, name))
+    for i in range(120):
+        member, k = planner.next_step(10**6)
+        renewed.append([])
+        planner.prepare()
+        accepted = [min(k, 3), min(k, 2)] if member == "dm" else [0, 0]
+        parts = _parts(member, k)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
+                                                                        "parts": parts}))  # fmt: skip
+    steady = renewed[60:]
+    assert planner.current[0] == "dm" and planner.trial is None
+    assert max(len(r) for r in steady) == 1
+    bound = planner_module._REPLAN_EVERY + 4
+    for name in (K0, "pl", "dm", "sd"):
+        at = [i for i, r in enumerate(steady) if name in r]
+        assert at and max(b - a for a, b in zip([0, *at], [*at, len(steady) - 1])) <= bound, (name, at)
+
+
 def test_wider_verifies_are_priced_along_all_measured_widths():
     """Beyond the widest measured verify, the price follows the slope of every measured width: two neighbouring
     widths whose medians differ by noise do not price wider verifies out."""

@@ -159,6 +159,7 @@ class CostProfile:
         self._adds = 0  # measurements added
         self._entries = 0  # entries created (a new width, drafter or K)
         self._vectors: dict = {}  # (member, max_k) -> (entries, adds, `costs`) when last computed
+        self._verify_vector: tuple = (None, None)  # ((adds, entries, max_k), verify seconds at K = 0 .. max_k)
         # per drafter, extra draft seconds of its first step after another drafter's (or plain) steps
         self.switch: dict[str, deque] = {}
         # per drafter, the last `_CALLS_KEPT` calls' [drafts accepted, runs ended by a rejection]
@@ -177,6 +178,7 @@ class CostProfile:
                 table[key].append(value)
                 self._medians.pop((name, key), None)
         self._medians.pop(("pooled", member), None)
+        self._medians.pop(("line", member), None)
         self._medians.pop(("slope", None), None)
         self._adds += 1
 
@@ -294,13 +296,18 @@ class CostProfile:
             return self._med("draft", (member, k))
         if k == 0:  # a plain step, or a drafter that found nothing to propose: its search still ran
             return 0.0
-        seen = sorted((kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and kk > 0)
-        if not seen:
+        line = self._medians.get(("line", member))
+        if line is None:  # (K, seconds) of the one measured K, or the least-squares line through several
+            seen = sorted((kk, self._med("draft", (m, kk))) for m, kk in self.draft if m == member and kk > 0)
+            line = self._medians[("line", member)] = (
+                () if not seen else seen[0] if len(seen) == 1 else _line(seen)
+            )
+        if not line:
             return None
-        if len(seen) == 1:
-            kk, s = seen[0]
+        if len(line) == 2:
+            kk, s = line
             return s * k / kk
-        mean_k, mean_s, slope = _line(seen)
+        mean_k, mean_s, slope = line
         return max(0.0, mean_s + slope * (k - mean_k))
 
     def costs(self, member: str, max_k: int) -> np.ndarray | None:
@@ -315,10 +322,17 @@ class CostProfile:
         return vector
 
     def _costs(self, member: str, max_k: int) -> np.ndarray | None:
-        costs = [self.cost(member, k) for k in range(max_k + 1)]
-        if all(c is None for c in costs):
+        """`cost` at K = 0 .. max_k (NaN where None), the verify part shared by every drafter's vector."""
+        update = self.update_s(member)
+        if update is None or not self.verify:
             return None
-        return np.array([np.nan if c is None else c for c in costs])
+        key = (self._adds, self._entries, max_k)
+        if self._verify_vector[0] != key:
+            self._verify_vector = (key, np.array([self.verify_s(k + 1) for k in range(max_k + 1)]))
+        verify = self._verify_vector[1]
+        draft = np.array([np.nan if (d := self.draft_s(member, k)) is None else d for k in range(max_k + 1)])
+        costs = draft + verify + update
+        return None if np.isnan(costs).all() else costs
 
     def update_s(self, member: str) -> float | None:
         return self._med("update", member) if member in self.update else self._any_update()
@@ -439,40 +453,61 @@ def batch_pace(per_row: np.ndarray, weight: np.ndarray, remaining: np.ndarray) -
 
 class _Runs:
     """One drafter's recent runs per row of this call, the last `_ROW_WINDOW` of each row: (K issued, drafts
-    accepted), oldest first (a run's age is counted in runs, not steps: a drafter tried again after 48 steps keeps
-    what its last trial found). Plain lists: a step adds a few runs, and numpy's per-call cost would exceed the
-    work (the planner runs on the host between device steps)."""
+    accepted) in a ring per row (a run's age is counted in runs, not steps: a drafter tried again after 48 steps
+    keeps what its last trial found). Arrays, so that an estimate over 32 rows reads them without a Python loop
+    (the planner runs on the host while the device verifies; its estimates must fit in that time)."""
 
     def __init__(self, batch: int):
-        self.rows: list[deque] = [deque(maxlen=_ROW_WINDOW) for _ in range(max(batch, 1))]
+        rows = max(batch, 1)
+        self.issued = np.zeros((rows, _ROW_WINDOW), dtype=np.int64)
+        self.accepted = np.zeros((rows, _ROW_WINDOW), dtype=np.int64)
+        self.order = np.full((rows, _ROW_WINDOW), -1, dtype=np.int64)  # the run's number in its row; -1: empty
+        self.count = np.zeros(rows, dtype=np.int64)  # runs ever added per row
+
+    def _grow(self, rows: int) -> None:
+        extra = rows - len(self.count)
+        pad = ((0, extra), (0, 0))
+        self.issued, self.accepted = np.pad(self.issued, pad), np.pad(self.accepted, pad)
+        self.order = np.pad(self.order, pad, constant_values=-1)
+        self.count = np.pad(self.count, (0, extra))
 
     def add_rows(self, rows: list[int], issued: list[int], accepted: list[int]) -> None:
-        for row, i, a in zip(rows, issued, accepted):
-            while row >= len(self.rows):  # more rows than announced
-                self.rows.append(deque(maxlen=_ROW_WINDOW))
-            self.rows[row].append((i, a))
+        if not rows:
+            return
+        if max(rows) >= len(self.count):  # more rows than announced
+            self._grow(max(rows) + 1)
+        if len(set(rows)) < len(rows):  # a row twice (two scored proposals at once): in order, one by one
+            for row, i, a in zip(rows, issued, accepted):
+                self.add_rows([row], [i], [a])
+            return
+        index = np.asarray(rows)
+        slot = self.count[index] % _ROW_WINDOW
+        self.issued[index, slot] = issued
+        self.accepted[index, slot] = accepted
+        self.order[index, slot] = self.count[index]
+        self.count[index] += 1
+
+    def _known(self, rows) -> np.ndarray:
+        return np.asarray([r for r in rows if r < len(self.count)], dtype=np.int64)
 
     def any(self, rows) -> bool:
-        return any(r < len(self.rows) and self.rows[r] for r in rows)
+        return bool(self.count[self._known(rows)].any())
 
     def largest_k(self, rows) -> int:
-        return max((i for r in rows if r < len(self.rows) for i, _ in self.rows[r]), default=0)
+        known = self._known(rows)
+        if not len(known):
+            return 0
+        return int(np.where(self.order[known] >= 0, self.issued[known], 0).max())
 
     def expected_tokens(self, rows, max_k: int) -> tuple[np.ndarray, np.ndarray]:
         """`row_expected_tokens` of ``rows``, and each row's effective count of runs (``(sum w) ** 2 / sum w ** 2``
         of their weights ``w = 0.5 ** (age / _HALF_LIFE)``)."""
-        shape = (len(rows), _ROW_WINDOW)
-        age, issued, accepted = (
-            np.full(shape, -1),
-            np.zeros(shape, dtype=np.int64),
-            np.zeros(shape, dtype=np.int64),
-        )
-        for n, r in enumerate(rows):
-            runs = self.rows[r] if r < len(self.rows) else ()
-            if runs:
-                count = len(runs)
-                age[n, :count] = np.arange(count - 1, -1, -1)
-                issued[n, :count], accepted[n, :count] = zip(*runs)
+        index = np.asarray(rows, dtype=np.int64)
+        inside = index < len(self.count)
+        safe = np.where(inside, index, 0)
+        order = np.where(inside[:, None], self.order[safe], -1)
+        age = np.where(order >= 0, self.count[safe][:, None] - 1 - order, -1)
+        issued, accepted = self.issued[safe], self.accepted[safe]
         weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)
         runs = weight.sum(axis=1) ** 2 / np.maximum((weight**2).sum(axis=1), 1e-12)
         return row_expected_tokens(age, issued, accepted, max_k), runs
@@ -550,7 +585,9 @@ class Planner(KPolicy):
         self.baseline_left = 0 if self.profile.cost(K0, 0) is not None else baseline_steps
         self.trial: _Trial | None = None
         self.exploiting: str | None = None  # the drafter chosen as best at the last step that was not a trial
-        self._memo: dict = {}  # estimates for the next choice (kept `_REPLAN_EVERY` steps; see `prepare`, `_take`)
+        # estimates for the next choice, keyed ``(what, drafter or K0, ...)`` (each kept `_REPLAN_EVERY` steps; see
+        # `prepare`, `_take`)
+        self._memo: dict = {}
         self._first_k: dict[str, int] = {}  # K of a due drafter's first trial
         self._pending: deque[StepOutcome] = deque()  # outcomes observed, not yet taken in
         self._next: tuple | None = None  # ((drafter, K), reason) `prepare` chose for the next step
@@ -560,7 +597,7 @@ class Planner(KPolicy):
             None  # (drafter, K) of the last step if every row accepted all K
         )
         self._last_ran = K0  # the drafter (or plain) of the last outcome taken in
-        self._estimated_at = 0  # the step whose `_memo` estimates are kept (see `prepare`)
+        self._refreshed: dict[str, int] = {}  # per drafter (and K0), the step its `_memo` estimates were made at
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
         self.current: tuple[str | None, int] = (None, 0)
@@ -598,15 +635,17 @@ class Planner(KPolicy):
             # between steps of 1.0 ms while prompt lookup accepted all 16 drafts)
             self._next = (self.current, "every draft accepted at the largest K")
             return
-        if not self._memo or self.step - self._estimated_at >= _REPLAN_EVERY:
-            self._memo = {}
-            self._estimated_at = self.step
-            plain = self.utility(K0, 0)
-            for name in self.members:
-                if self._has_runs(name):
-                    self.best_k(name)
-                elif plain is not None and self.profile.known(name):
-                    self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
+        if not self._memo:  # cleared by an outcome (a trial, a drafter's first runs, a finished row): all anew
+            self._refreshed = dict.fromkeys((K0, *self.members), self.step)
+            for name in self._refreshed:
+                self._estimate(name)
+        else:  # the oldest estimate past `_REPLAN_EVERY` steps, one per step (a step's planning stays short)
+            due = [n for n, at in self._refreshed.items() if self.step - at >= _REPLAN_EVERY]
+            if due:
+                name = min(due, key=self._refreshed.__getitem__)
+                self._memo = {key: v for key, v in self._memo.items() if key == "rows" or key[1] != name}
+                self._refreshed[name] = self.step
+                self._estimate(name)
         reason = self.last_reason
         choice = self._choose(self._most_remaining())
         if self._filled is not None and choice[0] == self._filled[0] and self.trial is None:
@@ -626,6 +665,16 @@ class Planner(KPolicy):
             self._estimates[name] = (
                 None if u is None else (k, u, None if tokens is None else float(tokens[k]))
             )
+
+    def _estimate(self, name: str) -> None:
+        """Fills the estimates the next choice reads of drafter ``name`` (or of the plain step, ``K0``)."""
+        plain = self.utility(K0, 0)
+        if name == K0:
+            return
+        if self._has_runs(name):
+            self.best_k(name)
+        elif plain is not None and self.profile.known(name):
+            self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
 
     def _most_remaining(self) -> int:
         """The most tokens an active row may still generate, as of the last outcome taken in."""
@@ -652,7 +701,6 @@ class Planner(KPolicy):
             # estimates change with every observation: none are kept, or this step was a trial or a drafter's first
             # runs, or a row finished (a choice that turns on them must see them)
             self._memo.clear()
-            self._estimated_at = self.step
         parts = outcome.extra.get("parts")
         issued = outcome.extra.get("issued", outcome.k)
         if issued == 0:
@@ -677,7 +725,6 @@ class Planner(KPolicy):
                 # this step's choice `_REPLAN_EVERY` steps (one H200, 1 x 16K random tokens: four Vegas steps at
                 # 3.6 ms of drafting each while prompt lookup's scored proposals were all accepted)
                 self._memo.clear()
-                self._estimated_at = self.step
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
             self.profile.add_runs(
