@@ -373,12 +373,30 @@ def run_shape(
     return out
 
 
+def per_call_oracle(records: list[dict]) -> float:
+    """What choosing a strategy per call could reach at best on the mixed workload: the sum over calls of the
+    fastest of ``records``' walls on each (below the truth: each call is timed once, and the least of several noisy
+    walls is the luckiest).
+
+    Example:
+        >>> a = {"per_call": [{"wall_s": 1.0}, {"wall_s": 4.0}]}
+        >>> b = {"per_call": [{"wall_s": 2.0}, {"wall_s": 3.0}]}
+        >>> per_call_oracle([a, b])
+        4.0
+    """
+    calls = {len(r["per_call"]) for r in records}
+    if len(calls) != 1:
+        raise ValueError(f"the records ran different numbers of calls: {sorted(calls)}")
+    return sum(min(r["per_call"][i]["wall_s"] for r in records) for i in range(calls.pop()))
+
+
 def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.0, save=None):
     """The mixed workload (``mixed_sequence``) for every case and plain generate (last: the slowest):
     ``[(setting, record), ...]``. Each case runs the whole sequence as warm-up, then timed; ``total_s`` sums the
     timed calls' walls. ``vs_k0`` = k0 total / this total, ``vs_plain`` = plain generate's total / this total;
-    ``auto`` also gets ``vs_best_fixed`` (the fastest other case of ours, k0 included, over auto) and per call
-    ``chosen``. ``save(setting, record)``, when given, gets each case's record as soon as it is measured (before
+    ``auto`` also gets ``vs_best_fixed`` (the fastest other case of ours, k0 included, over auto), per call
+    ``chosen``, and ``best_fixed_per_call_s``: the sum over calls of the fastest fixed case's wall on each (what a
+    perfect per-call choice would take), with ``per_call_oracle_vs_best_fixed`` its ratio to the best fixed total. ``save(setting, record)``, when given, gets each case's record as soon as it is measured (before
     the ratios), so a run cut short keeps what it measured."""
     cases = list(dict.fromkeys([*(c for c in cases if c != "transformers"), "transformers"]))
     setting_of = {case: f"{torch.device(device).type}:mixed:{case}" for case in cases}
@@ -439,6 +457,9 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
             best = min(fixed, key=fixed.get) if fixed else None
             record["best_fixed"] = best
             record["vs_best_fixed"] = fixed[best] / record["total_s"] if best else None
+            oracle = per_call_oracle([results[c] for c in fixed]) if fixed else None
+            record["best_fixed_per_call_s"] = oracle
+            record["per_call_oracle_vs_best_fixed"] = oracle / fixed[best] if best else None
         out.append((setting_of[case], record))
     return out
 

@@ -113,6 +113,16 @@ def test_mixed_workload_records(shared_models, models, tmp_path):
     assert "vs_best_fixed" not in records["cpu:mixed:k0"]  # only auto is compared with the best fixed case
 
 
+def test_per_call_oracle_takes_each_call_s_fastest_case():
+    """The mixed workload's floor for a per-call choice: each call by its fastest fixed case."""
+    fast_first = {"per_call": [{"wall_s": 1.0}, {"wall_s": 5.0}, {"wall_s": 2.0}]}
+    fast_second = {"per_call": [{"wall_s": 3.0}, {"wall_s": 1.0}, {"wall_s": 2.5}]}
+    assert bench_e2e.per_call_oracle([fast_first, fast_second]) == pytest.approx(4.0)
+    assert bench_e2e.per_call_oracle([fast_first]) == pytest.approx(8.0)
+    with pytest.raises(ValueError, match="different numbers of calls"):
+        bench_e2e.per_call_oracle([fast_first, {"per_call": [{"wall_s": 1.0}]}])
+
+
 def test_plot_draws_shapes_and_mixed(tmp_path):
     machine = dict(date="2026-11-28 10:00:00 UTC", torch="2", transformers="5", commit="c0ffee")
     records = [
