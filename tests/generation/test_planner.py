@@ -725,6 +725,28 @@ def test_estimates_are_refreshed_one_drafter_per_step(monkeypatch):
         assert at and max(b - a for a, b in zip([0, *at], [*at, len(steady) - 1])) <= bound, (name, at)
 
 
+def test_a_streak_s_next_run_follows_the_newest_run(monkeypatch):
+    """Runs come in streaks (prompt lookup: copied text, then fresh): two misses after ten full runs rate the row
+    by what followed misses, not by the streak before; one full run after misses rates it by what followed hits.
+    Without the weighting (`_OTHER_REGIME` 1) the old streak keeps the estimate up."""
+    from hf_sparse_verify.generation.policies.planner import _Runs
+
+    def tokens(runs, other):
+        monkeypatch.setattr(planner_module, "_OTHER_REGIME", other)
+        kept = _Runs(1)
+        for accepted in runs:
+            kept.add_rows([0], [8], [accepted])
+        return kept.expected_tokens([0], 8)[0][0, 8]
+
+    streaks = [8] * 6 + [0] * 6 + [8] * 6
+    after_misses = streaks + [0, 0]
+    assert tokens(after_misses, 0.2) < tokens(after_misses, 1.0) - 1.0
+    back = after_misses + [8]
+    assert tokens(back, 0.2) > tokens(back, 1.0) + 0.5
+    steady = [8, 3, 8, 5, 8, 2, 8, 6] * 3  # no streaks (a hit after every run): the weighting changes ~nothing
+    assert tokens(steady, 0.2) == pytest.approx(tokens(steady, 1.0), rel=0.01)
+
+
 def test_wider_verifies_are_priced_along_all_measured_widths():
     """Beyond the widest measured verify, the price follows the slope of every measured width: two neighbouring
     widths whose medians differ by noise do not price wider verifies out."""

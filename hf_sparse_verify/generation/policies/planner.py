@@ -8,7 +8,8 @@ Cascade's utility (papers/002) generalised across drafters, with SSV's profile (
 - ``tokens(m, K)``: tokens the call's *critical row* emits per step when drafter ``m`` proposes K. Each row's
   expected tokens are 1 + the sum of its survival ``P(run >= j)`` for j = 1 .. K, a Kaplan-Meier estimate over
   ``m``'s recent runs on that row (`run_length_survival`'s rule, recent runs weighted more: half weight every
-  `_HALF_LIFE` runs); where the row's own runs at a draft position are few, it borrows the all-rows estimate there
+  `_HALF_LIFE` runs, and runs not known to follow a run of the kind of the row's newest (a hit or a miss) by
+  `_OTHER_REGIME`: prompt lookup's runs come in streaks, and the next run follows the newest); where the row's own runs at a draft position are few, it borrows the all-rows estimate there
   (`row_expected_tokens`). Past the longest run seen, survival falls geometrically at its last observed ratio (at
   most `_EXTRAPOLATION_RATIO`). Only rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
   needs the most steps to finish (remaining tokens over expected tokens): a static batch runs as many steps as it
@@ -76,6 +77,8 @@ _ROW_WINDOW = 24
 #: a run this many runs older than a row's newest weighs half as much (the estimate follows the text within a few
 #: steps: one H100, 1 x 16K, prompt lookup kept K = 13 for 20 steps with a 24-step unweighted window)
 _HALF_LIFE = 6.0
+#: weight of a run not known to follow a run of the kind (hit: >= 1 draft accepted; miss: none) of the row's newest
+_OTHER_REGIME = 0.2
 #: pseudo-runs at the all-rows hazard a row's estimate at draft position j gets when it has no own runs at risk there
 #: (fewer where it has some; see `row_expected_tokens`)
 _ROW_PRIOR = 2.0
@@ -351,7 +354,9 @@ class CostProfile:
         return min(values) if values else None
 
 
-def row_expected_tokens(age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int) -> np.ndarray:
+def row_expected_tokens(
+    age: np.ndarray, issued: np.ndarray, accepted: np.ndarray, max_k: int, weight: np.ndarray | None = None
+) -> np.ndarray:
     """Expected tokens per step of each row at K = 0 .. max_k, from its recent runs: ``[R, max_k + 1]``.
 
     ``age``, ``issued``, ``accepted``: ``[R, W]`` runs per row (``age`` in runs behind the newest, negative for an
@@ -367,7 +372,8 @@ def row_expected_tokens(age: np.ndarray, issued: np.ndarray, accepted: np.ndarra
         True
     """
     rows = age.shape[0]
-    weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)  # [R, W]
+    if weight is None:
+        weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)  # [R, W]
     capped = np.minimum(accepted, max_k)
     ended = (accepted < issued) & (accepted < max_k)  # uncensored: the run is exactly ``accepted``
     # weight of each row's runs by drafts accepted (0 .. max_k), all runs and the uncensored ones
@@ -509,8 +515,19 @@ class _Runs:
         age = np.where(order >= 0, self.count[safe][:, None] - 1 - order, -1)
         issued, accepted = self.issued[safe], self.accepted[safe]
         weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)
+        if _OTHER_REGIME < 1.0:
+            # runs not known to follow a run of the kind of the row's newest (a hit: a draft accepted; a miss: none)
+            # weigh less: the next run follows the newest, and prompt lookup's runs come in streaks (copied text,
+            # then fresh text)
+            hit = accepted > 0
+            count = self.count[safe][:, None]
+            before = order - 1  # the number of the run each followed
+            known = (order >= 0) & (before >= 0) & (before >= count - _ROW_WINDOW)
+            before_hit = np.take_along_axis(hit, np.maximum(before, 0) % _ROW_WINDOW, axis=1)
+            newest_hit = np.take_along_axis(hit, np.maximum(count - 1, 0) % _ROW_WINDOW, axis=1)
+            weight = weight * np.where(known & (before_hit == newest_hit), 1.0, _OTHER_REGIME)
         runs = weight.sum(axis=1) ** 2 / np.maximum((weight**2).sum(axis=1), 1e-12)
-        return row_expected_tokens(age, issued, accepted, max_k), runs
+        return row_expected_tokens(age, issued, accepted, max_k, weight), runs
 
 
 @dataclass
