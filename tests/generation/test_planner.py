@@ -701,9 +701,9 @@ def test_planning_happens_in_prepare_not_after_the_readback(monkeypatch):
 
 
 def test_estimates_are_refreshed_one_drafter_per_step(monkeypatch):
-    """On a steady text, `prepare` renews the oldest estimate past `_REPLAN_EVERY` steps, one drafter (or the plain
-    step) per step, so no step's planning grows with the number of drafters; every estimate is still renewed
-    within `_REPLAN_EVERY` + the number of drafters steps."""
+    """On a steady text, `prepare` renews the estimates of one drafter per step (the current one's, or the oldest
+    past `_REPLAN_EVERY` steps), so no step's planning grows with the number of drafters; every estimate is still
+    renewed within `_REPLAN_EVERY` + the number of drafters steps."""
     planner = Planner(_members(pl=4, dm=4, sd=4), max_k=8, batch=2)
     renewed = []
     real = Planner._estimate
@@ -718,11 +718,36 @@ def test_estimates_are_refreshed_one_drafter_per_step(monkeypatch):
                                                                         "parts": parts}))  # fmt: skip
     steady = renewed[60:]
     assert planner.current[0] == "dm" and planner.trial is None
-    assert max(len(r) for r in steady) == 1
+    assert max(len([n for n in r if n != K0]) for r in steady) == 1  # the plain step's (a median) besides
     bound = planner_module._REPLAN_EVERY + 4
     for name in (K0, "pl", "dm", "sd"):
         at = [i for i, r in enumerate(steady) if name in r]
         assert at and max(b - a for a, b in zip([0, *at], [*at, len(steady) - 1])) <= bound, (name, at)
+
+
+def test_runs_keep_each_row_s_last_window_in_order():
+    """`_Runs` (per-row rings) holds what per-row lists of the last `_ROW_WINDOW` runs hold, ages counted from each
+    row's newest run, through random additions with a row twice in one call and rows beyond the announced batch."""
+    import random
+
+    from hf_sparse_verify.generation.policies.planner import _ROW_WINDOW, _Runs
+
+    rng = random.Random(0)
+    kept, lists = _Runs(3), {}
+    for _ in range(200):
+        rows = [rng.randrange(5) for _ in range(rng.randint(1, 4))]
+        issued = [rng.randint(1, 8) for _ in rows]
+        accepted = [rng.randint(0, i) for i in issued]
+        kept.add_rows(rows, issued, accepted)
+        for r, i, a in zip(rows, issued, accepted):
+            lists[r] = (lists.get(r, []) + [(i, a)])[-_ROW_WINDOW:]
+        for r, runs in lists.items():
+            filled = kept.order[r] >= 0
+            age = kept.count[r] - 1 - kept.order[r][filled]
+            held = sorted(zip(age, kept.issued[r][filled], kept.accepted[r][filled]))
+            assert held == [(len(runs) - 1 - n, i, a) for n, (i, a) in reversed(list(enumerate(runs)))], r
+    assert kept.largest_k(range(5)) == max(i for runs in lists.values() for i, _ in runs)
+    assert not kept.any([7]) and kept.largest_k([7]) == 0
 
 
 def test_a_streak_s_next_run_follows_the_newest_run(monkeypatch):

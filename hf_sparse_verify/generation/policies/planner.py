@@ -482,16 +482,17 @@ class _Runs:
             return
         if max(rows) >= len(self.count):  # more rows than announced
             self._grow(max(rows) + 1)
-        if len(set(rows)) < len(rows):  # a row twice (two scored proposals at once): in order, one by one
-            for row, i, a in zip(rows, issued, accepted):
-                self.add_rows([row], [i], [a])
-            return
         index = np.asarray(rows)
-        slot = self.count[index] % _ROW_WINDOW
+        number = self.count[index]  # each run's number in its row
+        if len(set(rows)) < len(rows):  # a row twice (two scored proposals at once): numbered in order
+            seen: dict[int, int] = {}
+            later = [seen.__setitem__(r, seen.get(r, -1) + 1) or seen[r] for r in rows]
+            number = number + np.asarray(later)
+        slot = number % _ROW_WINDOW
         self.issued[index, slot] = issued
         self.accepted[index, slot] = accepted
-        self.order[index, slot] = self.count[index]
-        self.count[index] += 1
+        self.order[index, slot] = number
+        np.maximum.at(self.count, index, number + 1)
 
     def _known(self, rows) -> np.ndarray:
         return np.asarray([r for r in rows if r < len(self.count)], dtype=np.int64)
@@ -615,6 +616,7 @@ class Planner(KPolicy):
         )
         self._last_ran = K0  # the drafter (or plain) of the last outcome taken in
         self._refreshed: dict[str, int] = {}  # per drafter (and K0), the step its `_memo` estimates were made at
+        self._urgent: list[str] = []  # drafters whose estimates `prepare` renews first (see `_stale`)
         self.active: list[bool] = []  # rows still generating after the last step
         self.remaining_rows: list[int] = []  # tokens each row may still generate (max_length - its length)
         self.current: tuple[str | None, int] = (None, 0)
@@ -636,8 +638,8 @@ class Planner(KPolicy):
         kept for `next_step`. The choice then lags the evidence by one step (this step's outcome is not read yet),
         and the host's planning hides behind the device's work instead of stalling it between steps (one H100,
         bench_e2e run8: planning after the readback took 0.5-0.9 ms per step, as much as a whole 1 x 4K step).
-        Estimates are kept for `_REPLAN_EVERY` steps unless a trial, a drafter's first runs or a finished row
-        clears them sooner."""
+        A drafter's estimates are kept for `_REPLAN_EVERY` steps, renewed sooner after its trial step, its first runs
+        or its scored proposals all accepted; a finished row makes all due; one drafter's are renewed per step."""
         self._take_in(kept=True)
         if (
             self._filled is not None
@@ -652,17 +654,26 @@ class Planner(KPolicy):
             # between steps of 1.0 ms while prompt lookup accepted all 16 drafts)
             self._next = (self.current, "every draft accepted at the largest K")
             return
-        if not self._memo:  # cleared by an outcome (a trial, a drafter's first runs, a finished row): all anew
+        if not self._memo:  # the first step, or estimates cleared by `next_step` without a `prepare`: all anew
             self._refreshed = dict.fromkeys((K0, *self.members), self.step)
+            self._urgent = []
             for name in self._refreshed:
                 self._estimate(name)
-        else:  # the oldest estimate past `_REPLAN_EVERY` steps, one per step (a step's planning stays short)
+        else:
+            # one drafter's estimate renewed per step (a step's planning stays short: at 32 rows one drafter's
+            # estimate takes 0.1-0.2 ms on this project's CPU, 2-3x that on a GPU machine's host, as much as the
+            # verify it must hide behind): one an outcome made urgent (its trial, its first runs, its proposals all
+            # accepted), else the current drafter's or the oldest one past `_REPLAN_EVERY` steps; the plain step's
+            # (a median) besides
             due = [n for n, at in self._refreshed.items() if self.step - at >= _REPLAN_EVERY]
-            if due:
-                name = min(due, key=self._refreshed.__getitem__)
-                self._memo = {key: v for key, v in self._memo.items() if key == "rows" or key[1] != name}
-                self._refreshed[name] = self.step
-                self._estimate(name)
+            if K0 in due:
+                self._renew(K0)
+            name = self._urgent.pop(0) if self._urgent else None
+            if name is None and due:
+                name = self.current[0] if self.current[0] in due else min(due, key=self._refreshed.__getitem__)
+            if name is not None and name != K0:
+                self._renew(name)
+            self._urgent = [n for n in self._urgent if n != name]
         reason = self.last_reason
         choice = self._choose(self._most_remaining())
         if self._filled is not None and choice[0] == self._filled[0] and self.trial is None:
@@ -682,6 +693,18 @@ class Planner(KPolicy):
             self._estimates[name] = (
                 None if u is None else (k, u, None if tokens is None else float(tokens[k]))
             )
+
+    def _renew(self, name: str) -> None:
+        """Drops ``name``'s estimates (a drafter's, or the plain step's) and makes them anew."""
+        self._memo = {key: v for key, v in self._memo.items() if key == "rows" or key[1] != name}
+        self._refreshed[name] = self.step
+        self._estimate(name)
+
+    def _stale(self, urgent: str | None = None) -> None:
+        """Marks every estimate due for renewal (one per step, `prepare`), ``urgent`` first."""
+        self._refreshed = dict.fromkeys(self._refreshed, self.step - _REPLAN_EVERY)
+        if urgent is not None and urgent not in self._urgent and urgent != K0:
+            self._urgent.append(urgent)
 
     def _estimate(self, name: str) -> None:
         """Fills the estimates the next choice reads of drafter ``name`` (or of the plain step, ``K0``)."""
@@ -714,10 +737,16 @@ class Planner(KPolicy):
         finished = (
             "active" in outcome.extra and list(outcome.extra["active"]) != self.active and bool(self.active)
         )
-        if not kept or finished or self.trial is not None or self._memo.get(("has", member)) is False:
-            # estimates change with every observation: none are kept, or this step was a trial or a drafter's first
-            # runs, or a row finished (a choice that turns on them must see them)
+        if not kept:  # estimates change with every observation: none are kept
             self._memo.clear()
+        elif finished:  # the rows that vouch for a drafter changed: every estimate is renewed, one per step
+            self._memo = {key: v for key, v in self._memo.items() if key != "rows" and key[0] != "has"}
+            self._stale()
+        if kept and self.trial is not None and self.trial.member == member:
+            self._stale(member)  # a trial's outcome decides whether it goes on: its estimate first
+        elif kept and self._memo.get(("has", member)) is False:  # a drafter's first runs
+            self._memo.pop(("has", member))
+            self._stale(member)
         parts = outcome.extra.get("parts")
         issued = outcome.extra.get("issued", outcome.k)
         if issued == 0:
@@ -741,7 +770,10 @@ class Planner(KPolicy):
                 # every row would have taken all of another drafter's proposals: choose again now rather than keep
                 # this step's choice `_REPLAN_EVERY` steps (one H200, 1 x 16K random tokens: four Vegas steps at
                 # 3.6 ms of drafting each while prompt lookup's scored proposals were all accepted)
-                self._memo.clear()
+                if kept:
+                    self._stale(name)
+                else:
+                    self._memo.clear()
             shadowed.steps += 1  # new evidence: its K is scanned again
             shadowed.shadowed = True
             self.profile.add_runs(
