@@ -860,8 +860,70 @@ def test_k_climbs_every_step_while_every_draft_is_accepted():
     first = next(i for i, k in enumerate(ks) if i >= 12 and k > 0)
     run = ks[first:]
     assert all(b >= a for a, b in zip(run, run[1:])), ks  # never back down while every draft is accepted
-    assert run[2] > run[0] and run[3] > run[2], ks  # up every step, not once per re-plan
+    assert run[2] > run[0] and (run[3] > run[2] or run[2] == 16), ks  # up every step, not once per re-plan
     assert run.count(16) >= len(run) - 6, ks
+
+
+def test_a_drafter_dear_per_k_climbs_only_where_its_estimate_says_so():
+    """After a step where every draft was accepted, K climbs by half at once for a drafter whose drafting costs the
+    same at any K (prompt lookup); one whose drafting grows with K climbs only where its estimate values the
+    climbed K at least as much (one H200, 1 x 16K: Vegas climbed 7 -> 10 -> 15 on full acceptances, and the steps
+    at 13-16 kept 0-6 drafts at nearly twice the cost)."""
+    planner = Planner(_members(pl=4, dm=4), max_k=16)
+    falling = np.array([np.nan] + [10.0 - k for k in range(1, 17)])  # utility at K = 0 .. 16
+    rising = np.array([np.nan] + [float(k) for k in range(1, 17)])
+    for name, values, climbs in (("dm", falling, False), ("dm", rising, True), ("pl", falling, True)):
+        planner._memo[("u", name)] = values
+        planner._filled, planner.current = (name, 6), (name, 6)
+        assert planner._climb_pays() is climbs, (name, values)
+
+
+def test_a_turn_of_the_text_renews_the_drafter_s_estimate_at_once():
+    """When most rows that hit at a drafter's last step miss at this one (or the reverse), its estimate is renewed
+    by the next `prepare`, not up to `_REPLAN_EVERY` steps later."""
+
+    def renewals(turn: int | None) -> list[int]:
+        planner = Planner(_members(dm=4), max_k=16, baseline_steps=0, batch=4)
+        renewed = []
+        real = Planner._renew
+        planner._renew = lambda name: renewed.append(planner.step) or real(planner, name)
+        for i in range(26):
+            member, k = planner.next_step(10**6)
+            planner.prepare()
+            hit = turn is None or i < turn
+            accepted = [min(k, 3) if hit else 0] * 4 if member == "dm" else [0] * 4
+            parts = _parts(member, k)
+            planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
+                                                                            "parts": parts}))  # fmt: skip
+        return renewed
+
+    steady = renewals(None)
+    # a turn at a step whose outcome the regular renewals would not take in (it is taken in by the `prepare` of
+    # the next step, at ``step`` = turn + 2)
+    turn = next(t for t in range(16, 24) if t + 2 not in steady)
+    assert turn + 2 in renewals(turn), (turn, steady)
+
+
+def test_k_falls_at_once_when_a_wide_verify_stops_paying():
+    """Prompt lookup at K = 16 on text it copies, then on text where its runs stop at 2: K falls to where the
+    estimate says within a few steps, not 2 per estimate (one H200, 4 x 16K: K stayed 13-16 for 40 steps while
+    K = 4 ran 1.3x faster)."""
+    planner = Planner(_members(pl=4), max_k=16, baseline_steps=0)
+    for _ in range(3):  # a verify dear per token: a wide one must pay for itself
+        planner.profile.add(K0, 0, 0.0, 1.0, 0.2)
+        for k in (1, 4, 8, 16):
+            planner.profile.add("pl", k, 0.05, 1.0 + 0.15 * k, 0.2)
+    ks = []
+    for i in range(60):
+        member, k = planner.next_step(10**6)
+        planner.prepare()
+        ks.append(k if member == "pl" else 0)
+        accepted = [k if i < 20 else min(k, 2)] if member == "pl" else [0]
+        parts = (0.05 if k else 0.0, 1.0 + 0.15 * k, 0.2)
+        planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
+                                                                        "parts": parts}))  # fmt: skip
+    assert max(ks[10:20]) >= 12, ks  # climbed on the copied text
+    assert max(ks[40:]) <= 4, ks  # and came down at once when the estimate turned (by 2 per estimate: 10 at 41)
 
 
 def test_no_planning_while_a_flat_cost_drafter_fills_the_largest_k(monkeypatch):
