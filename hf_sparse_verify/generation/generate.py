@@ -30,7 +30,7 @@ from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
 from .policies.k_policy import make_k_policy
-from .policies.planner import Planner
+from .policies.planner import PLAN_SHARE, Planner
 from .profiles import profile_for
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def _planner(
     at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape)."""
     key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
     profile = profile_for(model, key, list(drafter.members), batch, prompt_len)
-    return Planner(drafter.planner_members(), config.max_draft_tokens, batch, profile)
+    return Planner(drafter.planner_members(), config.max_draft_tokens, batch, profile, plan_share=PLAN_SHARE)
 
 
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:

@@ -904,6 +904,47 @@ def test_a_turn_of_the_text_renews_the_drafter_s_estimate_at_once():
     assert turn + 2 in renewals(turn), (turn, steady)
 
 
+def test_renewals_that_are_merely_due_keep_to_the_planning_share(monkeypatch):
+    """With ``plan_share``, renewals that are merely due run only as often as their host time fits that share of
+    the steps' seconds (here a renewal takes 2 ms of host time and a step about 1.5 ms: at a share of 0.25, one
+    per 5 steps at most); without it, every due estimate is renewed at its turn."""
+
+    class Clock:  # every reading 2 ms after the last: a renewal (two readings) takes 2 ms of host time
+        now = 0.0
+
+        def perf_counter(self):
+            Clock.now += 2e-3
+            return Clock.now
+
+    monkeypatch.setattr(planner_module, "time", Clock())
+
+    def renewals(share):
+        planner = Planner(_members(pl=4, dm=4), max_k=8, batch=2, plan_share=share)
+        renewed = []
+        real = Planner._renew
+
+        def renew(name):
+            if name != K0:
+                renewed.append(planner.step)
+            real(planner, name)
+
+        planner._renew = renew
+        for i in range(100):
+            member, k = planner.next_step(10**6)
+            planner.prepare()
+            accepted = [min(k, 3), min(k, 2)] if member == "dm" else [0, 0]
+            parts = _parts(member, k)
+            planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
+                                                                            "parts": parts}))  # fmt: skip
+        return [r for r in renewed if r > 50], planner
+
+    free, free_planner = renewals(None)
+    kept, kept_planner = renewals(0.25)
+    assert free_planner.current[0] == kept_planner.current[0] == "dm"
+    gaps = [b - a for a, b in zip(kept, kept[1:])]
+    assert len(free) >= 20 and kept and min(gaps) >= 5, (free, kept)  # a step of ~1.5 ms: 2 / (0.25 * 1.5)
+
+
 def test_k_falls_at_once_when_a_wide_verify_stops_paying():
     """Prompt lookup at K = 16 on text it copies, then on text where its runs stop at 2: K falls to where the
     estimate says within a few steps, not 2 per estimate (one H200, 4 x 16K: K stayed 13-16 for 40 steps while

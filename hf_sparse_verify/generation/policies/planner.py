@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
@@ -102,6 +103,8 @@ _PRIOR_RUNS = 2.0
 #: steps an estimate made by `Planner.prepare` is kept (sooner cleared by a trial, a drafter's first runs, a row
 #: that finished)
 _REPLAN_EVERY = 4
+#: share of a step's seconds the planner may spend renewing estimates that are merely due (`Planner.plan_share`)
+PLAN_SHARE = 0.25
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
 #: steps a switch of drafter is expected to last: a drafter's extra seconds on its first step after another drafted
@@ -563,6 +566,9 @@ class Planner(KPolicy):
         max_k: largest K (the verify graphs cover 1 .. max_k + 1 tokens).
         batch: rows of the call (a trial needs fewer steps when many rows report).
         profile: the `CostProfile` of this model, drafter set and shape bucket (shared with later calls).
+        plan_share: at most this share of the steps' seconds goes to renewing estimates that are merely due (the
+            host's time measured; renewals an outcome made urgent always run); None: no limit (the choices then
+            do not depend on the host's speed). `PLAN_SHARE` in ``generate``.
     """
 
     needs_timing = True
@@ -580,6 +586,7 @@ class Planner(KPolicy):
         give_up: float = 0.8,
         switch_margin: float = 0.05,
         warm_share: float = 0.1,
+        plan_share: float | None = None,
     ):
         super().__init__(0, max_k)
         if not members:
@@ -595,6 +602,9 @@ class Planner(KPolicy):
         self.give_up = give_up
         self.switch_margin = switch_margin
         self.warm_share = warm_share
+        self.plan_share = plan_share
+        self._renew_s: float | None = None  # host seconds of a drafter's renewal (moving average)
+        self._renewed_step = 0  # the step of the last one
         self.batch = max(1, batch)
         self.state_of = {
             name: _MemberState(_Runs(self.batch), deque(maxlen=_ROW_WINDOW), backoff=first_backoff)
@@ -670,10 +680,14 @@ class Planner(KPolicy):
             if K0 in due:
                 self._renew(K0)
             name = self._urgent.pop(0) if self._urgent else None
-            if name is None and due:
+            if name is None and due and self._budget_allows():
                 name = self.current[0] if self.current[0] in due else min(due, key=self._refreshed.__getitem__)
             if name is not None and name != K0:
+                begin = time.perf_counter()
                 self._renew(name)
+                spent = time.perf_counter() - begin
+                self._renew_s = spent if self._renew_s is None else 0.7 * self._renew_s + 0.3 * spent
+                self._renewed_step = self.step
             self._urgent = [n for n in self._urgent if n != name]
         reason = self.last_reason
         choice = self._choose(self._most_remaining())
@@ -694,6 +708,19 @@ class Planner(KPolicy):
             self._estimates[name] = (
                 None if u is None else (k, u, None if tokens is None else float(tokens[k]))
             )
+
+    def _budget_allows(self) -> bool:
+        """Whether a due (not urgent) renewal fits ``plan_share`` of the steps since the last renewal: the host's
+        planning must hide behind the device's steps, and a renewal can take as long as a short step (one H200 in
+        a slow-host run, 1 x 1024 tokens: 0.25-0.65 ms of planning per step against 0.4 ms verifies, and `auto`
+        ran 0.64x prompt lookup with the same choices)."""
+        if self.plan_share is None or self._renew_s is None:
+            return True
+        member, k = self.current
+        step_s = self._cost(member or K0, k if member else 0) or self._cost(K0, 0)
+        if not step_s:
+            return True
+        return (self.step - self._renewed_step) * step_s * self.plan_share >= self._renew_s
 
     def _climb_pays(self) -> bool:
         """Whether K climbs by half after a step where every row accepted every draft (see `prepare`): always for a
