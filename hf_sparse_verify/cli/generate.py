@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -139,6 +140,14 @@ def add_parser(sub, parents) -> None:
         action="store_true",
         help="also run plain model.generate: tokens/s of both and, for greedy runs, whether outputs are identical",
     )
+    gen.add_argument(
+        "--repeats",
+        type=common.whole,
+        default=3,
+        metavar="N",
+        help="--compare-plain: timed calls of each, after one warm-up call of each, interleaved; medians are "
+        "compared (default: 3; 0 compares the first calls)",
+    )
     gen.add_argument("--json", metavar="FILE", help="write prompts, outputs and stats to this JSON file")
 
 
@@ -175,6 +184,8 @@ def _check(args):
             "--num-draft-tokens 0 with --k-policy constant never drafts: use K >= 1, or --k-policy plain for the "
             "no-speculation baseline"
         )
+    if args.repeats < 0:
+        raise UsageError(f"--repeats must be 0 or more (timed calls of each with --compare-plain), got {args.repeats}")
     common.check_model("--model", args.model)
     common.check_model("--draft-model", args.draft_model)
     takes_draft = args.strategy == "auto" or _takes_draft_model(args.strategy)
@@ -226,8 +237,9 @@ def run(args) -> int:
     options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, **sampling)
     if args.repetition_penalty is not None:
         options["repetition_penalty"] = args.repetition_penalty
-    try:
-        out = model.generate(
+
+    def speculative():
+        return model.generate(
             **inputs,
             **options,
             custom_generate=generate,
@@ -235,6 +247,9 @@ def run(args) -> int:
             draft_model=draft,
             return_dict_in_generate=True,
         )
+
+    try:
+        out = speculative()
     except (
         ValueError,
         NotImplementedError,
@@ -258,28 +273,49 @@ def run(args) -> int:
         print("-" * 80, file=sys.stderr)
         print(stats.summary(), file=sys.stderr)
     if args.compare_plain:
-        record["plain"] = _compare_plain(model, inputs, options, out.sequences, stats, device, args.do_sample)
+        record["plain"] = _compare_plain(
+            model, inputs, options, out.sequences, stats, device, args.do_sample, speculative, args.repeats
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
     return 0
 
 
-def _compare_plain(model, inputs, options: dict, sequences, stats, device: str, do_sample: bool) -> dict:
+def _compare_plain(
+    model, inputs, options: dict, sequences, stats, device: str, do_sample: bool, speculative, repeats: int
+) -> dict:
     """Run plain ``model.generate`` with the same arguments; report speed and (for greedy runs) equality, and why
-    speculation lost where it did."""
+    speculation lost where it did. With ``repeats``, both are compared warm, as a benchmark compares them: plain
+    ``generate`` gets one warm-up call (the speculative call above was this one's), then ``repeats`` rounds of one
+    timed call of each, interleaved (drift of a shared machine hits both alike); the medians are compared. The
+    first speculative call, which also pays this model's first planning, is reported beside them."""
     import torch
 
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    plain = model.generate(**inputs, **options)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    plain_s = time.perf_counter() - start
-    plain_tps = (plain.shape[1] - inputs["input_ids"].shape[1]) * plain.shape[0] / plain_s
+    def timed(call):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = call()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return result, time.perf_counter() - start
+
+    plain, plain_s = timed(lambda: model.generate(**inputs, **options))
+    new_tokens = (plain.shape[1] - inputs["input_ids"].shape[1]) * plain.shape[0]
+    plain_tps, spec_tps = new_tokens / plain_s, stats.tokens_per_second
+    if repeats:
+        walls = {"plain": [], "speculative": []}
+        for _ in range(repeats):
+            out, wall = timed(speculative)
+            walls["speculative"].append(sum(out.speculation.new_tokens) / wall)
+            walls["plain"].append(new_tokens / timed(lambda: model.generate(**inputs, **options))[1])
+        plain_tps, spec_tps = (statistics.median(walls[k]) for k in ("plain", "speculative"))
     same = plain.shape == sequences.shape and bool((plain == sequences).all())
-    speeds = f"plain generate: {plain_tps:.1f} tok/s, speculative: {stats.tokens_per_second:.1f} tok/s"
+    how = f" (median of {repeats} warm calls each)" if repeats else " (first calls)"
+    speeds = f"plain generate: {plain_tps:.1f} tok/s, speculative: {spec_tps:.1f} tok/s{how}"
+    if repeats:
+        speeds += f"; the first speculative call: {stats.tokens_per_second:.1f} tok/s"
     if do_sample:
         note = (
             "sampling: the two runs draw different random numbers, so their outputs are not expected to match "
@@ -288,11 +324,14 @@ def _compare_plain(model, inputs, options: dict, sequences, stats, device: str, 
         print(f"{speeds}; {note}", file=sys.stderr)
     else:
         print(f"{speeds}, identical output: {same}", file=sys.stderr)
-    if stats.tokens_per_second < plain_tps:
+    if spec_tps < plain_tps:
         print(f"why speculation is slower here: {_why_slower(stats, device)}", file=sys.stderr)
     return {
-        "wall_time_s": plain_s,
+        "wall_time_s": new_tokens / plain_tps,
         "tokens_per_second": plain_tps,
+        "speculative_tokens_per_second": spec_tps,
+        "first_call_tokens_per_second": stats.tokens_per_second,
+        "repeats": repeats,
         "identical": same,
         "expected_identical": not do_sample,
     }

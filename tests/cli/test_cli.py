@@ -220,6 +220,23 @@ def test_greedy_compare_plain_reports_identical(tmp_path, capsys):
     assert "identical output: True" in err
 
 
+def test_compare_plain_times_warm_calls_of_both(tmp_path, capsys):
+    """--compare-plain compares medians of --repeats warm calls of each (and says so); --repeats 0 the first
+    calls; a negative count is refused."""
+    out_json = tmp_path / "out.json"
+    argv = ["generate", "--strategy", "prompt_lookup", "--compare-plain", "--max-new-tokens", "6", "--device", "cpu"]
+    status, _, err = _run([*argv, "--repeats", "2", "--json", str(out_json)], capsys)
+    assert status == 0, err
+    assert "(median of 2 warm calls each); the first speculative call:" in err
+    plain = json.loads(out_json.read_text())["plain"]
+    assert plain["repeats"] == 2 and plain["identical"] is True
+    assert plain["speculative_tokens_per_second"] > 0 and plain["tokens_per_second"] > 0
+    status, _, err = _run([*argv, "--repeats", "0"], capsys)
+    assert status == 0 and "(first calls)" in err, err
+    status, _, err = _run([*argv, "--repeats", "-1"], capsys)
+    _assert_one_line_error(status, err, "--repeats must be 0 or more")
+
+
 def test_generate_help_documents_every_choice_and_default(capsys):
     status, out, _ = _run(["generate", "--help"], capsys)
     assert status == 0
