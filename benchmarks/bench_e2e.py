@@ -396,8 +396,9 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
     timed calls' walls. ``vs_k0`` = k0 total / this total, ``vs_plain`` = plain generate's total / this total;
     ``auto`` also gets ``vs_best_fixed`` (the fastest other case of ours, k0 included, over auto), per call
     ``chosen``, and ``best_fixed_per_call_s``: the sum over calls of the fastest fixed case's wall on each (what a
-    perfect per-call choice would take), with ``per_call_oracle_vs_best_fixed`` its ratio to the best fixed total. ``save(setting, record)``, when given, gets each case's record as soon as it is measured (before
-    the ratios), so a run cut short keeps what it measured."""
+    perfect per-call choice would take), with ``per_call_oracle_vs_best_fixed`` its ratio to the best fixed total.
+    ``save(setting, record)``, when given, gets each case's record as soon as it is measured (before the ratios),
+    so a run cut short keeps what it measured."""
     cases = list(dict.fromkeys([*(c for c in cases if c != "transformers"), "transformers"]))
     setting_of = {case: f"{torch.device(device).type}:mixed:{case}" for case in cases}
     results = {}

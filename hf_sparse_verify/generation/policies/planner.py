@@ -9,9 +9,10 @@ Cascade's utility (papers/002) generalised across drafters, with SSV's profile (
   expected tokens are 1 + the sum of its survival ``P(run >= j)`` for j = 1 .. K, a Kaplan-Meier estimate over
   ``m``'s recent runs on that row (`run_length_survival`'s rule, recent runs weighted more: half weight every
   `_HALF_LIFE` runs, and runs not known to follow a run of the kind of the row's newest (a hit or a miss) by
-  `_OTHER_REGIME`: prompt lookup's runs come in streaks, and the next run follows the newest); where the row's own runs at a draft position are few, it borrows the all-rows estimate there
-  (`row_expected_tokens`). Past the longest run seen, survival falls geometrically at its last observed ratio (at
-  most `_EXTRAPOLATION_RATIO`). Only rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
+  `_OTHER_REGIME`: prompt lookup's runs come in streaks, and the next run follows the newest); where the row's own
+  runs at a draft position are few, it borrows the all-rows estimate there (`row_expected_tokens`). Past the
+  longest run seen, survival falls geometrically at its last observed ratio (at most `_EXTRAPOLATION_RATIO`). Only
+  rows still generating count: a row that finished stops vouching for a drafter. The critical row is the one that
   needs the most steps to finish (remaining tokens over expected tokens): a static batch runs as many steps as it
   needs, so a drafter that races through copy-heavy rows but proposes nothing useful for the others finishes the
   call no sooner than a plain step would. Drafts are text-dependent: runs are never carried from another call.
