@@ -13,6 +13,8 @@ dependent launch as our kernels do (`hf_sparse_verify.kernels._triton.pdl_launch
 sharing the original's submodules (nothing copied):
 
 - the first add and the post-attention RMSNorm are one launch (`hf_sparse_verify.kernels.rms_norm.add_rms_norm`);
+- where the next decoder layer is one of these on the same device (`FusedDecoderLayer.link`), the second add of a
+  dense MLP and the next layer's input RMSNorm are one launch too, handed over with the sum;
 - for a MoE block that is ``gate`` then ``experts`` (`FUSABLE_MOE`) whose experts run our ``"hsv_fused"``
   implementation, the second add happens in the experts' last launch (``fused_experts_forward(...,
   residual=h)``) unless hooks are registered on the experts; any other ``mlp`` (dense MLPs, Qwen2-MoE's shared
@@ -88,6 +90,15 @@ class FusedDecoderLayer(torch.nn.Module):
         if hasattr(original, "attention_type"):  # read by some models' forward to pick the layer's mask
             self.attention_type = original.attention_type
         self.original_class = type(original).__name__
+        self._next: list = []  # the decoder layer run next, when `link` named it (a list: not a submodule)
+        self._handed: tuple | None = None  # (hidden states, their input RMSNorm) the layer before computed
+
+    def link(self, following: FusedDecoderLayer) -> None:
+        """Names the layer the model runs right after this one (on the same device): this layer's last residual add
+        then also computes ``following``'s input RMSNorm in the same launch, and hands it over with the sum; the
+        following layer takes it when the hidden states it is given are that very sum (anything that came between
+        gives another tensor, and the layer then normalizes as before)."""
+        self._next = [following]
 
     def _experts_take_residual(self) -> bool:
         """Whether ``mlp`` is a `FUSABLE_MOE` block whose experts run our fused implementation now (read per call:
@@ -106,12 +117,22 @@ class FusedDecoderLayer(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, **kwargs):
         """``hidden_states`` ``[B, T, H]`` and the keyword arguments the model passes its decoder layers (handed
         to ``self_attn`` as they are) -> ``[B, T, H]``."""
-        x = self.input_layernorm(hidden_states)
+        handed, self._handed = self._handed, None
+        if handed is not None and handed[0] is hidden_states:
+            x = handed[1]  # normalized by the layer before, in its last residual add's launch
+        else:
+            x = self.input_layernorm(hidden_states)
         x, _ = self.self_attn(hidden_states=x, **kwargs)
         norm = self.post_attention_layernorm
         x, residual = add_rms_norm(x, hidden_states, norm.weight, norm.variance_epsilon)
         if not self._experts_take_residual():
-            return residual + self.mlp(x)
+            if not self._next:
+                return residual + self.mlp(x)
+            following = self._next[0]
+            norm = following.input_layernorm
+            normed, out = add_rms_norm(self.mlp(x), residual, norm.weight, norm.variance_epsilon)
+            following._handed = (out, normed)
+            return out
         batch, length, dim = x.shape
         rows = x.reshape(-1, dim)
         _, weights, index = self.mlp.gate(rows)

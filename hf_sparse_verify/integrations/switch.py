@@ -328,6 +328,13 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
             walk.layer = outer
 
     visit(model)
+    # consecutive fused decoder layers on one device share a launch across their boundary (`FusedDecoderLayer.link`)
+    fused = {id(original): new for _, _, original, new in swaps if isinstance(new, decoder_layer.FusedDecoderLayer)}
+    for i, (layer, following) in enumerate(zip(layers or [], (layers or [])[1:])):
+        first, second = fused.get(id(layer)), fused.get(id(following))
+        if first is not None and second is not None and {i, i + 1} <= one_device:
+            if next(layer.parameters()).device == next(following.parameters()).device:
+                first.link(second)
     return swaps
 
 

@@ -111,6 +111,24 @@ def test_whole_model_with_swapped_layers(reference_ops, arch):
             assert torch.equal(
                 model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0), expected
             )
+            # linked (as `speculation_mode` links consecutive layers on one device): a dense MLP's last add computes
+            # the next layer's input RMSNorm, which that layer then does not run; the same logits and tokens
+            for first, second in zip(list(layers), list(layers)[1:]):
+                first.link(second)
+            calls = []
+            hooks = [layer.input_layernorm.register_forward_hook(lambda *_: calls.append(1)) for layer in layers]
+            try:
+                assert torch.equal(model(ids).logits, expected_logits)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            # the first layer normalizes its input itself; so does every layer after one whose experts add the
+            # residual in their own launch (Qwen3-MoE's); Qwen2-MoE's shared expert keeps a torch add: handed over
+            normalizing = 1 + sum(layer._experts_take_residual() for layer in list(layers)[:-1])
+            assert len(calls) == normalizing and (normalizing == 1) == (arch in ("llama", "qwen2_moe")), calls
+            assert torch.equal(
+                model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0), expected
+            )
         finally:
             for i, layer in enumerate(originals):
                 layers[i] = layer
@@ -149,6 +167,24 @@ def test_refused_layers():
     layer.input_layernorm = torch.nn.LayerNorm(64)  # not a Llama-family RMSNorm
     assert not replaceable_decoder_layer(layer)
     assert not replaceable_decoder_layer(model.model.norm)
+
+
+def test_speculation_mode_links_consecutive_layers_of_one_device(reference_ops, monkeypatch):
+    """Where decoder layers are replaced (forced here on the CPU, the ops on their references), each one hands its
+    last residual add's RMSNorm to the next; the last layer links none; the model's logits stay bitwise."""
+    from hf_sparse_verify.integrations import switch
+
+    monkeypatch.setattr(switch, "compiled_on", lambda device: True)
+    model = _model("llama")
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(ids).logits
+        with speculation_mode(model, mode=Mode(attention=False, fused=True, fused_parts=frozenset({"decoder_layer"}))):
+            layers = list(decoder_layers(model))
+            assert all(isinstance(layer, FusedDecoderLayer) for layer in layers) and len(layers) >= 2
+            assert [layer._next for layer in layers] == [[b] for b in layers[1:]] + [[]]
+            assert torch.equal(model(ids).logits, expected)
+    assert not any(isinstance(m, FusedDecoderLayer) for m in model.modules())  # undone on exit
 
 
 def test_not_swapped_off_cuda():
