@@ -552,8 +552,6 @@ class _MemberState:
     last_step: int | None = None  # step index it last drafted at
     backoff: int = 0
     steps: int = 0  # evidence updates (its own steps and scored proposals)
-    best: tuple[int, float] | None = None  # (K, utility) of the last estimate
-    scanned_at: int = -1  # its ``steps`` when the Ks around the best were last scanned
     tokens: tuple | None = None  # ((its ``steps``, active rows), expected tokens [R, K + 1]) of its runs
     shadowed: bool = False  # its proposals are scored while others draft (prompt lookup): no trial needed
     hits: float | None = None  # share of the rows that accepted a draft at its last step
@@ -951,8 +949,6 @@ class Planner(KPolicy):
             i = int(scanned.argmax())
             if np.isfinite(scanned[i]):
                 best = (int(ks[i]), float(scanned[i]))
-        if best[1] is not None:
-            state.best, state.scanned_at = best, state.steps
         self._memo[key] = best
         return best
 
