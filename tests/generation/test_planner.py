@@ -243,6 +243,16 @@ def test_auto_on_cpu_drafts_without_vegas():
     assert list(PortfolioDrafter.from_config(hsv.SpeculationConfig(), model).members) == ["prompt_lookup"]
 
 
+def test_generate_s_planner_keeps_to_the_planning_share():
+    """The planner `generate` builds for `auto` limits its due renewals to `PLAN_SHARE` of the steps' seconds
+    (tests that build a `Planner` themselves get none, so their choices do not depend on this machine's speed)."""
+    model = make_model("llama")
+    drafter = PortfolioDrafter.from_config(hsv.SpeculationConfig(), model)
+    planner = generate_module._planner(hsv.SpeculationConfig(), drafter, model, 1, 64)
+    assert planner.plan_share == planner_module.PLAN_SHARE > 0
+    assert Planner(_members(pl=4), max_k=8).plan_share is None
+
+
 class _Scripted(KPolicy):
     """Plays a fixed list of (member, K), then plain steps."""
 

@@ -649,7 +649,8 @@ class Planner(KPolicy):
         and the host's planning hides behind the device's work instead of stalling it between steps (one H100,
         bench_e2e run8: planning after the readback took 0.5-0.9 ms per step, as much as a whole 1 x 4K step).
         A drafter's estimates are kept for `_REPLAN_EVERY` steps, renewed sooner after its trial step, its first runs
-        or its scored proposals all accepted; a finished row makes all due; one drafter's are renewed per step."""
+        or its scored proposals all accepted; a finished row makes all due; one drafter's are renewed per step, and
+        those merely due only within ``plan_share`` of the steps' seconds."""
         self._take_in(kept=True)
         if (
             self._filled is not None
