@@ -129,8 +129,8 @@ class FusedDecoderLayer(torch.nn.Module):
             if not self._next:
                 return residual + self.mlp(x)
             following = self._next[0]
-            norm = following.input_layernorm
-            normed, out = add_rms_norm(self.mlp(x), residual, norm.weight, norm.variance_epsilon)
+            next_norm = following.input_layernorm
+            normed, out = add_rms_norm(self.mlp(x), residual, next_norm.weight, next_norm.variance_epsilon)
             following._handed = (out, normed)
             return out
         batch, length, dim = x.shape

@@ -490,7 +490,10 @@ class _Runs:
         number = self.count[index]  # each run's number in its row
         if len(set(rows)) < len(rows):  # a row twice (two scored proposals at once): numbered in order
             seen: dict[int, int] = {}
-            later = [seen.__setitem__(r, seen.get(r, -1) + 1) or seen[r] for r in rows]
+            later = []
+            for r in rows:
+                later.append(seen.get(r, 0))
+                seen[r] = later[-1] + 1
             number = number + np.asarray(later)
         slot = number % _ROW_WINDOW
         self.issued[index, slot] = issued
@@ -688,7 +691,6 @@ class Planner(KPolicy):
                 spent = time.perf_counter() - begin
                 self._renew_s = spent if self._renew_s is None else 0.7 * self._renew_s + 0.3 * spent
                 self._renewed_step = self.step
-            self._urgent = [n for n in self._urgent if n != name]
         reason = self.last_reason
         choice = self._choose(self._most_remaining())
         if self._filled is not None and choice[0] == self._filled[0] and self.trial is None and self._climb_pays():
@@ -746,8 +748,13 @@ class Planner(KPolicy):
     def _stale(self, urgent: str | None = None) -> None:
         """Marks every estimate due for renewal (one per step, `prepare`), ``urgent`` first."""
         self._refreshed = dict.fromkeys(self._refreshed, self.step - _REPLAN_EVERY)
-        if urgent is not None and urgent not in self._urgent and urgent != K0:
-            self._urgent.append(urgent)
+        if urgent is not None:
+            self._make_urgent(urgent)
+
+    def _make_urgent(self, name: str) -> None:
+        """``name``'s estimates are renewed by the next `prepare`, before any that are merely due."""
+        if name != K0 and name not in self._urgent:
+            self._urgent.append(name)
 
     def _estimate(self, name: str) -> None:
         """Fills the estimates the next choice reads of drafter ``name`` (or of the plain step, ``K0``)."""
@@ -842,11 +849,11 @@ class Planner(KPolicy):
         state.short.append(outcome.k if outcome.k < issued else None)
         if ran:
             hits = sum(rows[row] > 0 for row in ran) / len(ran)
-            if kept and state.hits is not None and abs(hits - state.hits) >= 0.5 and member not in self._urgent:
+            if kept and state.hits is not None and abs(hits - state.hits) >= 0.5:
                 # the text turned (most rows hit where most missed, or the reverse): its estimate is renewed now,
                 # not up to `_REPLAN_EVERY` steps later (one H200, 1 x 16K: prompt lookup kept K = 15 for 8 steps
                 # that all missed after a hit, its estimate of 8 tokens per step kept meanwhile)
-                self._urgent.append(member)
+                self._make_urgent(member)
             state.hits = hits
         state.last_step = outcome.index
         state.steps += 1
