@@ -13,7 +13,8 @@ prefill-only call (``max_new_tokens=1``), an estimate.
 Cases (``--cases``): ``k0`` (our K = 0 path), ``transformers`` (plain generate), ``STRATEGY:K`` (constant K),
 ``STRATEGY:utility``, ``auto`` (the planner; its records carry ``chosen``, per member the share of steps and mean
 K, where the library reports it); a ``@torch`` suffix on ``prompt_lookup`` runs its device n-gram search on the
-PyTorch reference instead of the Triton kernel (an A/B of the search).
+PyTorch reference instead of the Triton kernel (an A/B of the search); ``auto@share=X`` runs the planner with
+``X`` (or ``none``: no limit) as its planning share instead of `PLAN_SHARE` (an A/B of the planning's host time).
 
     python benchmarks/bench_e2e.py --shapes 16x16384 --cases k0 transformers prompt_lookup:4 prompt_lookup@torch:4
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import sys
 import time
@@ -47,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.drafters import prompt_lookup  # noqa: E402
+from hf_sparse_verify.generation.policies import planner  # noqa: E402
+
+generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ["1x4096", "1x16384", "4x16384", "16x16384", "32x8192"]
@@ -181,7 +186,9 @@ def parse_case(case: str) -> dict:
     elif k in ("utility", "heuristic"):
         spec, label, k_policy = dict(strategy=strategy, k_policy=k), name, k
     elif strategy == "auto":
-        spec, label, k_policy = dict(strategy="auto"), "auto", "auto"
+        if search and not (search.startswith("share=") and _share(search) is not False):
+            raise SystemExit(f"case {case!r}: auto takes only @share=FRACTION or @share=none")
+        spec, label, k_policy = dict(strategy="auto"), name, "auto"
     elif k.isdigit():
         spec, label, k_policy = (
             dict(strategy=strategy, num_draft_tokens=int(k), max_draft_tokens=max(16, int(k))),
@@ -199,6 +206,17 @@ def parse_case(case: str) -> dict:
     )
 
 
+def _share(search: str):
+    """The planning share of an ``auto@share=X`` case (None for ``none``: no limit), False when malformed."""
+    value = search.partition("=")[2]
+    if value == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return False
+
+
 def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, device):
     """One ``generate`` call of a parsed case, CUDA synchronized around it: (output, wall seconds)."""
     common = dict(
@@ -211,6 +229,8 @@ def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, devic
         if spec["strategy"] in ("draft_model", "auto"):
             kwargs["draft_model"] = draft
     prompt_lookup.DEVICE_SEARCH_KERNEL = False if parsed["search"] == "torch" else None
+    if parsed["search"].startswith("share="):  # an A/B of the planner's planning share
+        generate_module.PLAN_SHARE = _share(parsed["search"])
     try:
         _sync(device)
         start = time.perf_counter()
@@ -219,6 +239,7 @@ def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, devic
         return out, time.perf_counter() - start
     finally:
         prompt_lookup.DEVICE_SEARCH_KERNEL = None
+        generate_module.PLAN_SHARE = planner.PLAN_SHARE
 
 
 def _chosen(stats):
@@ -310,7 +331,7 @@ def _record(parsed: dict, first, timed: list, target, draft, ids, device) -> dic
         interleaved=True,
     )
     chosen = _chosen(s)
-    if chosen is not None or parsed["strategy"] == "auto":
+    if chosen is not None or parsed["strategy"].startswith("auto"):
         record["chosen"] = chosen
     record["trace"] = step_trace(s)
     return record
@@ -423,7 +444,7 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
                         capture_s=s.graph_capture_s,
                     )
                     chosen = _chosen(s)
-                    if chosen is not None or parsed["strategy"] == "auto":
+                    if chosen is not None or parsed["strategy"].startswith("auto"):
                         entry["chosen"] = chosen
                 per_call.append(entry)
             if not timed:
@@ -449,12 +470,12 @@ def run_mixed(target, draft, calls: list[dict], cases, device, scale: float = 1.
             save(setting_of[case], results[case])
     k0 = results.get("k0", {}).get("total_s")
     plain = results["transformers"]["total_s"]
-    fixed = {c: r["total_s"] for c, r in results.items() if c not in ("auto", "transformers")}
+    fixed = {c: r["total_s"] for c, r in results.items() if not c.startswith("auto") and c != "transformers"}
     out = []
     for case, record in results.items():
         record["vs_k0"] = k0 / record["total_s"] if k0 else None
         record["vs_plain"] = plain / record["total_s"]
-        if record["strategy"] == "auto":
+        if record["strategy"].startswith("auto"):
             best = min(fixed, key=fixed.get) if fixed else None
             record["best_fixed"] = best
             record["vs_best_fixed"] = fixed[best] / record["total_s"] if best else None

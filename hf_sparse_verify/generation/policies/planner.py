@@ -104,8 +104,12 @@ _PRIOR_RUNS = 2.0
 #: steps an estimate made by `Planner.prepare` is kept (sooner cleared by a trial, a drafter's first runs, a row
 #: that finished)
 _REPLAN_EVERY = 4
-#: share of a step's seconds the planner may spend renewing estimates that are merely due (`Planner.plan_share`)
-PLAN_SHARE = 0.25
+#: share of the steps' seconds the planner may spend renewing estimates (`Planner.plan_share`). The fixtures' steps
+#: are host-bound (0.5-3 ms, the device mostly waiting on the host), so every host second of planning lengthens the
+#: call: one H200, run19/run20 of bench_e2e, 0.12-0.65 ms of planning per step (renewals that were urgent ran
+#: unlimited, the rest within 0.25) left `auto` at 0.74-0.93x prompt lookup's utility policy at 1 x 4K with the very
+#: same choices
+PLAN_SHARE = 0.05
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
 #: steps a switch of drafter is expected to last: a drafter's extra seconds on its first step after another drafted
@@ -568,9 +572,9 @@ class Planner(KPolicy):
         max_k: largest K (the verify graphs cover 1 .. max_k + 1 tokens).
         batch: rows of the call (a trial needs fewer steps when many rows report).
         profile: the `CostProfile` of this model, drafter set and shape bucket (shared with later calls).
-        plan_share: at most this share of the steps' seconds goes to renewing estimates that are merely due (the
-            host's time measured; renewals an outcome made urgent always run); None: no limit (the choices then
-            do not depend on the host's speed). `PLAN_SHARE` in ``generate``.
+        plan_share: at most this share of the steps' seconds goes to renewing estimates (the host's time measured;
+            renewals an outcome made urgent go first when one fits); None: no limit (the choices then do not depend
+            on the host's speed). `PLAN_SHARE` in ``generate``.
     """
 
     needs_timing = True
@@ -652,8 +656,8 @@ class Planner(KPolicy):
         and the host's planning hides behind the device's work instead of stalling it between steps (one H100,
         bench_e2e run8: planning after the readback took 0.5-0.9 ms per step, as much as a whole 1 x 4K step).
         A drafter's estimates are kept for `_REPLAN_EVERY` steps, renewed sooner after its trial step, its first runs
-        or its scored proposals all accepted; a finished row makes all due; one drafter's are renewed per step, and
-        those merely due only within ``plan_share`` of the steps' seconds."""
+        or its scored proposals all accepted; a finished row makes all due; one drafter's are renewed per step at
+        most, and only within ``plan_share`` of the steps' seconds (urgent ones first)."""
         self._take_in(kept=True)
         if (
             self._filled is not None
@@ -682,9 +686,12 @@ class Planner(KPolicy):
             due = [n for n, at in self._refreshed.items() if self.step - at >= _REPLAN_EVERY]
             if K0 in due:
                 self._renew(K0)
-            name = self._urgent.pop(0) if self._urgent else None
-            if name is None and due and self._budget_allows():
-                name = self.current[0] if self.current[0] in due else min(due, key=self._refreshed.__getitem__)
+            name = None
+            if (self._urgent or due) and self._budget_allows():
+                if self._urgent:
+                    name = self._urgent.pop(0)
+                else:
+                    name = self.current[0] if self.current[0] in due else min(due, key=self._refreshed.__getitem__)
             if name is not None and name != K0:
                 begin = time.perf_counter()
                 self._renew(name)
@@ -712,7 +719,7 @@ class Planner(KPolicy):
             )
 
     def _budget_allows(self) -> bool:
-        """Whether a due (not urgent) renewal fits ``plan_share`` of the steps since the last renewal: the host's
+        """Whether a renewal (urgent or due) fits ``plan_share`` of the steps since the last renewal: the host's
         planning must hide behind the device's steps, and a renewal can take as long as a short step (one H200 in
         a slow-host run, 1 x 1024 tokens: 0.25-0.65 ms of planning per step against 0.4 ms verifies, and `auto`
         ran 0.64x prompt lookup with the same choices)."""
