@@ -79,6 +79,8 @@ _ROW_WINDOW = 24
 #: a run this many runs older than a row's newest weighs half as much (the estimate follows the text within a few
 #: steps: one H100, 1 x 16K, prompt lookup kept K = 13 for 20 steps with a 24-step unweighted window)
 _HALF_LIFE = 6.0
+#: a run's weight by its age in runs (0 .. `_ROW_WINDOW` - 1)
+_DECAY = 0.5 ** (np.arange(_ROW_WINDOW) / _HALF_LIFE)
 #: weight of a run not known to follow a run of the kind (hit: >= 1 draft accepted; miss: none) of the row's newest
 _OTHER_REGIME = 0.2
 #: pseudo-runs at the all-rows hazard a row's estimate at draft position j gets when it has no own runs at risk there
@@ -523,20 +525,23 @@ class _Runs:
         index = np.asarray(rows, dtype=np.int64)
         inside = index < len(self.count)
         safe = np.where(inside, index, 0)
-        order = np.where(inside[:, None], self.order[safe], -1)
-        age = np.where(order >= 0, self.count[safe][:, None] - 1 - order, -1)
+        order = self.order[safe]
+        if not inside.all():
+            order = np.where(inside[:, None], order, -1)
+        count = self.count[safe][:, None]
+        filled = order >= 0
+        age = np.where(filled, count - 1 - order, -1)  # 0 .. _ROW_WINDOW - 1 where filled
         issued, accepted = self.issued[safe], self.accepted[safe]
-        weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / _HALF_LIFE), 0.0)
+        weight = np.where(filled, _DECAY[np.maximum(age, 0)], 0.0)
         if _OTHER_REGIME < 1.0:
             # runs not known to follow a run of the kind of the row's newest (a hit: a draft accepted; a miss: none)
             # weigh less: the next run follows the newest, and prompt lookup's runs come in streaks (copied text,
-            # then fresh text)
+            # then fresh text). Run n sits in slot n % _ROW_WINDOW, so the run before a slot's sits in the slot
+            # before it, where it is still kept unless it is older than the window
             hit = accepted > 0
-            count = self.count[safe][:, None]
-            before = order - 1  # the number of the run each followed
-            known = (order >= 0) & (before >= 0) & (before >= count - _ROW_WINDOW)
-            before_hit = np.take_along_axis(hit, np.maximum(before, 0) % _ROW_WINDOW, axis=1)
-            newest_hit = np.take_along_axis(hit, np.maximum(count - 1, 0) % _ROW_WINDOW, axis=1)
+            known = filled & (order >= 1) & (order - 1 >= count - _ROW_WINDOW)
+            before_hit = np.roll(hit, 1, axis=1)
+            newest_hit = hit[np.arange(len(safe)), np.maximum(count[:, 0] - 1, 0) % _ROW_WINDOW][:, None]
             weight = weight * np.where(known & (before_hit == newest_hit), 1.0, _OTHER_REGIME)
         runs = weight.sum(axis=1) ** 2 / np.maximum((weight**2).sum(axis=1), 1e-12)
         return row_expected_tokens(age, issued, accepted, max_k, weight), runs
