@@ -296,6 +296,7 @@ def speculative_decode(
             emitter.flush()
         if deferred is not None:
             _observe(policy, stats, *deferred)
+        policy.finish()
         stats.loop_time_s = time.perf_counter() - loop_start
 
     emitter.flush(final=True)

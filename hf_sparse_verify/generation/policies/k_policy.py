@@ -83,6 +83,9 @@ class KPolicy(ABC):
     def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
         """Learn from a finished step; the default ignores it."""
 
+    def finish(self) -> None:  # noqa: B027 - optional hook
+        """Called once after the last step's outcome was observed."""
+
     def state(self) -> dict:
         """Numbers worth recording in `SpeculationStats` for this step (phase, utilities, ...)."""
         return {}
