@@ -31,6 +31,7 @@ CUSTOM = dict(
     prompt_lookup_min_ngram=2,
     attention_backend="reference",
     cuda_graphs=False,
+    planner_process=False,
     fused_modules=False,
     max_cache_len=4096,
     ratio=0.1,

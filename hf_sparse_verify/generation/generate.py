@@ -22,15 +22,16 @@ from ..config import SpeculationConfig
 from ..integrations import Mode, speculation_mode
 from ..integrations.tensor_parallel import local_shard_swaps
 from ..kernels._triton import HAVE_TRITON
-from ..placement import graph_obstacle
+from ..placement import graph_obstacle, tensor_parallel
 from ..registry import DRAFTERS, resolve
 from ..sparse.calibration import GRANTS, SparseCalibration, find_calibration
 from .drafters.base import Drafter
 from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
-from .policies.k_policy import make_k_policy
+from .policies.k_policy import KPolicy, make_k_policy
 from .policies.planner import PLAN_SHARE, Planner
+from .policies.remote import remote_planner
 from .profiles import profile_for
 
 logger = logging.getLogger(__name__)
@@ -102,12 +103,25 @@ def _vegas_joins(config: SpeculationConfig, model, settings: LoopSettings, promp
 
 def _planner(
     config: SpeculationConfig, drafter: PortfolioDrafter, model, batch: int, prompt_len: int
-) -> Planner:
+) -> KPolicy:
     """The planner of this call, on the profile of this model, drafter set and shape bucket (kept across calls;
-    at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape)."""
+    at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape): in the
+    planner process where ``config.planner_process`` asks for it (by default on a GPU outside tensor parallelism)
+    and it is free, else in the loop. Tensor-parallel ranks plan in the loop with no planning share: their choices
+    must not depend on their hosts' timings."""
     key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
     profile = profile_for(model, key, list(drafter.members), batch, prompt_len)
-    return Planner(drafter.planner_members(), config.max_draft_tokens, batch, profile, plan_share=PLAN_SHARE)
+    members = drafter.planner_members()
+    parallel = tensor_parallel(model)
+    wanted = config.planner_process
+    if wanted is None:
+        wanted = model.device.type == "cuda" and not parallel
+    if wanted and not parallel:
+        remote = remote_planner(members, config.max_draft_tokens, batch, profile)
+        if remote is not None:
+            return remote
+    share = None if parallel else PLAN_SHARE
+    return Planner(members, config.max_draft_tokens, batch, profile, plan_share=share)
 
 
 def build_drafter(config: SpeculationConfig, strategy: str, model, draft_model) -> Drafter:
@@ -302,7 +316,7 @@ def _run(
     policy.warm_start(*_POLICY_MEMORY.get(memory_key, (None, None, None)), _BASELINE_MEMORY.get(shape_key))
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(t) for t in eos.flatten().tolist()]
-    k_policy = "planner" if isinstance(policy, Planner) else config.k_policy
+    k_policy = "planner" if policy.plans_drafters else config.k_policy
     stats = SpeculationStats(strategy=strategy, k_policy=k_policy)
     models = (model, *drafter.models)
     mode = Mode(

@@ -5,8 +5,10 @@ draft model started lazily."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from test_verify import E2E_PROMPT, E2E_ROWS, _joint_next_tokens, _joint_pvalue,
 import hf_sparse_verify as hsv
 from hf_sparse_verify.generation.drafters.portfolio import PortfolioDrafter
 from hf_sparse_verify.generation.policies import planner as planner_module
+from hf_sparse_verify.generation.policies import remote as remote_module
 from hf_sparse_verify.generation.policies.k_policy import KPolicy, StepOutcome
 from hf_sparse_verify.generation.policies.planner import K0, CostProfile, Member, Planner
 
@@ -203,14 +206,14 @@ def test_cost_profile_estimates():
 MAX_NEW = 31
 
 
-def _auto(model, ids, mask, draft=None, **kwargs):
+def _auto(model, ids, mask, draft=None, speculation=None, **kwargs):
     return model.generate(
         input_ids=ids,
         attention_mask=mask,
         do_sample=False,
         max_new_tokens=MAX_NEW,
         custom_generate=hsv.generate,
-        speculation=dict(strategy="auto", max_draft_tokens=8),
+        speculation=speculation or dict(strategy="auto", max_draft_tokens=8),
         draft_model=draft,
         return_dict_in_generate=True,
         **kwargs,
@@ -778,7 +781,16 @@ def test_a_streak_s_next_run_follows_the_newest_run(monkeypatch):
     assert tokens(after_misses, 0.2) < tokens(after_misses, 1.0) - 1.0
     back = after_misses + [8]
     assert tokens(back, 0.2) > tokens(back, 1.0) + 0.5
-    steady = [8, 3, 8, 5, 8, 2, 8, 6] * 3  # no streaks (a hit after every run): the weighting changes ~nothing
+    steady = [
+        8,
+        3,
+        8,
+        5,
+        8,
+        2,
+        8,
+        6,
+    ] * 3  # no streaks (a hit after every run): the weighting changes ~nothing
     assert tokens(steady, 0.2) == pytest.approx(tokens(steady, 1.0), rel=0.01)
 
 
@@ -974,7 +986,9 @@ def test_k_falls_at_once_when_a_wide_verify_stops_paying():
         planner.observe(StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k,
                                                                         "parts": parts}))  # fmt: skip
     assert max(ks[10:20]) >= 12, ks  # climbed on the copied text
-    assert max(ks[40:]) <= 4, ks  # and came down at once when the estimate turned (by 2 per estimate: 10 at 41)
+    assert max(ks[40:]) <= 4, (
+        ks
+    )  # and came down at once when the estimate turned (by 2 per estimate: 10 at 41)
 
 
 def test_no_planning_while_a_flat_cost_drafter_fills_the_largest_k(monkeypatch):
@@ -1059,4 +1073,98 @@ def test_a_profile_is_not_inherited_through_a_reused_id():
     assert profiles.profile_for(first, key, ["prompt_lookup", "draft_model"], 1, 40) is old
     fresh = profiles.profile_for(second, key, ["prompt_lookup"], 1, 40)  # the key the freed model left behind
     assert fresh is not old
-    assert [k["members"] for k, _, owner in profiles._PROFILES.values() if owner() is second] == [["prompt_lookup"]]
+    assert [k["members"] for k, _, owner in profiles._PROFILES.values() if owner() is second] == [
+        ["prompt_lookup"]
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ planner process
+def test_auto_in_the_planner_process_equals_plain_generate():
+    """``planner_process=True`` (the default on a GPU): the planner runs in a child process; the output is plain
+    ``generate``'s, the child's choices and reports reach the stats, and the profile it measured comes back."""
+    model = make_model("llama")
+    ids, mask = ragged_batch(2, length=40)
+    ids[:, 20:] = torch.where(mask[:, 20:].bool(), ids[:, :20], ids[:, 20:])
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    drafter = PortfolioDrafter.from_config(hsv.SpeculationConfig(planner_process=True), model)
+    policy = generate_module._planner(hsv.SpeculationConfig(planner_process=True), drafter, model, 2, 40)
+    assert isinstance(policy, remote_module.RemotePlanner)
+    policy.finish()  # frees the child for the calls below
+    for _ in range(2):
+        out = _auto(
+            model, ids, mask, speculation=dict(strategy="auto", max_draft_tokens=8, planner_process=True)
+        )
+        assert torch.equal(out.sequences, expected)
+    stats = out.speculation
+    assert stats.k_policy == "planner" and stats.policy_states and "member" in stats.policy_states[-1]
+    assert set(stats.chosen) <= {"k0", "prompt_lookup"}
+    assert policy.profile.verify, "the child's measurements came back into the shared profile"
+
+
+def _drive(policy, steps: int, accepts) -> list:
+    picks = []
+    policy.begin(0.01)
+    for i in range(steps):
+        member, k = policy.next_step(10**6)
+        picks.append((member or K0, k))
+        accepted = [min(k, accepts(member))] if member else [0]
+        parts = _parts(member, k)
+        policy.observe(
+            StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts})
+        )
+        time.sleep(0.002)  # a step: the child plans meanwhile
+    return picks
+
+
+def test_the_planner_process_finds_the_drafter_that_pays():
+    """The child's choices are the planner's: of a drafter right on 2 of every draft and one never right, it
+    settles on the first (as the in-loop planner does, `test_picks_the_drafter_that_pays`)."""
+    remote = remote_module.remote_planner(_members(pl=4, dm=4), 8, 1, CostProfile())
+    assert remote is not None
+    picks = _drive(remote, 60, lambda member: 2 if member == "pl" else 0)
+    remote.finish()
+    assert _share(picks[-20:], "pl") >= 0.9, picks
+
+
+def test_a_call_that_raised_leaves_the_planner_process_free():
+    """A call that ends without `finish` (an exception in the loop) frees the child when it is collected, and
+    its late answers do not reach the next call."""
+    first = remote_module.remote_planner(_members(pl=4), 8, 1, CostProfile())
+    _drive(first, 5, lambda member: 2)
+    del first
+    gc.collect()
+    second = remote_module.remote_planner(_members(pl=4, dm=4), 8, 1, CostProfile())
+    assert second is not None
+    picks = _drive(second, 30, lambda member: 2 if member == "dm" else 0)
+    second.finish()
+    assert {m for m, _ in picks} <= {K0, "pl", "dm"}
+
+
+def test_a_failure_in_the_planner_process_is_raised_with_its_traceback():
+    remote = remote_module.remote_planner(_members(pl=4), 8, 1, CostProfile())
+    remote.begin(0.01)
+    remote.next_step(10)
+    remote._conn.send_bytes(b"o" + bytes(8))  # an outcome cut short: the child cannot read it
+    with pytest.raises(RuntimeError, match="(?s)planner process failed.*Error"):
+        for _ in range(200):
+            remote.next_step(10)
+            time.sleep(0.01)
+    remote._release()
+
+
+def test_outcomes_cross_to_the_planner_process_intact():
+    """What `Planner` reads of an outcome survives the compact encoding (finished rows, scored proposals, parts)."""
+    from hf_sparse_verify.generation.policies.utility_policy import Step
+
+    outcome = StepOutcome(7, 5, [2, 5], 3e-3, extra={
+        "member": "dm", "issued": 6, "parts": (1e-3, 1.5e-3, 5e-4), "rows": [2, None, 5],
+        "active": [True, False, True], "remaining": [40, 0, 12],
+        "shadow": {"pl": [(0, Step(8, 8, (3,), 0.0)), (2, Step(8, 8, (8,), 0.0))]}})  # fmt: skip
+    back = remote_module._decode(remote_module._encode(outcome, {"pl": 0, "dm": 1}), ["pl", "dm"])
+    assert (back.index, back.k, back.accepted, back.time_s) == (7, 5, [2, 5], 3e-3)
+    for key in ("member", "issued", "parts", "rows", "active", "remaining"):
+        assert back.extra[key] == outcome.extra[key], key
+    assert [(row, s.issued, s.accepted) for row, s in back.extra["shadow"]["pl"]] == [(0, 8, (3,)), (2, 8, (8,))]
+    plain = StepOutcome(0, 0, [0], None, extra={"member": None, "issued": 0})
+    back = remote_module._decode(remote_module._encode(plain, {}), [])
+    assert back.extra["member"] is None and back.time_s is None and back.extra["parts"] is None

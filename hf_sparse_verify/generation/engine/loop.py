@@ -297,6 +297,7 @@ def speculative_decode(
         if deferred is not None:
             _observe(policy, stats, *deferred)
         policy.finish()
+        stats.policy_states.extend(policy.late_reports())
         stats.loop_time_s = time.perf_counter() - loop_start
 
     emitter.flush(final=True)

@@ -53,6 +53,8 @@ class KPolicy(ABC):
 
     #: a policy that needs step times sets this, so the loop records them (CUDA events or host timers)
     needs_timing: bool = False
+    #: a policy that also names the drafter of each step (``auto``'s planner): `next_step` returns it
+    plans_drafters: bool = False
 
     def __init__(self, start_k: int, max_k: int):
         if not 0 <= start_k <= max_k:
@@ -85,6 +87,11 @@ class KPolicy(ABC):
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """Called once after the last step's outcome was observed."""
+
+    def late_reports(self) -> list[dict]:
+        """Reports the policy hands over only after `finish` (a planner in another process), for
+        `SpeculationStats.policy_states`; the loop's `state` readings are the rest."""
+        return []
 
     def state(self) -> dict:
         """Numbers worth recording in `SpeculationStats` for this step (phase, utilities, ...)."""

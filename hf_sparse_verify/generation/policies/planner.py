@@ -583,6 +583,7 @@ class Planner(KPolicy):
     """
 
     needs_timing = True
+    plans_drafters = True
 
     def __init__(
         self,
