@@ -246,6 +246,16 @@ def test_auto_on_cpu_drafts_without_vegas():
     assert list(PortfolioDrafter.from_config(hsv.SpeculationConfig(), model).members) == ["prompt_lookup"]
 
 
+def test_tensor_parallel_ranks_plan_in_the_loop_on_agreed_evidence_only(monkeypatch):
+    """Ranks must make the same choices: under tensor parallelism the planner runs in the loop (not in a child,
+    whose choices depend on timing) with no planning share (whose renewals depend on each host's speed)."""
+    model = make_model("llama")
+    monkeypatch.setattr(generate_module, "tensor_parallel", lambda m: True)
+    config = hsv.SpeculationConfig(planner_process=True)
+    planner = generate_module._planner(config, PortfolioDrafter.from_config(config, model), model, 1, 64)
+    assert isinstance(planner, Planner) and planner.plan_share is None
+
+
 def test_generate_s_planner_keeps_to_the_planning_share():
     """The planner `generate` builds for `auto` limits its due renewals to `PLAN_SHARE` of the steps' seconds
     (tests that build a `Planner` themselves get none, so their choices do not depend on this machine's speed)."""
