@@ -1178,3 +1178,20 @@ def test_outcomes_cross_to_the_planner_process_intact():
     plain = StepOutcome(0, 0, [0], None, extra={"member": None, "issued": 0})
     back = remote_module._decode(remote_module._encode(plain, {}), [])
     assert back.extra["member"] is None and back.time_s is None and back.extra["parts"] is None
+
+
+def test_a_planner_process_that_died_is_reported_and_replaced():
+    remote = remote_module.remote_planner(_members(pl=4), 8, 1, CostProfile())
+    remote.begin(0.01)
+    remote.next_step(10)
+    remote._server.proc.kill()
+    remote._server.proc.wait()
+    with pytest.raises(RuntimeError, match="planner process ended"):
+        for _ in range(100):
+            remote.next_step(10)
+            time.sleep(0.01)
+    remote._release()
+    again = remote_module.remote_planner(_members(pl=4), 8, 1, CostProfile())
+    assert again is not None and again._server is not remote._server
+    assert _drive(again, 3, lambda member: 1)
+    again.finish()

@@ -20,6 +20,7 @@ The child imports only this folder's plain modules (numpy and the standard libra
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import socket
 import subprocess
@@ -189,9 +190,11 @@ class _Server:
         theirs.close()
         self.conn = Connection(mine.detach())
         self.lock = threading.Lock()
+        self.pid = os.getpid()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """The child runs, and it is this process's (a forked process starts its own)."""
+        return self.pid == os.getpid() and self.proc.poll() is None
 
 
 _SERVER: _Server | None = None
@@ -254,7 +257,13 @@ class RemotePlanner(KPolicy):
                 raise RuntimeError(
                     f"hf_sparse_verify: the planner process did not answer in {_ANSWER_S:.0f} s"
                 )
-            data = self._conn.recv_bytes()
+            try:
+                data = self._conn.recv_bytes()
+            except (EOFError, OSError) as error:
+                raise RuntimeError(
+                    "hf_sparse_verify: the planner process ended during the call; the next call starts a new one "
+                    "(or set SpeculationConfig(planner_process=False) to plan in the loop)"
+                ) from error
             kind = data[:1]
             if kind == b"c":
                 call, member, k = array("q", data[1:]).tolist()
