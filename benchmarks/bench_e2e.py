@@ -13,9 +13,9 @@ prefill-only call (``max_new_tokens=1``), an estimate.
 Cases (``--cases``): ``k0`` (our K = 0 path), ``transformers`` (plain generate), ``STRATEGY:K`` (constant K),
 ``STRATEGY:utility``, ``auto`` (the planner; its records carry ``chosen``, per member the share of steps and mean
 K, where the library reports it); a ``@torch`` suffix on ``prompt_lookup`` runs its device n-gram search on the
-PyTorch reference instead of the Triton kernel (an A/B of the search); ``auto@loop`` plans in the decoding loop
-instead of the planner process (``planner_process=False``), ``auto@share=X`` too, with ``X`` (or ``none``: no
-limit) as its planning share instead of `PLAN_SHARE` (A/Bs of the planning's host time).
+PyTorch reference instead of the Triton kernel (an A/B of the search); ``auto@process`` plans in the planner
+process (``planner_process=True``), ``auto@share=X`` in the loop with ``X`` (or ``none``: no limit) as its planning
+share instead of `PLAN_SHARE` (A/Bs of the planning's host time).
 
     python benchmarks/bench_e2e.py --shapes 16x16384 --cases k0 transformers prompt_lookup:4 prompt_lookup@torch:4
 
@@ -187,11 +187,11 @@ def parse_case(case: str) -> dict:
     elif k in ("utility", "heuristic"):
         spec, label, k_policy = dict(strategy=strategy, k_policy=k), name, k
     elif strategy == "auto":
-        if search and search != "loop" and not (search.startswith("share=") and _share(search) is not False):
-            raise SystemExit(f"case {case!r}: auto takes only @loop, @share=FRACTION or @share=none")
+        if search and search != "process" and not (search.startswith("share=") and _share(search) is not False):
+            raise SystemExit(f"case {case!r}: auto takes only @process, @share=FRACTION or @share=none")
         spec, label, k_policy = dict(strategy="auto"), name, "auto"
-        if search:  # planned in the loop
-            spec["planner_process"] = False
+        if search == "process":
+            spec["planner_process"] = True
     elif k.isdigit():
         spec, label, k_policy = (
             dict(strategy=strategy, num_draft_tokens=int(k), max_draft_tokens=max(16, int(k))),

@@ -79,11 +79,12 @@ class SpeculationConfig:
             recaptures. None (default): on wherever it can run (CUDA with the ``triton`` backend), silently off
             elsewhere. True: asked for; where it cannot run (CPU, another backend) or capture fails (an unsupported
             module) the loop warns once and runs eagerly. False: always eager.
-        planner_process: where ``strategy="auto"`` plans: None (default): in a child process beside the decoding
-            loop on a GPU (the loop sends each step's outcome and takes the newest choice without waiting; on
-            small and medium models the host is what a step waits on) and in the loop elsewhere and under tensor
-            parallelism (whose ranks must make the same choices); True: in the child wherever it starts (a CPU
-            too; tensor parallelism excepted); False: in the loop. Lossless either way.
+        planner_process: where ``strategy="auto"`` plans. False (default): in the decoding loop, while the device
+            verifies each step. True: in a child process beside the loop (`generation/policies/remote.py`): the
+            loop sends each step's outcome and takes the newest choice without waiting, so planning takes almost no
+            host time from the steps (on small and medium models the host is what a step waits on); tensor-parallel
+            ranks, whose choices must agree, still plan in the loop. Lossless either way. Not yet measured against
+            the loop on a GPU (docs/results.md).
         fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms and bias-free SiLU
             gated MLPs on fused Triton kernels during the call (module replacement, undone on exit; the same
             arithmetic, summed in a different order). Default True.
@@ -151,7 +152,7 @@ class SpeculationConfig:
     prompt_lookup_min_ngram: int = 1
     attention_backend: str = "auto"
     cuda_graphs: bool | None = None
-    planner_process: bool | None = None
+    planner_process: bool = False
     fused_modules: bool = True
     max_cache_len: int | None = None
     ratio: float = 0.07
@@ -302,8 +303,8 @@ class SpeculationConfig:
             raise ValueError(f"quest_page_size must be >= 1, got {self.quest_page_size}")
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be None (auto), True or False, got {self.cuda_graphs!r}")
-        if self.planner_process is not None and not isinstance(self.planner_process, bool):
-            raise ValueError(f"planner_process must be None (auto), True or False, got {self.planner_process!r}")
+        if not isinstance(self.planner_process, bool):
+            raise ValueError(f"planner_process must be True or False, got {self.planner_process!r}")
         if not isinstance(self.fused_modules, bool):
             raise ValueError(f"fused_modules must be True or False, got {self.fused_modules!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -106,17 +106,13 @@ def _planner(
 ) -> KPolicy:
     """The planner of this call, on the profile of this model, drafter set and shape bucket (kept across calls;
     at first from the model's saved ``speculation_profile.json`` when it has one for this device and shape): in the
-    planner process where ``config.planner_process`` asks for it (by default on a GPU outside tensor parallelism)
-    and it is free, else in the loop. Tensor-parallel ranks plan in the loop with no planning share: their choices
-    must not depend on their hosts' timings."""
+    planner process where ``config.planner_process`` asks for it and it is free, else in the loop. Tensor-parallel
+    ranks plan in the loop with no planning share: their choices must not depend on their hosts' timings."""
     key = (*_model_key(model), drafter.session_key(), batch, prompt_len.bit_length())
     profile = profile_for(model, key, list(drafter.members), batch, prompt_len)
     members = drafter.planner_members()
     parallel = tensor_parallel(model)
-    wanted = config.planner_process
-    if wanted is None:
-        wanted = model.device.type == "cuda" and not parallel
-    if wanted and not parallel:
+    if config.planner_process and not parallel:
         remote = remote_planner(members, config.max_draft_tokens, batch, profile)
         if remote is not None:
             return remote

@@ -1090,7 +1090,7 @@ def test_a_profile_is_not_inherited_through_a_reused_id():
 
 # ------------------------------------------------------------------------------------------------ planner process
 def test_auto_in_the_planner_process_equals_plain_generate():
-    """``planner_process=True`` (the default on a GPU): the planner runs in a child process; the output is plain
+    """``planner_process=True``: the planner runs in a child process; the output is plain
     ``generate``'s, the child's choices and reports reach the stats, and the profile it measured comes back."""
     model = make_model("llama")
     ids, mask = ragged_batch(2, length=40)
