@@ -118,6 +118,7 @@ BAD = [
         r"need 1 <= prompt_lookup_min_ngram <= prompt_lookup_max_ngram, got 4 and 3",
     ),
     (dict(prompt_lookup_max_ngram=0), r"got 1 and 0"),
+    (dict(planner_process="yes"), r"planner_process must be True or False, got 'yes'"),
     (dict(num_draft_tokens=2.0), r"num_draft_tokens must be an int, got 2\.0"),
     (dict(num_draft_tokens=True), r"num_draft_tokens must be an int, got True"),
     (dict(max_draft_tokens="16"), r"max_draft_tokens must be an int, got '16'"),
