@@ -13,8 +13,9 @@ planner's do (it plans while the device verifies), and a step that finds no newe
 Every choice is lossless, so the output does not depend on the timing. The choices do depend on it, which is why
 tensor-parallel ranks (which must agree on every choice) keep the in-loop planner.
 
-The child imports only this folder's plain modules (numpy and the standard library, no torch): it starts in about
-0.2 s, once per process, and ends when the parent closes its socket.
+The child imports only this folder's plain modules (numpy and the standard library, no torch): it starts once per
+process (its first choice came about 0.1 s after the start on this project's CPU) and ends when the parent closes
+its socket.
 """
 
 from __future__ import annotations
@@ -267,12 +268,13 @@ class RemotePlanner(KPolicy):
             kind = data[:1]
             if kind == b"c":
                 call, member, k = array("q", data[1:]).tolist()
-                if call == self._call:
-                    self._choice = (None if member < 0 else self._names[member], k)
+                if call != self._call:
+                    continue  # an earlier call's late answer
+                self._choice = (None if member < 0 else self._names[member], k)
             else:
                 name, call, *body = pickle.loads(data[1:])
                 if call != self._call:
-                    continue  # an earlier call's late answer
+                    continue
                 if name == "error":
                     raise RuntimeError(f"hf_sparse_verify: the planner process failed:\n{body[0]}")
                 self.profile.__dict__.update(body[0])  # "profile"
