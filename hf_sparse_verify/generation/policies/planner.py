@@ -449,6 +449,8 @@ def batch_pace(per_row: np.ndarray, weight: np.ndarray, remaining: np.ndarray) -
         True
     """
     count = per_row.shape[0]
+    if count == 1:  # one row: its own rate (no spread between rows, no last of several to lag), capped by its end
+        return np.maximum(np.minimum(per_row[0], max(float(remaining[0]), 1.0)), 1.0)
     survival = np.diff(per_row, axis=1, prepend=0.0)  # P(tokens >= j + 1)
     second = np.cumsum(survival * (2.0 * np.arange(per_row.shape[1]) + 1.0), axis=1)  # E[tokens ** 2]
     spread = np.maximum(second - per_row**2, 0.0)  # [R, K + 1]
