@@ -108,9 +108,10 @@ _PRIOR_RUNS = 2.0
 _REPLAN_EVERY = 4
 #: share of the steps' seconds the planner may spend renewing estimates (`Planner.plan_share`). The fixtures' steps
 #: are host-bound (0.5-3 ms, the device mostly waiting on the host), so every host second of planning lengthens the
-#: call: one H200, run19/run20 of bench_e2e, 0.12-0.65 ms of planning per step (renewals that were urgent ran
-#: unlimited, the rest within 0.25) left `auto` at 0.74-0.93x prompt lookup's utility policy at 1 x 4K with the very
-#: same choices
+#: call (one H200, run19/run20 of bench_e2e: 0.12-0.65 ms of planning per step left `auto` at 0.74-0.93x prompt
+#: lookup's utility policy at 1 x 4K with the very same choices). One H100, run22, median `auto` / best single case
+#: over the five shapes: 0.91 at 0.05, 0.86 at 0.25, 0.89 unlimited (rationing costs choices too: at 0.05 and 1 x 16K
+#: Vegas' estimate from its trial was kept 34 plain steps)
 PLAN_SHARE = 0.05
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
