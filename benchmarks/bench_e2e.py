@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.drafters import prompt_lookup  # noqa: E402
-from hf_sparse_verify.generation.policies import planner  # noqa: E402
 
 generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
 
@@ -187,7 +186,9 @@ def parse_case(case: str) -> dict:
     elif k in ("utility", "heuristic"):
         spec, label, k_policy = dict(strategy=strategy, k_policy=k), name, k
     elif strategy == "auto":
-        if search and search != "process" and not (search.startswith("share=") and _share(search) is not False):
+        if search.startswith("share="):
+            _share(search)  # checked now, not at the first call
+        elif search not in ("", "process"):
             raise SystemExit(f"case {case!r}: auto takes only @process, @share=FRACTION or @share=none")
         spec, label, k_policy = dict(strategy="auto"), name, "auto"
         if search == "process":
@@ -209,15 +210,15 @@ def parse_case(case: str) -> dict:
     )
 
 
-def _share(search: str):
-    """The planning share of an ``auto@share=X`` case (None for ``none``: no limit), False when malformed."""
+def _share(search: str) -> float | None:
+    """The planning share of an ``auto@share=X`` case (None for ``none``: no limit)."""
     value = search.partition("=")[2]
     if value == "none":
         return None
     try:
         return float(value)
     except ValueError:
-        return False
+        raise SystemExit(f"auto@{search}: expected share=FRACTION or share=none") from None
 
 
 def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, device):
@@ -232,6 +233,7 @@ def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, devic
         if spec["strategy"] in ("draft_model", "auto"):
             kwargs["draft_model"] = draft
     prompt_lookup.DEVICE_SEARCH_KERNEL = False if parsed["search"] == "torch" else None
+    share = generate_module.PLAN_SHARE
     if parsed["search"].startswith("share="):  # an A/B of the planner's planning share
         generate_module.PLAN_SHARE = _share(parsed["search"])
     try:
@@ -242,7 +244,7 @@ def _call(parsed: dict, target, draft, ids: torch.Tensor, new_tokens: int, devic
         return out, time.perf_counter() - start
     finally:
         prompt_lookup.DEVICE_SEARCH_KERNEL = None
-        generate_module.PLAN_SHARE = planner.PLAN_SHARE
+        generate_module.PLAN_SHARE = share
 
 
 def _chosen(stats):

@@ -710,7 +710,7 @@ class Planner(KPolicy):
                 self._renew_s = spent if self._renew_s is None else 0.7 * self._renew_s + 0.3 * spent
                 self._renewed_step = self.step
         reason = self.last_reason
-        choice = self._choose(self._most_remaining())
+        choice = self._choose(self.most_remaining())
         if self._filled is not None and choice[0] == self._filled[0] and self.trial is None and self._climb_pays():
             # every active row accepted all K drafts of the last step, and the drafter goes on: K climbs by half
             # now rather than at the next estimate (one H100, 1 x 16K random tokens: K went 2 -> 4 -> 16 four steps
@@ -785,7 +785,7 @@ class Planner(KPolicy):
         elif plain is not None and self.profile.known(name):
             self._first_trial_k(name, plain, self.max_k + 1)  # its prior utilities
 
-    def _most_remaining(self) -> int:
+    def most_remaining(self) -> int:
         """The most tokens an active row may still generate, as of the last outcome taken in."""
         rows = [r for r, a in zip(self.remaining_rows, self.active or [True] * len(self.remaining_rows)) if a]
         return max(rows) if rows else self._remaining

@@ -119,12 +119,6 @@ def _decode(data: bytes, names: list) -> StepOutcome:
     return StepOutcome(index, k, accepted, None if math.isnan(time_s) else time_s, extra=extra)
 
 
-def _remaining(extra: dict, fallback: int) -> int:
-    """The most tokens an active row may still generate (what the loop passes to `next_step`)."""
-    rows = [r for r, a in zip(extra.get("remaining", ()), extra.get("active", ())) if a]
-    return max(rows) if rows else fallback
-
-
 def _pickled(message) -> bytes:
     return b"p" + pickle.dumps(message)
 
@@ -133,10 +127,10 @@ def serve(conn: Connection) -> None:
     """The child's loop: one `Planner` per call, a choice sent after each burst of outcomes, the planner's reports
     with the profile at the end; every answer carries its call's number, so that a call that ended early (an
     exception in the loop) cannot answer the next."""
-    planner, call, remaining, names, codes, reports = None, 0, 1, [], {}, []
+    planner, call, names, codes, reports = None, 0, [], {}, []
 
     def choose() -> None:
-        member, k = planner.next_step(remaining)
+        member, k = planner.next_step(planner.most_remaining())  # as of the outcomes taken in
         reports.append(planner.state())
         conn.send_bytes(b"c" + array("q", [call, -1 if member is None else codes[member], k]).tobytes())
 
@@ -147,16 +141,14 @@ def serve(conn: Connection) -> None:
             return
         try:
             if data[:1] == b"o":
-                outcome = _decode(data[1:], names)
-                remaining = _remaining(outcome.extra, remaining)
-                planner.observe(outcome)
+                planner.observe(_decode(data[1:], names))
                 if not conn.poll():  # caught up: plan the next step (outcomes that came together, once)
                     planner.prepare()
                     choose()
                 continue
             message = pickle.loads(data[1:])
             if message[0] == "start":
-                _, call, members, max_k, batch, profile_state, remaining = message
+                _, call, members, max_k, batch, profile_state = message
                 names = list(members)
                 codes = {name: i for i, name in enumerate(names)}
                 reports = []
@@ -237,9 +229,7 @@ class RemotePlanner(KPolicy):
         self._reports: list[dict] = []
         self._started = False
         members_state = {n: (m.start_k, m.draft_grows_with_k, m.warm_share) for n, m in members.items()}
-        self._conn.send_bytes(
-            _pickled(("start", self._call, members_state, max_k, batch, profile.__dict__, max_k + 1))
-        )
+        self._conn.send_bytes(_pickled(("start", self._call, members_state, max_k, batch, profile.__dict__)))
         self._held = True  # the lock `remote_planner` took: released by `finish`
 
     @property
