@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.drafters import prompt_lookup  # noqa: E402
+from hf_sparse_verify.generation.profiles import measured_profiles  # noqa: E402
 
 generate_module = importlib.import_module("hf_sparse_verify.generation.generate")
 
@@ -587,6 +588,11 @@ def main(argv: list[str] | None = None) -> None:
                 path.write_text(json.dumps(traces))
             _print(record)
             _records.save(args, record, args.device, setting=setting)
+        if args.trace:  # the auto planner's cost profiles as measured so far (what its estimates were priced by)
+            path = Path(args.trace)
+            traces = json.loads(path.read_text()) if path.exists() else {}
+            traces[f"profiles after {shape}"] = measured_profiles()
+            path.write_text(json.dumps(traces))
     if args.mixed:
         calls = mixed_sequence(prompts_path, tokenizer, args.mixed_scale, args.device)
 

@@ -65,19 +65,28 @@ def profile_for(model, process_key: tuple, members: list[str], batch: int, promp
     return profile
 
 
+def measured_profiles(model=None) -> list[dict]:
+    """The profiles this process keeps (of ``model`` only, when given): each its file key (drafters, batch,
+    prompt-length bucket, dtype, device) and ``"profile"``, its measurements (`CostProfile.to_dict`)."""
+    return [
+        {**key, "profile": profile.to_dict()}
+        for key, profile, owner in _PROFILES.values()
+        if model is None or owner() is model
+    ]
+
+
 def save_profile(model, directory: str | os.PathLike) -> str:
     """Write the process's profiles of ``model`` (every shape and drafter set its ``auto`` calls measured) to
     ``directory/speculation_profile.json``, keeping the file's entries for other devices, dtypes or shapes. Returns
     the path."""
-    mine = [(key, profile) for key, profile, owner in _PROFILES.values() if owner() is model]
-    if not mine:
+    fresh = measured_profiles(model)
+    if not fresh:
         raise ValueError(
             "no auto profile of this model in this process: run generate with strategy='auto' on it first"
         )
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, PROFILE_FILE)
     entries = _read(path) if os.path.isfile(path) else []
-    fresh = [{**key, "profile": profile.to_dict()} for key, profile in mine]
     kept = [e for e in entries if not any(_matches(e, f) for f in fresh)]
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"format": 1, "entries": kept + fresh}, f, indent=1)
