@@ -1195,3 +1195,39 @@ def test_a_planner_process_that_died_is_reported_and_replaced():
     assert again is not None and again._server is not remote._server
     assert _drive(again, 3, lambda member: 1)
     again.finish()
+
+
+def test_draft_cost_between_and_beyond_measured_ks_never_falls_with_k():
+    """A drafter whose drafting grows with K is priced between measured Ks by interpolation and beyond them along a
+    slope that is never negative: one inflated measurement at a small K (a catch-up) cannot make larger Ks look
+    free."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add("dm", 1, 0.007, 1.0, 0.1)  # inflated (a catch-up at K = 1)
+        profile.add("dm", 4, 0.0016, 1.0, 0.1)
+        profile.add("dm", 6, 0.0020, 1.0, 0.1)
+    assert profile.draft_s("dm", 5) == pytest.approx(0.0018)  # between 4 and 6
+    assert profile.draft_s("dm", 9) >= profile.draft_s("dm", 6) == pytest.approx(0.0020)  # flat at worst
+    assert profile.draft_s("dm", 2) == pytest.approx(0.007 - (0.007 - 0.0016) / 3)
+    single = CostProfile()
+    single.add("dm", 4, 0.4, 1.0, 0.1)
+    assert single.draft_s("dm", 8) == pytest.approx(0.8)  # through the origin from one K
+
+
+def test_a_switch_step_prices_the_switch_not_its_k():
+    """The catch-up of a step right after a switch goes to the switch's price; the drafter's cost at that K keeps
+    its usual steps only."""
+    profile = CostProfile()
+    for _ in range(3):
+        profile.add(K0, 0, 0.0, 1.0, 0.2)
+        profile.add("dm", 4, 0.4, 1.2, 0.2)
+    planner = Planner(_members(pl=4, dm=4), max_k=8, profile=profile)
+    planner._last_ran = "pl"
+    planner.state_of["dm"].steps = 1
+    planner._take(
+        StepOutcome(0, 4, [4], 3.8, extra={"member": "dm", "issued": 4, "parts": (2.4, 1.2, 0.2)}), kept=False
+    )
+    planner._absorb()
+    assert profile.switch_s("dm") == pytest.approx(2.0)
+    assert list(profile.draft[("dm", 4)]) == [0.4, 0.4, 0.4]
+    assert len(profile.verify[5]) == 4  # the step's verify and update still count
