@@ -83,8 +83,9 @@ class SpeculationConfig:
             verifies each step. True: in a child process beside the loop (`generation/policies/remote.py`): the
             loop sends each step's outcome and takes the newest choice without waiting, so planning takes almost no
             host time from the steps (on small and medium models the host is what a step waits on); tensor-parallel
-            ranks, whose choices must agree, still plan in the loop. Lossless either way. Not yet measured against
-            the loop on a GPU (docs/results.md).
+            ranks, whose choices must agree, still plan in the loop. Lossless either way. Measured on one H100
+            (docs/results.md, run23) it did not pay: 0.72-0.92 of the best single strategy against 0.79-0.96 in
+            the loop.
         fused_modules: on CUDA with the ``triton`` backend, run the model's Llama-family RMSNorms and bias-free SiLU
             gated MLPs on fused Triton kernels during the call (module replacement, undone on exit; the same
             arithmetic, summed in a different order). Default True.
