@@ -292,6 +292,9 @@ TEACHER_FORCED_SETTINGS = {
     # blocks of 16 slots (Quest's page size) for either score, the same token budget
     "attn_b16": LossySparseVerify(attention=SparseAttention(block_size=16)),
     "attn_bounds_b16": LossySparseVerify(attention=SparseAttention(score="bounds", block_size=16)),
+    # one selection per row as the default, each block scored by the whole verify window's queries
+    "attn_window": LossySparseVerify(attention=SparseAttention(schedule="shared_window")),
+    "attn_window_rho0.3": LossySparseVerify(attention=SparseAttention(schedule="shared_window", rho=0.3)),
 }
 
 

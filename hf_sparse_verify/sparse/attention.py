@@ -11,7 +11,8 @@ Per verify step and layer, each (row, KV head) attends to a set of KV blocks of 
 A block's score (Eq. 5) is the query against the block's mean key, or with ``score="bounds"`` Quest's upper bound
 from the block's elementwise key minimum and maximum (`hf_sparse_verify.kernels.block_summary.bounds`), summed over
 the query heads of the KV head (the GQA group shares one selection). Which query scores depends on the schedule: the row's first verify token for
-every verify token (``"shared"``), the first token of each group of ``group_size`` (``"approx_shared"``) or every
+every verify token (``"shared"``), the mean of every verify token's score for one selection of the row
+(``"shared_window"``), the first token of each group of ``group_size`` (``"approx_shared"``) or every
 token for itself (``"exact_merged"``: the union is loaded once by the kernel and masked per query).
 
 Mean keys (or bounds) are kept per layer (`build` after the prefill, then refreshed in place inside every verify step from the
@@ -133,7 +134,7 @@ class BlockSparseVerifyAttention:
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
         # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
-        if cfg.schedule == "exact_merged" and q_len > 1:
+        if cfg.schedule in ("exact_merged", "shared_window") and q_len > 1:
             rows = query
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
             rows = query[:, :, :: cfg.group_size]  # each group's first token
@@ -149,6 +150,8 @@ class BlockSparseVerifyAttention:
             scores = score_blocks(
                 q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
             )
+        if cfg.schedule == "shared_window" and r > 1:  # one selection per row, scored by the whole window
+            scores, r = scores.mean(dim=0, keepdim=True), 1
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
         ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)
         picked = topk_slots(ranked, lo, hi, count, k_max, recent=local)  # [R * H_kv, B, k_max]

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULES = ("shared", "approx_shared", "exact_merged")
+SCHEDULES = ("shared", "shared_window", "approx_shared", "exact_merged")
 BLOCK_SCORES = ("mean", "bounds")
 MOE_RULES = ("threshold", "budget", "row_union")
 
@@ -56,7 +56,9 @@ class SparseAttention:
         dense_below: ``L0``: rows up to this many tokens verify densely. Default 4096 (the paper's safest).
         local_blocks: blocks right before the new tokens always kept. Default 2.
         schedule: which queries pick blocks: ``"shared"`` (the first verify token's query, for every verify token
-            of the row: paper 000), ``"approx_shared"`` (groups of ``group_size`` verify tokens, each group using
+            of the row: paper 000), ``"shared_window"`` (one selection per row as ``"shared"``, each block scored
+            by the mean of every verify token's score: the same blocks read, scored by the whole window),
+            ``"approx_shared"`` (groups of ``group_size`` verify tokens, each group using
             its first query's blocks: SSV's approximate schedule) or ``"exact_merged"`` (every verify token picks
             its own blocks; the union is loaded once and masked per query: SSV's exact schedule).
         group_size: verify tokens per group for ``"approx_shared"``. Default 4.

@@ -72,7 +72,7 @@ def _dense_masked(query, key, value, view, allowed):
 
 
 @pytest.mark.parametrize("score", ["mean", "bounds"])
-@pytest.mark.parametrize("schedule", ["shared", "approx_shared", "exact_merged"])
+@pytest.mark.parametrize("schedule", ["shared", "shared_window", "approx_shared", "exact_merged"])
 def test_selection_and_output_match_naive_definition(schedule, score):
     bs = 16
     cfg = SparseAttention(
@@ -97,16 +97,22 @@ def test_selection_and_output_match_naive_definition(schedule, score):
         keep = cfg.budget_blocks(start + q_len - pad) - (1 + last_new - first_new + 1)
         for g in range(h_kv):
             for i in range(q_len):
-                rep = {"shared": 0, "approx_shared": i - i % 2, "exact_merged": i}[schedule]
-                heads = query[row, g * 2 : g * 2 + 2, rep]  # [2, d]: the GQA group's query heads
+                # the verify tokens whose queries score the blocks (their scores averaged)
+                reps = {
+                    "shared": [0], "shared_window": list(range(q_len)), "approx_shared": [i - i % 2],
+                    "exact_merged": [i],
+                }[schedule]  # fmt: skip
                 blocks = [key[row, g, max(j * bs, pad) : min((j + 1) * bs, start + q_len)] for j in range(nb)]
 
-                def block_score(j, heads=heads, blocks=blocks):
+                def one_score(j, heads, blocks=blocks):
                     if score == "mean":
                         return float(heads.sum(0) @ blocks[j].mean(0))
                     # Quest: per head, sum over channels of the larger of q * min and q * max
                     low, high = blocks[j].amin(0), blocks[j].amax(0)
                     return float(torch.maximum(heads * low, heads * high).sum())
+
+                def block_score(j, reps=reps, row=row, g=g):  # [2, d] per verify token: the GQA group's heads
+                    return sum(one_score(j, query[row, g * 2 : g * 2 + 2, t]) for t in reps) / len(reps)
 
                 candidates = [j for j in range(sink, last_new + 1) if j not in forced]
                 scored = sorted(candidates, key=lambda j: (j not in local, -block_score(j)))
@@ -134,7 +140,7 @@ def _batch():
     return ids, mask
 
 
-@pytest.mark.parametrize("schedule", ["shared", "approx_shared", "exact_merged"])
+@pytest.mark.parametrize("schedule", ["shared", "shared_window", "approx_shared", "exact_merged"])
 def test_whole_budget_equals_plain_generate(schedule):
     """With a budget that keeps every block, sparse verification is dense verification: token-identical (fp32)."""
     model = _tiny()
