@@ -134,7 +134,10 @@ class BlockSparseVerifyAttention:
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
         # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
-        if cfg.schedule in ("exact_merged", "shared_window") and q_len > 1:
+        if cfg.schedule == "shared_window" and cfg.score == "mean" and q_len > 1:
+            # the mean of the window's scores q_t . m is the score of the window's mean query: one row, no extra cost
+            rows = query.mean(dim=2, keepdim=True)
+        elif cfg.schedule in ("exact_merged", "shared_window") and q_len > 1:
             rows = query
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
             rows = query[:, :, :: cfg.group_size]  # each group's first token
@@ -150,7 +153,7 @@ class BlockSparseVerifyAttention:
             scores = score_blocks(
                 q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
             )
-        if cfg.schedule == "shared_window" and r > 1:  # one selection per row, scored by the whole window
+        if cfg.schedule == "shared_window" and r > 1:  # bounds: each verify token's score, then their mean
             scores, r = scores.mean(dim=0, keepdim=True), 1
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
         ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)

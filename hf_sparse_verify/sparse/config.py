@@ -57,7 +57,8 @@ class SparseAttention:
         local_blocks: blocks right before the new tokens always kept. Default 2.
         schedule: which queries pick blocks: ``"shared"`` (the first verify token's query, for every verify token
             of the row: paper 000), ``"shared_window"`` (one selection per row as ``"shared"``, each block scored
-            by the mean of every verify token's score: the same blocks read, scored by the whole window),
+            by the mean of every verify token's score: the same blocks read, scored by the whole window; with
+            ``score="mean"`` that is the window's mean query against the mean keys, no dearer than ``"shared"``),
             ``"approx_shared"`` (groups of ``group_size`` verify tokens, each group using
             its first query's blocks: SSV's approximate schedule) or ``"exact_merged"`` (every verify token picks
             its own blocks; the union is loaded once and masked per query: SSV's exact schedule).
