@@ -57,6 +57,21 @@ def test_shape_cases_write_their_records(shared_models, tmp_path):
     assert lookup["vs_k0"] > 0 and lookup["vs_plain"] > 0 and lookup["mean_acceptance_length"] >= 1.0
 
 
+def test_trace_holds_each_case_and_the_planner_profiles(shared_models, tmp_path):
+    """``--trace``: each case's steps, and after each shape every cost profile `auto` measured (what its estimates
+    were priced by)."""
+    trace = tmp_path / "trace.json"
+    bench_e2e.main(["--shared", str(shared_models.parent), "--device", "cpu", "--shapes", "1x256", "--cases", "auto",
+                    "--new-tokens", "8", "--no-save", "--trace", str(trace)])  # fmt: skip
+    traces = json.loads(trace.read_text())
+    steps = traces["cpu:1x256:auto"]
+    assert len(steps["members"]) == len(steps["step_parts_s"]) > 0
+    # the process may hold other tests' profiles too: this call's is the one-row CPU entry with prompt lookup
+    mine = [p for p in traces["profiles after 1x256"] if p["batch"] == 1 and "prompt_lookup" in p["members"]]
+    assert mine and all(p["device"] == "cpu" for p in mine)
+    assert any(p["profile"]["verify"] for p in mine), "the timed calls' verify seconds"
+
+
 def test_mixed_sequence_is_fixed_and_varied(shared_models, models):
     tokenizer, _, _ = models
     path = shared_models / "prompts_long.jsonl"
