@@ -1231,3 +1231,27 @@ def test_a_switch_step_prices_the_switch_not_its_k():
     assert profile.switch_s("dm") == pytest.approx(2.0)
     assert list(profile.draft[("dm", 4)]) == [0.4, 0.4, 0.4]
     assert len(profile.verify[5]) == 4  # the step's verify and update still count
+
+
+def test_the_running_drafter_that_turned_is_renewed_whatever_the_share():
+    """Prompt lookup at a high K whose row stops hitting: its estimate is renewed every few steps while its steps
+    keep missing it (`_surprised`), even when the planning share allows no renewal (a host whose renewals look
+    dear), so it stops verifying 17 tokens that are all rejected."""
+    planner = Planner(_members(pl=4), max_k=16, plan_share=0.05)
+    picks = []
+    for i in range(80):
+        member, k = planner.next_step(10**6)
+        picks.append((member or K0, k))
+        planner.prepare()  # as the loop does: while this step verifies
+        if i == 40:
+            planner._renew_s = 10.0  # from here the share never allows a renewal
+        hit = i < 40  # copied text, then fresh text
+        accepted = [k if hit else 0] if member else [0]
+        parts = _parts(member, k)
+        planner.observe(
+            StepOutcome(i, k, accepted, sum(parts), extra={"member": member, "issued": k, "parts": parts})
+        )
+    assert max(k for _, k in picks[30:40]) == 16  # climbed while every draft was accepted
+    # the estimate follows the misses within a few renewals, the share notwithstanding: 17-token verifies stop (but
+    # for a trial after the back-off)
+    assert sum(k == 16 for _, k in picks[56:]) <= 2, picks[40:]

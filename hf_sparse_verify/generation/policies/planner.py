@@ -115,6 +115,10 @@ _REPLAN_EVERY = 4
 PLAN_SHARE = 0.05
 #: measurements after which `CostProfile.costs` recomputes its vectors (sooner when a new entry appears)
 _COST_REFRESH = 8
+#: a drafter's estimate is renewed (urgently) after `_SURPRISES` of its steps in a row whose tokens per row fell
+#: short of its estimate by a factor of `_SURPRISE` or more
+_SURPRISE = 2.0
+_SURPRISES = 2
 #: steps a switch of drafter is expected to last: a drafter's extra seconds on its first step after another drafted
 #: (a draft model's catch-up on the tokens committed meanwhile: 2.8-5.4 ms against 1.5 ms, one H100, 32 x 8K, run12)
 #: are spread over this many steps when a switch to it is weighed
@@ -577,6 +581,7 @@ class _MemberState:
     tokens: tuple | None = None  # ((its ``steps``, active rows), expected tokens [R, K + 1]) of its runs
     shadowed: bool = False  # its proposals are scored while others draft (prompt lookup): no trial needed
     hits: float | None = None  # share of the rows that accepted a draft at its last step
+    surprises: int = 0  # its steps in a row whose tokens per row missed its estimate by `_SURPRISE` or more
 
 
 class Planner(KPolicy):
@@ -710,6 +715,13 @@ class Planner(KPolicy):
                     name = self._urgent.pop(0)
                 else:
                     name = self.current[0] if self.current[0] in due else min(due, key=self._refreshed.__getitem__)
+            elif self.current[0] in self._urgent and self.step - self._renewed_step >= _REPLAN_EVERY:
+                # the drafter now running turned (its rows' hits flipped, or its steps fell far short of its
+                # estimate: `_surprised`): its estimate is renewed every `_REPLAN_EVERY` steps at most, whatever the
+                # share (one H100, run25, 4 x 16K: prompt lookup kept K = 16 for 30 steps whose one remaining row
+                # accepted nothing, 0.92 ms each against 0.65 at K = 3, its estimate held back by the 5% share)
+                name = self.current[0]
+                self._urgent.remove(name)
             if name is not None and name != K0:
                 begin = time.perf_counter()
                 self._renew(name)
@@ -905,10 +917,33 @@ class Planner(KPolicy):
                 # that all missed after a hit, its estimate of 8 tokens per step kept meanwhile)
                 self._make_urgent(member)
             state.hits = hits
+            if kept and self._surprised(state, issued, accepted):
+                self._make_urgent(member)
         state.last_step = outcome.index
         state.steps += 1
         if self.trial is not None and self.trial.member == member:
             self.trial.observed += 1
+
+    def _surprised(self, state: _MemberState, issued: int, accepted: list[int]) -> bool:
+        """Whether a drafter's estimate is wrong enough to renew: its rows' mean tokens (accepted + 1) fell short of
+        the estimate at that K (its rows' mean) by a factor of `_SURPRISE` or more, `_SURPRISES` of its steps in a row
+        (the dear way to be wrong: wide verifies of rejected drafts; an estimate that undersells a drafter is renewed
+        in its turn).
+        One miss after a copy streak barely moves a row's estimate; the misses that follow are no turn of the text,
+        and without this the estimate could stand until the planning share allowed a renewal (one H100, run25,
+        4 x 16K: prompt lookup kept K = 16 for 30 steps whose one remaining row accepted nothing)."""
+        if state.tokens is None or not accepted:
+            return False
+        per_row = state.tokens[1][0]  # [R, K + 1]: each active row's expected tokens, as of the last estimate
+        if issued >= per_row.shape[1]:
+            return False
+        expected = float(per_row[:, issued].mean())
+        realized = 1.0 + sum(accepted) / len(accepted)
+        state.surprises = state.surprises + 1 if expected >= _SURPRISE * realized else 0
+        if state.surprises >= _SURPRISES:
+            state.surprises = 0
+            return True
+        return False
 
     # ------------------------------------------------------------------------------------------------ estimates
     def utility(self, member: str, k: int) -> float | None:
