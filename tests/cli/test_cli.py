@@ -315,9 +315,9 @@ def test_calibrate_writes_a_loadable_calibration(tmp_path, capsys):
 
 
 def test_calibrate_grade_writes_classes_the_generate_call_honours(tmp_path, capsys):
-    """``--grade`` grades the attention settings at --rho, 0.3, 0.5 and 0.7 on each prompt's last tokens and writes their
-    classes; the demo target with ``precision="near_exact"`` and that calibration then runs the first near_exact
-    grade, or stays exact."""
+    """``--grade`` grades the attention settings at --rho, 0.3, 0.5 and 0.7 (at --rho and 0.3 window-scored first)
+    on each prompt's last tokens and writes their classes; the demo target with ``precision="near_exact"`` and that
+    calibration then runs the first near_exact grade, or stays exact."""
     from hf_sparse_verify.sparse.calibration import SparseCalibration
 
     prompts = tmp_path / "prompts.txt"
@@ -328,7 +328,10 @@ def test_calibrate_grade_writes_classes_the_generate_call_honours(tmp_path, caps
             "--rho", "0.1"]  # fmt: skip
     assert main(argv) == 0
     calibration = SparseCalibration.load(out)
-    assert [g["setting"]["attention"]["rho"] for g in calibration.grades] == [0.1, 0.3, 0.5, 0.7]
+    assert [(g["setting"]["attention"]["rho"], g["setting"]["attention"]["schedule"]) for g in calibration.grades] == [
+        (0.1, "shared_window"), (0.1, "shared"), (0.3, "shared_window"), (0.3, "shared"), (0.5, "shared"),
+        (0.7, "shared"),
+    ]  # fmt: skip
     for g in calibration.grades:
         assert g["class"] in ("near_exact", "balanced", "fast") and g["measures"]["positions"] == 23
         # balanced needs the acceptance ratio and the task score, which --grade does not measure here
