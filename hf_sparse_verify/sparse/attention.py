@@ -85,6 +85,9 @@ class BlockSparseVerifyAttention:
         self.record = record
         self.recorded: dict[int, torch.Tensor] = {}  # layer -> [B, H_kv, NB] bool (record mode)
         self._selection: dict[int, tuple] = {}  # layer -> its selection in the running forward
+        # "shared_window": batch -> each row's drafted tokens in the coming verify step ([B] int64, filled in place
+        # by `drafted` so that captured graphs read the current step's; every verify token counts until then)
+        self.drafts: dict[int, torch.Tensor] = {}
 
     def selecting_layers(self) -> list[int]:
         return sorted(set(self.source))
@@ -92,6 +95,8 @@ class BlockSparseVerifyAttention:
     def build(self, cache, pad: torch.Tensor, length: torch.Tensor) -> None:
         """Block summaries (mean keys or bounds) of the selecting layers from a prefilled `SpecCache` (rows hold
         ``pad <= slot < length``)."""
+        if self.cfg.schedule == "shared_window":
+            self._reset_drafts(pad.shape[0], pad.device)
         build = build_block_bounds if self.cfg.score == "bounds" else build_block_summaries
         for layer in self.selecting_layers():
             keys = cache.layers[layer].keys
@@ -100,6 +105,30 @@ class BlockSparseVerifyAttention:
                 self.mean_key[layer].copy_(fresh)
             else:
                 self.mean_key[layer] = fresh
+
+    def drafted(self, counts: torch.Tensor) -> None:
+        """Each row's drafted tokens in the coming verify step (``[B]``): ``"shared_window"`` averages the scores of
+        the row's real verify tokens only (the pending token and its drafts, not the filler after a short draft)."""
+        kept = self.drafts.get(counts.shape[0])
+        if kept is not None:
+            kept.copy_(counts)
+
+    def _reset_drafts(self, batch: int, device: torch.device) -> None:
+        """Every verify token real until `drafted` says otherwise (a step driven without it: the quality harness);
+        the tensor is kept per batch, so graphs captured in an earlier call read the same one."""
+        kept = self.drafts.get(batch)
+        if kept is None or kept.device != device:
+            kept = self.drafts[batch] = torch.empty(batch, dtype=torch.int64, device=device)
+        kept.fill_(1 << 30)
+
+    def _window_weights(self, batch: int, q_len: int, device: torch.device) -> torch.Tensor:
+        """``[B, q]`` float32: each verify token's weight in its row's ``"shared_window"`` score (1 / the row's real
+        tokens for the pending token and its drafts, 0 for filler)."""
+        positions = torch.arange(q_len, device=device)[None, :]  # [1, q]
+        drafts = self.drafts.get(batch)
+        last = drafts.to(device)[:, None] if drafts is not None else positions.new_full((batch, 1), q_len)
+        real = positions <= last  # [B, q]
+        return real.float() / real.sum(dim=1, keepdim=True).float()
 
     # --------------------------------------------------------------------------------------------- selection
     def _window(self, view, k_max: int) -> tuple[torch.Tensor, ...]:
@@ -134,9 +163,12 @@ class BlockSparseVerifyAttention:
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
         # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
-        if cfg.schedule == "shared_window" and cfg.score == "mean" and q_len > 1:
+        weights = None
+        if cfg.schedule == "shared_window" and q_len > 1:
+            weights = self._window_weights(batch, q_len, query.device)  # [B, q]
+        if weights is not None and cfg.score == "mean":
             # the mean of the window's scores q_t . m is the score of the window's mean query: one row, no extra cost
-            rows = query.mean(dim=2, keepdim=True)
+            rows = (query * weights[:, None, :, None].to(query.dtype)).sum(dim=2, keepdim=True)
         elif cfg.schedule in ("exact_merged", "shared_window") and q_len > 1:
             rows = query
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:
@@ -153,8 +185,10 @@ class BlockSparseVerifyAttention:
             scores = score_blocks(
                 q_rows, mean_key.expand(r, *mean_key.shape), view.pad, view.start, cfg.block_size
             )
-        if cfg.schedule == "shared_window" and r > 1:  # bounds: each verify token's score, then their mean
-            scores, r = scores.mean(dim=0, keepdim=True), 1
+        if weights is not None and r > 1:  # bounds: each verify token's score, then their weighted mean
+            finite = torch.isfinite(scores[:1])  # [1, B, H_kv, NB]: blocks without a valid slot are -inf for all
+            summed = (torch.where(torch.isfinite(scores), scores, 0.0) * weights.t()[:, :, None, None]).sum(0, True)
+            scores, r = torch.where(finite, summed, float("-inf")), 1
         # topk_slots ranks [N, B, NB]: N = R x H_kv selections per batch row
         ranked = scores.permute(0, 2, 1, 3).reshape(r * h_kv, batch, nb)
         picked = topk_slots(ranked, lo, hi, count, k_max, recent=local)  # [R * H_kv, B, k_max]

@@ -65,6 +65,10 @@ class SparseVerifyState(VerifySparsity):
         if self.attention is not None:
             self.attention.build(cache, pad, length)
 
+    def drafted(self, counts: torch.Tensor) -> None:
+        if self.attention is not None:
+            self.attention.drafted(counts)
+
     def attend(self, module, query, key, value, view, scaling):
         if self.attention is None:
             return None

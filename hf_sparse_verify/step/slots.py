@@ -243,3 +243,8 @@ class VerifySparsity:
     def moe_skip(self, layer: int) -> MoESkip | None:
         """Expert skipping of layer ``layer``, or None (every routed expert)."""
         return None
+
+    def drafted(self, counts: torch.Tensor) -> None:
+        """Each row's drafted tokens in the coming verify step (``[B]`` int, on the device of the step's tensors),
+        given by the loop before the forward and outside captured graphs: verify tokens past ``counts[b]`` are
+        filler. Default: not needed."""

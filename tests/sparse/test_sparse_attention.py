@@ -125,6 +125,37 @@ def test_selection_and_output_match_naive_definition(schedule, score):
     assert (allowed.sum(-1) < (view.query_slots[:, None, :] + 1 - view.pad[:, None, None])).all()
 
 
+@pytest.mark.parametrize("score", ["mean", "bounds"])
+def test_shared_window_scores_only_the_real_tokens_of_a_short_draft(score):
+    """``"shared_window"`` averages the scores of a row's pending token and drafts: the filler after a short draft
+    (row 0 drafted 1 of 3 tokens) does not move its selection, so its real tokens' outputs do not change."""
+    cfg = SparseAttention(
+        block_size=16, rho=0.4, dense_below=32, local_blocks=1, schedule="shared_window", score=score
+    )
+    query, key, value, view = _setup()
+    q_len, d = query.shape[2], query.shape[3]
+    module = types.SimpleNamespace(layer_idx=0)
+    cache = types.SimpleNamespace(layers=[types.SimpleNamespace(keys=key)])
+
+    def attend(q, told: bool) -> torch.Tensor:
+        attn = BlockSparseVerifyAttention(cfg, num_layers=1)
+        attn.build(cache, view.pad, view.start + q_len)
+        if told:
+            attn.drafted(torch.tensor([1, q_len - 1]))
+        return attn.attend(module, q, key, value, view, 1 / math.sqrt(d))
+
+    told, untold = attend(query, True), attend(query, False)
+    torch.testing.assert_close(told[1], untold[1])  # row 1: every verify token real
+    moved = 0
+    for seed in range(6):
+        filler = query.clone()
+        gen = torch.Generator().manual_seed(seed)
+        filler[0, :, 2:] = 10 * torch.randn(filler[0, :, 2:].shape, generator=gen)  # other filler
+        torch.testing.assert_close(attend(filler, True)[0, :2], told[0, :2])
+        moved += not torch.allclose(attend(filler, False)[0, :2], untold[0, :2])
+    assert moved, "the test can fail: untold, some filler moves row 0's selection"
+
+
 def _generate(model, ids, mask, sparse, n=12, strategy="prompt_lookup"):
     return model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, custom_generate=hsv.generate,

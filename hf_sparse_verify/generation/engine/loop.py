@@ -244,6 +244,8 @@ def speculative_decode(
             slots = (
                 {**drafter.step_slots(Phase.VERIFY), "verify_sparsity": sparsity} if k > 0 else plain_slots
             )
+            if sparsity is not None and k > 0:
+                sparsity.drafted(draft.counts)  # which verify tokens are filler after a short draft
             logits = target.forward(
                 ids, start, Phase.VERIFY, kv_len=state.max_pending() + k + 1, uniform_start=state.uniform(),
                 **slots,
