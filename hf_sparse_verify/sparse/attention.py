@@ -164,8 +164,10 @@ class BlockSparseVerifyAttention:
         lo, hi, count, local = self._window(view, k_max)
         # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
         weights = None
-        if cfg.schedule == "shared_window" and q_len > 1:
-            weights = self._window_weights(batch, q_len, query.device)  # [B, q]
+        if cfg.schedule == "shared_window" and q_len > 1:  # [B, q], shared by the device's selecting layers
+            weights = view.extra.get("shared_window_weights")
+            if weights is None:
+                weights = view.extra["shared_window_weights"] = self._window_weights(batch, q_len, query.device)
         if weights is not None and cfg.score == "mean":
             # the mean of the window's scores q_t . m is the score of the window's mean query: one row, no extra cost
             rows = (query * weights[:, None, :, None].to(query.dtype)).sum(dim=2, keepdim=True)
