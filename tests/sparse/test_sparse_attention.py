@@ -142,7 +142,8 @@ def test_shared_window_scores_only_the_real_tokens_of_a_short_draft(score):
         attn.build(cache, view.pad, view.start + q_len)
         if told:
             attn.drafted(torch.tensor([1, q_len - 1]))
-        return attn.attend(module, q, key, value, view, 1 / math.sqrt(d))
+        step = StepContext("verify", view.start, view.pad, q_len=q_len, kv_len=key.shape[2])  # a step of its own
+        return attn.attend(module, q, key, value, step.on(q.device), 1 / math.sqrt(d))
 
     told, untold = attend(query, True), attend(query, False)
     torch.testing.assert_close(told[1], untold[1])  # row 1: every verify token real
