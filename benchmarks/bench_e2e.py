@@ -357,6 +357,14 @@ def step_trace(s) -> dict:
     return {name: getattr(s, name) for name in fields}
 
 
+def _add_trace(path: str, key: str, value) -> None:
+    """``value`` under ``key`` in the ``--trace`` file (kept across shapes and runs)."""
+    path = Path(path)
+    traces = json.loads(path.read_text()) if path.exists() else {}
+    traces[key] = value
+    path.write_text(json.dumps(traces))
+
+
 def device_name(device) -> str:
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -582,17 +590,11 @@ def main(argv: list[str] | None = None) -> None:
         ):
             trace = record.pop("trace", None)
             if args.trace and trace is not None:
-                path = Path(args.trace)
-                traces = json.loads(path.read_text()) if path.exists() else {}
-                traces[setting] = trace
-                path.write_text(json.dumps(traces))
+                _add_trace(args.trace, setting, trace)
             _print(record)
             _records.save(args, record, args.device, setting=setting)
         if args.trace:  # the auto planner's cost profiles as measured so far (what its estimates were priced by)
-            path = Path(args.trace)
-            traces = json.loads(path.read_text()) if path.exists() else {}
-            traces[f"profiles after {shape}"] = measured_profiles()
-            path.write_text(json.dumps(traces))
+            _add_trace(args.trace, f"profiles after {shape}", measured_profiles())
     if args.mixed:
         calls = mixed_sequence(prompts_path, tokenizer, args.mixed_scale, args.device)
 

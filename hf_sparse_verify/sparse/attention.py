@@ -162,7 +162,7 @@ class BlockSparseVerifyAttention:
         batch, h_kv, nb = summaries.shape[0], summaries.shape[1], summaries.shape[2]
         k_max = max(1, min(nb, cfg.budget_blocks(key.shape[2])))
         lo, hi, count, local = self._window(view, k_max)
-        # the scoring query rows as a strided view [B, H, R, D] (slices: no index tensor, nothing copied to the device)
+        # the scoring query rows [B, H, R, D]: strided views (slices, no index tensor), or one weighted mean row
         weights = None
         if cfg.schedule == "shared_window" and q_len > 1:  # [B, q], shared by the device's selecting layers
             weights = view.extra.get("shared_window_weights")
