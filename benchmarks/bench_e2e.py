@@ -15,7 +15,9 @@ Cases (``--cases``): ``k0`` (our K = 0 path), ``transformers`` (plain generate),
 K, where the library reports it); a ``@torch`` suffix on ``prompt_lookup`` runs its device n-gram search on the
 PyTorch reference instead of the Triton kernel (an A/B of the search); ``auto@process`` plans in the planner
 process (``planner_process=True``), ``auto@share=X`` in the loop with ``X`` (or ``none``: no limit) as its planning
-share instead of `PLAN_SHARE` (A/Bs of the planning's host time).
+share instead of `PLAN_SHARE` (A/Bs of the planning's host time). A ``+SETTING`` suffix verifies with a LOSSY
+sparse-verification setting named in `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (``prompt_lookup:4+attn_window``;
+its records carry ``lossy``: the setting's name; `bench_sparse_e2e.py` runs such cases beside their dense twins).
 
     python benchmarks/bench_e2e.py --shapes 16x16384 --cases k0 transformers prompt_lookup:4 prompt_lookup@torch:4
 
@@ -175,12 +177,20 @@ def _generated(new: torch.Tensor, eos) -> int:
 def parse_case(case: str) -> dict:
     """A case's label fields and ``generate`` arguments: ``strategy`` (``k0``, ``transformers``, the strategy name,
     with ``@torch`` kept), ``k_policy`` (``plain``, ``constant``, ``utility``, ``heuristic``, ``auto``, None for
-    plain generate), ``num_draft_tokens``, ``search`` and ``speculation`` (None for plain generate)."""
+    plain generate), ``num_draft_tokens``, ``search``, ``lossy`` (the lossy setting's name, else None) and
+    ``speculation`` (None for plain generate)."""
+    case, _, lossy = case.partition("+")
+    if lossy:
+        parsed = parse_case(case)
+        if parsed["speculation"] is None or parsed["strategy"] in ("k0", "transformers"):
+            raise SystemExit(f"case {case}+{lossy}: a lossy setting needs a drafting strategy (STRATEGY:K, ...)")
+        parsed["speculation"]["lossy_sparse_verify"] = lossy_setting(lossy).to_dict()
+        return dict(parsed, lossy=lossy)
     name, _, k = case.partition(":")
     strategy, _, search = name.partition("@")
     if strategy == "transformers":
         return dict(
-            strategy="transformers", k_policy=None, num_draft_tokens=None, search="", speculation=None
+            strategy="transformers", k_policy=None, num_draft_tokens=None, search="", lossy=None, speculation=None
         )
     if strategy == "k0":
         spec, label, k_policy = dict(strategy="prompt_lookup", k_policy="plain"), "k0", "plain"
@@ -207,8 +217,19 @@ def parse_case(case: str) -> dict:
         k_policy=k_policy,
         num_draft_tokens=int(k) if k.isdigit() else None,
         search=search,
+        lossy=None,
         speculation=spec,
     )
+
+
+def lossy_setting(name: str):
+    """The LOSSY sparse-verification setting of that name (`bench_sparse_quality.TEACHER_FORCED_SETTINGS`, where
+    its quality is measured)."""
+    from benchmarks.bench_sparse_quality import TEACHER_FORCED_SETTINGS
+
+    if name not in TEACHER_FORCED_SETTINGS:
+        raise SystemExit(f"unknown lossy setting {name!r}: use one of {sorted(TEACHER_FORCED_SETTINGS)}")
+    return TEACHER_FORCED_SETTINGS[name]
 
 
 def _share(search: str) -> float | None:
@@ -280,6 +301,8 @@ def run_cases(cases, target, draft, ids, new_tokens: int, device, repeats: int =
 def _record(parsed: dict, first, timed: list, target, draft, ids, device) -> dict:
     """A case's record from its warm-up call and timed calls (each ``(output, wall seconds)`` of `_call`)."""
     fields = {k: parsed[k] for k in ("strategy", "k_policy", "num_draft_tokens")}
+    if parsed["lossy"]:
+        fields["lossy"] = parsed["lossy"]
     repeats = len(timed)
     # plain generate: the calls, then a prefill-only call for the decode figure
     if parsed["speculation"] is None:

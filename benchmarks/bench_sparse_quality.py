@@ -370,9 +370,14 @@ def run_teacher_forced(args, device) -> list[dict]:
         )
         floor = results.pop("noise_floor").summary()
         task = {}
+        task_context = None
         if args.task_lines:  # next-line completion: lines from held-out prompts longer than the context
             texts = [t for n in (12288, 16384) if n > context for t in _prompts(long_file, n, 12, tokenizer)]
-            examples = next_line_examples(texts, tokenizer, context, args.task_lines)
+            task_context, spacing = context, 256
+            if not texts:  # no longer windows (16K): prompts of context - margin tokens, lines from the last margin
+                texts = _prompts(long_file, 16384, 12, tokenizer)
+                task_context, spacing = context - args.task_margin, 32
+            examples = next_line_examples(texts, tokenizer, task_context, args.task_lines, spacing=spacing)
             if examples:
                 task = next_line_task(model, tokenizer, examples, {"dense": None, **settings}, k=args.k)
         for name, quality in results.items():
@@ -387,6 +392,7 @@ def run_teacher_forced(args, device) -> list[dict]:
                     em=task[name]["em"], em_dense=task["dense"]["em"], em_delta=em_delta, em_delta_ci=em_ci,
                     edit_sim=task[name]["edit_sim"], edit_sim_dense=task["dense"]["edit_sim"],
                     edit_sim_delta=sim_delta, edit_sim_delta_ci=sim_ci, task_lines=task[name]["lines"],
+                    task_context=task_context,
                 )  # fmt: skip
             measures = dict(summary, **scores, free_running_tokens=args.free_running)
             klass, why = grant(measures)
@@ -440,6 +446,11 @@ def main() -> None:
         help="teacher_forced suite: lines of the next-line completion task (exact match and edit similarity, "
         "paired against dense; the issue asks for >= 300) from held-out prompts longer than the context; 0: skip",
     )
+    parser.add_argument(
+        "--task-margin", type=int, default=1024,
+        help="at a context no held-out window is longer than (16K), the task's prompts are this many tokens "
+        "shorter and its lines come from the windows' last tokens, 32 tokens apart (records: task_context)",
+    )  # fmt: skip
     _records.add_arguments(parser, "sparse_quality")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
