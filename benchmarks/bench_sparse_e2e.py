@@ -6,7 +6,10 @@ with dense verification, side by side in one process (`bench_e2e.run_shape`: one
 Per (shape, drafter, setting) one record: ``setting``, ``class`` (the setting's precision class at the shape's
 context bucket, from ``results/sparse_quality.json``; ``"ungraded"`` where it has none), ``strategy``, ``k_policy``,
 ``num_draft_tokens``, ``batch``, ``context``, ``decode_tokens_per_s``, ``dense_decode_tokens_per_s``, ``vs_dense``,
-both acceptance lengths, both verify ms per step, ``device``, ``commit``. Settings are the names of
+both acceptance lengths, both verify ms per step, ``step_ms`` / ``dense_step_ms`` (decode ms per step) and
+``vs_dense_per_step`` (their ratio: what the setting does to a step's speed, apart from acceptance, which a lossy
+setting also moves by changing the output: papers/000's warning), both e2e records' scalar fields, ``device``,
+``commit``. Settings are the names of
 `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (where their quality is measured).
 
     python benchmarks/bench_sparse_e2e.py --shapes 4x16384 16x16384 --drafters prompt_lookup:4 vegas:6 \\
@@ -46,6 +49,17 @@ def quality_class(name: str, context: int, quality_records: list[dict]) -> tuple
     return klass, bucket
 
 
+def step_ms(record: dict) -> float:
+    """Decode milliseconds per step of a `bench_e2e` record (wall - prefill - capture over the batch's steps):
+    the speed of a step whatever the acceptance, which a lossy setting can move by changing the output."""
+    return 1000 * (record["wall_s"] - record["prefill_s"] - record["capture_s"]) / max(record["steps"], 1)
+
+
+def _brief(record: dict) -> dict:
+    """A `bench_e2e` record's scalar fields (step parts, host time, capture) kept beside the comparison."""
+    return {k: v for k, v in record.items() if not isinstance(v, (list, dict))}
+
+
 def sparse_records(shape_results: list[tuple[str, dict]], quality_records: list[dict]) -> list[tuple[str, dict]]:
     """``(setting, record)`` per lossy case of one shape's `run_shape` results, against its dense twin."""
     dense = {
@@ -72,7 +86,8 @@ def sparse_records(shape_results: list[tuple[str, dict]], quality_records: list[
             dense_draft_ms=twin["draft_ms"], steps=r["steps"], dense_steps=twin["steps"],
             decode_tokens_per_s_all=r["decode_tokens_per_s_all"],
             dense_decode_tokens_per_s_all=twin["decode_tokens_per_s_all"], vs_k0=r["vs_k0"],
-            device=r["device"], commit=commit(),
+            step_ms=step_ms(r), dense_step_ms=step_ms(twin), vs_dense_per_step=step_ms(twin) / step_ms(r),
+            e2e=_brief(r), dense_e2e=_brief(twin), device=r["device"], commit=commit(),
         )))  # fmt: skip
     return out
 
