@@ -16,7 +16,7 @@ K, where the library reports it); a ``@torch`` suffix on ``prompt_lookup`` runs 
 PyTorch reference instead of the Triton kernel (an A/B of the search); ``auto@process`` plans in the planner
 process (``planner_process=True``), ``auto@share=X`` in the loop with ``X`` (or ``none``: no limit) as its planning
 share instead of `PLAN_SHARE` (A/Bs of the planning's host time). A ``+SETTING`` suffix verifies with a LOSSY
-sparse-verification setting named in `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (``prompt_lookup:4+attn_window``;
+sparse-verification setting named in `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (``prompt_lookup:4+default``;
 its records carry ``lossy``: the setting's name; `bench_sparse_e2e.py` runs such cases beside their dense twins).
 
     python benchmarks/bench_e2e.py --shapes 16x16384 --cases k0 transformers prompt_lookup:4 prompt_lookup@torch:4

@@ -13,7 +13,7 @@ setting also moves by changing the output: papers/000's warning), both e2e recor
 `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (where their quality is measured).
 
     python benchmarks/bench_sparse_e2e.py --shapes 4x16384 16x16384 --drafters prompt_lookup:4 vegas:6 \\
-        --settings attn_window default
+        --settings default attn_shared
 
 Writes ``results/sparse_e2e.json`` (a record per ``case`` ``<device>:<B>x<L>:<drafter>+<setting>``).
 """
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["4x16384", "16x16384"])
     parser.add_argument("--drafters", nargs="+", default=["prompt_lookup:4", "vegas:6"], help="bench_e2e cases")
-    parser.add_argument("--settings", nargs="+", default=["attn_window"], help="lossy settings, by name")
+    parser.add_argument("--settings", nargs="+", default=["default"], help="lossy settings, by name")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))

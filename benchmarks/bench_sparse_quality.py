@@ -42,7 +42,7 @@ from hf_sparse_verify.drivers.machine import machine_info
 from hf_sparse_verify.sparse import LossySparseVerify, SparseAttention, SparseFFN, SparseMoE
 from hf_sparse_verify.sparse.calibration import FILE_NAME
 
-DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, shared schedule
+DEFAULT = LossySparseVerify()  # attention only: block 64, rho 0.1, L0 4096, window-scored (shared_window) schedule
 
 DENSE_SETTINGS = {
     "default": DEFAULT,
@@ -314,23 +314,28 @@ def plot(records: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-#: settings of the teacher-forced suite (attention settings that need no calibration: the block rule's budget)
+#: settings of the teacher-forced suite (attention settings that need no calibration: the block rule's budget). Each
+#: names its schedule, so a record's setting keeps its meaning when the library's default changes (the default was
+#: ``"shared"`` until 2026-12-07: those records are ``attn_shared`` now).
 TEACHER_FORCED_SETTINGS = {
+    # one selection per row, each block scored by the whole verify window's queries (the default since 2026-12-07)
     "default": DEFAULT,
-    "attn_rho0.05": LossySparseVerify(attention=SparseAttention(rho=0.05)),
-    "attn_rho0.3": LossySparseVerify(attention=SparseAttention(rho=0.3)),
-    # denser budgets, looking for a near_exact setting (no flips at dense margin >= 1)
-    "attn_rho0.5": LossySparseVerify(attention=SparseAttention(rho=0.5)),
-    "attn_rho0.7": LossySparseVerify(attention=SparseAttention(rho=0.7)),
-    # Quest's block score: the bound of q . k from the block's elementwise key minimum and maximum
-    "attn_bounds": LossySparseVerify(attention=SparseAttention(score="bounds")),
-    "attn_bounds_rho0.05": LossySparseVerify(attention=SparseAttention(score="bounds", rho=0.05)),
-    # blocks of 16 slots (Quest's page size) for either score, the same token budget
-    "attn_b16": LossySparseVerify(attention=SparseAttention(block_size=16)),
-    "attn_bounds_b16": LossySparseVerify(attention=SparseAttention(score="bounds", block_size=16)),
-    # one selection per row as the default, each block scored by the whole verify window's queries
-    "attn_window": LossySparseVerify(attention=SparseAttention(schedule="shared_window")),
     "attn_window_rho0.3": LossySparseVerify(attention=SparseAttention(schedule="shared_window", rho=0.3)),
+    # paper 000's rule: one selection per row from its first verify token's query
+    "attn_shared": LossySparseVerify(attention=SparseAttention(schedule="shared")),
+    "attn_rho0.05": LossySparseVerify(attention=SparseAttention(schedule="shared", rho=0.05)),
+    "attn_rho0.3": LossySparseVerify(attention=SparseAttention(schedule="shared", rho=0.3)),
+    # denser budgets, looking for a near_exact setting (no flips at dense margin >= 1)
+    "attn_rho0.5": LossySparseVerify(attention=SparseAttention(schedule="shared", rho=0.5)),
+    "attn_rho0.7": LossySparseVerify(attention=SparseAttention(schedule="shared", rho=0.7)),
+    # Quest's block score: the bound of q . k from the block's elementwise key minimum and maximum
+    "attn_bounds": LossySparseVerify(attention=SparseAttention(schedule="shared", score="bounds")),
+    "attn_bounds_rho0.05": LossySparseVerify(attention=SparseAttention(schedule="shared", score="bounds", rho=0.05)),
+    # blocks of 16 slots (Quest's page size) for either score, the same token budget
+    "attn_b16": LossySparseVerify(attention=SparseAttention(schedule="shared", block_size=16)),
+    "attn_bounds_b16": LossySparseVerify(
+        attention=SparseAttention(schedule="shared", score="bounds", block_size=16)
+    ),
 }
 
 

@@ -38,7 +38,10 @@ ATTENTION = SparseAttention(block_size=64, rho=0.1, dense_below=4096)
 #: name -> settings. FFN and MoE thresholds are fixed values here (random weights have no calibration); their quality
 #: is measured on the trained fixtures by bench_sparse_quality.py
 SETTINGS = {
-    "attn": LossySparseVerify(attention=ATTENTION),
+    "attn": LossySparseVerify(attention=ATTENTION),  # the library's default rule (window-scored since 2026-12-07)
+    # paper 000's first-token rule, the library default until 2026-12-07 (what the earlier `attn` records ran)
+    "attn_shared": LossySparseVerify(attention=SparseAttention(schedule="shared")),
+    "attn_reuse_shared": LossySparseVerify(attention=SparseAttention(schedule="shared", reuse=True)),
     "attn_exact": LossySparseVerify(attention=SparseAttention(schedule="exact_merged")),
     "attn_approx": LossySparseVerify(attention=SparseAttention(schedule="approx_shared", group_size=4)),
     "attn_reuse": LossySparseVerify(

@@ -169,8 +169,12 @@ class BlockSparseVerifyAttention:
             if weights is None:
                 weights = view.extra["shared_window_weights"] = self._window_weights(batch, q_len, query.device)
         if weights is not None and cfg.score == "mean":
-            # the mean of the window's scores q_t . m is the score of the window's mean query: one row, no extra cost
-            rows = (query * weights[:, None, :, None].to(query.dtype)).sum(dim=2, keepdim=True)
+            # the mean of the window's scores q_t . m is the score of the window's mean query: one row, one batched
+            # matmul per selecting layer ([B, 1, 1, q] @ [B, H, q, D]; the weights cast once per step)
+            cast = view.extra.get(("shared_window_weights", query.dtype))
+            if cast is None:
+                cast = view.extra[("shared_window_weights", query.dtype)] = weights[:, None, None, :].to(query.dtype)
+            rows = torch.matmul(cast, query)
         elif cfg.schedule in ("exact_merged", "shared_window") and q_len > 1:
             rows = query
         elif cfg.schedule == "approx_shared" and q_len > cfg.group_size:

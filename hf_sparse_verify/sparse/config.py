@@ -55,10 +55,11 @@ class SparseAttention:
         rho: share of the tokens past ``dense_below`` kept (0 < rho <= 1). Default 0.1 (the paper's).
         dense_below: ``L0``: rows up to this many tokens verify densely. Default 4096 (the paper's safest).
         local_blocks: blocks right before the new tokens always kept. Default 2.
-        schedule: which queries pick blocks: ``"shared"`` (the first verify token's query, for every verify token
-            of the row: paper 000), ``"shared_window"`` (one selection per row as ``"shared"``, each block scored
-            by the mean of every verify token's score: the same blocks read, scored by the whole window; with
-            ``score="mean"`` that is the window's mean query against the mean keys, no dearer than ``"shared"``),
+        schedule: which queries pick blocks: ``"shared_window"`` (the default: one selection per row, each block
+            scored by the mean of the row's verify tokens' scores; with ``score="mean"`` that is the window's mean
+            query against the mean keys, one batched matmul more per selecting layer; graded ``balanced`` at 8K and
+            16K on the fixture, where ``"shared"`` fails at 16K: docs/results.md), ``"shared"`` (the first verify
+            token's query, for every verify token of the row: paper 000's rule; the default until 2026-12-07),
             ``"approx_shared"`` (groups of ``group_size`` verify tokens, each group using
             its first query's blocks: SSV's approximate schedule) or ``"exact_merged"`` (every verify token picks
             its own blocks; the union is loaded once and masked per query: SSV's exact schedule).
@@ -76,7 +77,7 @@ class SparseAttention:
     rho: float = 0.1
     dense_below: int = 4096
     local_blocks: int = 2
-    schedule: str = "shared"
+    schedule: str = "shared_window"
     group_size: int = 4
     reuse: bool = False
     anchors: int | None = None
