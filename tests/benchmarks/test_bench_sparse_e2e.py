@@ -65,3 +65,15 @@ def test_case_suffix_names_a_measured_setting():
         parse_case("prompt_lookup:4+rho0.2")
     with pytest.raises(SystemExit, match="needs a drafting strategy"):
         parse_case("k0+default")
+
+
+def test_plot_draws_every_case(tmp_path):
+    from benchmarks.bench_sparse_e2e import plot
+
+    dense = _e2e(None, 100.0, 100, 0.3, 3.5)
+    records = [r for _, r in sparse_records([("a", dense), ("a+default", _e2e("default", 150.0, 80, 0.26, 4.0))],
+                                            QUALITY)]  # fmt: skip
+    records.append(dict(records[0], vs_dense_per_step=None, run="older"))  # a run without the per-step columns
+    out = tmp_path / "e2e.png"
+    assert plot(records, str(out)) == str(out)
+    assert out.stat().st_size > 10_000
