@@ -262,10 +262,11 @@ def plot_teacher_forced(records: list[dict], path: str) -> str:
     import matplotlib.pyplot as plt
 
     rows = [r for r in records if r.get("suite") == "teacher_forced" and "delta_nll_pct" in r]
-    contexts = sorted({r["context"] for r in rows})
-    fig, axes = plt.subplots(1, len(contexts), figsize=(6.5 * len(contexts), 4.8), squeeze=False)
-    for ax, context in zip(axes[0], contexts):
-        here = sorted((r for r in rows if r["context"] == context), key=lambda r: r["delta_nll_pct"])
+    panels = sorted({(r.get("model", "code-target"), r["context"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    for ax, (model, context) in zip(axes[0], panels):
+        here = sorted((r for r in rows if r["context"] == context and r.get("model", "code-target") == model),
+                      key=lambda r: r["delta_nll_pct"])  # fmt: skip
         floor = next((r["noise_floor"] for r in here if r.get("noise_floor")), None)
         bars = [("noise floor (bf16 vs fp32)", floor, "")] if floor else []
         bars += [(r["setting"], r, r.get("class", "")) for r in here]
@@ -280,8 +281,8 @@ def plot_teacher_forced(records: list[dict], path: str) -> str:
         ax.axvline(0.0, color="grey", lw=0.5)
         ax.axvline(1.0, color="tab:blue", lw=0.5, ls="--")
         ax.set_xlabel("delta NLL against dense verification, % [bootstrap 95% CI]")
-        ax.set_title(f"{context // 1024}K context", fontsize=9)
-    fig.suptitle("LOSSY sparse verification, teacher-forced on held-out code (code-target, float32); "
+        ax.set_title(f"{model}, {context // 1024}K context", fontsize=9)
+    fig.suptitle("LOSSY sparse verification, teacher-forced on held-out code (float32); "
                  "dashed: balanced's +1% gate", fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -338,6 +339,13 @@ TEACHER_FORCED_SETTINGS = {
     ),
 }
 
+#: code-moe's teacher-forced settings: expert skipping that needs no calibration (row_union; code-moe routes each
+#: token to 4 of 16 experts, a row's 7 verify tokens to most of them)
+MOE_TEACHER_FORCED_SETTINGS = {
+    "moe_row8": MOE_SETTINGS["moe_row8"],  # a verify row reads its 8 heaviest experts per layer (half)
+    "moe_row4": MOE_SETTINGS["moe_row4"],  # its 4 heaviest (a quarter: a token keeps at least its top one)
+}
+
 
 def teacher_forced_windows(prompt_file: str, context: int, count: int, positions: int, window: int, tokenizer):
     """``count`` held-out windows of ``context`` tokens as ``(prompt, continuation)``: the last ``positions`` + 1
@@ -352,8 +360,9 @@ def teacher_forced_windows(prompt_file: str, context: int, count: int, positions
 
 
 def run_teacher_forced(args, device) -> list[dict]:
-    """The teacher-forced suite (`hf_sparse_verify.drivers.quality`) on code-target: one record per (model, context,
-    setting), each with its context's noise floor (dense bfloat16 against dense float32 verification)."""
+    """The teacher-forced suite (`hf_sparse_verify.drivers.quality`) on code-target at ``--contexts`` (with ``--only
+    moe``: code-moe at ``--moe-context``, its expert-skipping settings): one record per (model, context, setting),
+    each with its context's noise floor (dense bfloat16 against dense float32 verification)."""
     from hf_sparse_verify.drivers.quality import (
         grant,
         next_line_examples,
@@ -362,14 +371,21 @@ def run_teacher_forced(args, device) -> list[dict]:
         teacher_forced,
     )
 
-    path = os.path.join(args.models, "code-target")
+    moe = args.only == "moe"
+    name_of_model = "code-moe" if moe else "code-target"
+    path = os.path.join(args.models, name_of_model)
     model, tokenizer = _load(path, device, torch.float32)
     reference = _load(path, device, torch.bfloat16)[0]
     long_file = args.prompts_long or os.path.join(args.models, "prompts_long.jsonl")
-    settings = {k: v for k, v in TEACHER_FORCED_SETTINGS.items() if not args.settings or k in args.settings}
+    files = [os.path.join(args.models, "prompts.jsonl"), long_file]  # each held-out length lives in one of them
+    table = MOE_TEACHER_FORCED_SETTINGS if moe else TEACHER_FORCED_SETTINGS
+    settings = {k: v for k, v in table.items() if not args.settings or k in args.settings}
     records = []
-    for context in args.contexts:
-        windows = teacher_forced_windows(long_file, context, args.prompts, args.new_tokens, args.k + 1, tokenizer)
+    for context in [args.moe_context] if moe else args.contexts:
+        holding = [f for f in files if _prompts(f, context, 1, tokenizer)]
+        if not holding:
+            raise SystemExit(f"no held-out window of {context} tokens in {files}")
+        windows = teacher_forced_windows(holding[0], context, args.prompts, args.new_tokens, args.k + 1, tokenizer)
         results = teacher_forced(
             model, windows, settings, window=args.k + 1, reference_model=reference, free_running=args.free_running
         )
@@ -377,7 +393,8 @@ def run_teacher_forced(args, device) -> list[dict]:
         task = {}
         task_context = None
         if args.task_lines:  # next-line completion: lines from held-out prompts longer than the context
-            texts = [t for n in (12288, 16384) if n > context for t in _prompts(long_file, n, 12, tokenizer)]
+            longer = [(f, n) for f, n in ((files[0], 8192), (long_file, 12288), (long_file, 16384)) if n > context]
+            texts = [t for f, n in longer for t in _prompts(f, n, 12, tokenizer)]
             task_context, spacing = context, 256
             if not texts:  # no longer windows (16K): prompts of context - margin tokens, lines from the last margin
                 texts = _prompts(long_file, 16384, 12, tokenizer)
@@ -403,7 +420,7 @@ def run_teacher_forced(args, device) -> list[dict]:
             klass, why = grant(measures)
             records.append(
                 dict(
-                    setting=name, setting_detail=settings[name].to_dict(), model="code-target", context=context,
+                    setting=name, setting_detail=settings[name].to_dict(), model=name_of_model, context=context,
                     window=args.k + 1, **measures, **{"class": klass}, class_reason=why, noise_floor=floor,
                 )  # fmt: skip
             )
