@@ -12,8 +12,11 @@ setting also moves by changing the output: papers/000's warning), both e2e recor
 ``commit``. Settings are the names of
 `bench_sparse_quality.TEACHER_FORCED_SETTINGS` (where their quality is measured).
 
-    python benchmarks/bench_sparse_e2e.py --shapes 4x16384 16x16384 --drafters prompt_lookup:4 vegas:6 \\
+    python benchmarks/bench_sparse_e2e.py --shapes 4x16384 16x16384 --drafters prompt_lookup:4 draft_model:4 \\
         --settings default attn_shared
+
+(Vegas cannot verify with sparse attention: it ranks cached tokens by the verify pass's full attention, and the
+library refuses the pair.)
 
 Writes ``results/sparse_e2e.json`` (a record per ``case`` ``<device>:<B>x<L>:<drafter>+<setting>``).
 """
@@ -126,7 +129,7 @@ def plot(records: list[dict], path: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["4x16384", "16x16384"])
-    parser.add_argument("--drafters", nargs="+", default=["prompt_lookup:4", "vegas:6"], help="bench_e2e cases")
+    parser.add_argument("--drafters", nargs="+", default=["prompt_lookup:4", "draft_model:4"], help="bench_e2e cases")
     parser.add_argument("--settings", nargs="+", default=["default"], help="lossy settings, by name")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
