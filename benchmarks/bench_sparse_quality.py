@@ -344,6 +344,8 @@ TEACHER_FORCED_SETTINGS = {
 MOE_TEACHER_FORCED_SETTINGS = {
     "moe_row8": MOE_SETTINGS["moe_row8"],  # a verify row reads its 8 heaviest experts per layer (half)
     "moe_row4": MOE_SETTINGS["moe_row4"],  # its 4 heaviest (a quarter: a token keeps at least its top one)
+    "moe_row8_keep2": MOE_SETTINGS["moe_row8_keep2"],  # 8 per row, and every token keeps at least its top two
+    "moe_row12": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=12)),
 }
 
 
