@@ -106,6 +106,36 @@ RECURRENT_LAYER_CLASSES = frozenset(
     }
 )
 
+#: Gated DeltaNet classes whose verify steps `hf_sparse_verify.integrations.recurrent.GatedDeltaWindow` runs with
+#: the projections, the short convolution and the output once over the step's tokens and only the recurrence token by
+#: token, by their projection layout: ``"qkvz"`` (Qwen3-Next: ``in_proj_qkvz`` and ``in_proj_ba``, split by the
+#: layer's ``fix_query_key_value_ordering``) or ``"qkv"`` (Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
+#: ``in_proj_a``). Other classes of `RECURRENT_LAYER_CLASSES` run whole, a token at a time (`TokenByToken`).
+GATED_DELTA_LAYOUTS = {
+    "Qwen3NextGatedDeltaNet": "qkvz",
+    "Qwen3_5GatedDeltaNet": "qkv",
+    "Qwen3_5MoeGatedDeltaNet": "qkv",
+}
+
+
+def gated_delta_functions(layer: torch.nn.Module) -> tuple:
+    """``(recurrent_rule, causal_conv1d_fn)`` of a Gated DeltaNet layer's modeling module: the one-token recurrence
+    and the causal convolution its own forward calls (transformers' torch functions, or the kernels its hub
+    decorators put in their place: fla's fused recurrence, the causal-conv1d package), so a window step computes
+    what the layer's one-token calls compute. Raises where the module lacks them (a transformers version that moved
+    them)."""
+    import sys
+
+    module = sys.modules[type(layer).__module__]
+    functions = tuple(getattr(module, name, None) for name in ("torch_recurrent_gated_delta_rule", "causal_conv1d_fn"))
+    if None in functions:
+        raise NotImplementedError(
+            f"{type(layer).__name__}: transformers {transformers.__version__} has no torch_recurrent_gated_delta_rule "
+            "or causal_conv1d_fn beside it; hf_sparse_verify supports transformers 5.17 to 5.24"
+        )
+    return functions
+
+
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
 _LAYER_TYPE_REASONS = {
     "conv": "convolution layers with a recurrent state (hybrid model)",
@@ -526,6 +556,8 @@ __all__ = [
     "ATTENTION_LAYER_TYPES",
     "CONV_LAYER_TYPES",
     "RECURRENT_LAYER_CLASSES",
+    "GATED_DELTA_LAYOUTS",
+    "gated_delta_functions",
     "recurrent_layer_indices",
     "ATTENTION_REPLACED_MODEL_TYPES",
     "MISMATCHED_MODEL_TYPES",

@@ -15,15 +15,32 @@ one. The arithmetic is plain ``generate``'s, token for token; prefill steps pass
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .._compat import RECURRENT_LAYER_CLASSES
+from .._compat import GATED_DELTA_LAYOUTS, RECURRENT_LAYER_CLASSES, gated_delta_functions
 from ..attention.cache import SpecConvLayer
 from ..step import Phase, current_step, step_scope
 
 
 def wraps(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a linear-attention layer `TokenByToken` runs."""
+    """Whether ``module`` is a linear-attention layer `TokenByToken` (or `GatedDeltaWindow`) runs."""
     return type(module).__name__ in RECURRENT_LAYER_CLASSES
+
+
+def recurrent_runner(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The verify-step runner of a recurrent layer: `GatedDeltaWindow` for the Gated DeltaNet layouts it knows,
+    `TokenByToken` for the other recurrent classes, None for any other module."""
+    if type(module).__name__ in GATED_DELTA_LAYOUTS:
+        return GatedDeltaWindow(module)
+    return TokenByToken(module) if wraps(module) else None
+
+
+def _check_width(width: int) -> None:
+    if width > SpecConvLayer.RING:
+        raise ValueError(
+            f"a verify step of {width} tokens is wider than the {SpecConvLayer.RING} recurrent states the cache "
+            f"keeps per row: set max_draft_tokens below {SpecConvLayer.RING}"
+        )
 
 
 class TokenByToken(torch.nn.Module):
@@ -42,11 +59,7 @@ class TokenByToken(torch.nn.Module):
             out = self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
             self._settle(cache)
             return out
-        if width > SpecConvLayer.RING:
-            raise ValueError(
-                f"a verify step of {width} tokens is wider than the {SpecConvLayer.RING} recurrent states the cache "
-                f"keeps per row: set max_draft_tokens below {SpecConvLayer.RING}"
-            )
+        _check_width(width)
         outputs = []
         for index in range(width):  # a generated or drafted token is never padding: no mask
             with step_scope(step.token(index)):
@@ -60,3 +73,64 @@ class TokenByToken(torch.nn.Module):
         layer = layers[self.layer_idx] if layers is not None and self.layer_idx is not None else None
         if isinstance(layer, SpecConvLayer):
             layer.settle()
+
+
+class GatedDeltaWindow(torch.nn.Module):
+    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5; `_compat.GATED_DELTA_LAYOUTS`) in verify steps: the input
+    projections, the short convolution, the gates, the gated norm and the output projection run once over the
+    step's tokens; only the recurrence runs token by token, each token under its own step, so the cache keeps the
+    state after every token (`SpecConvLayer`), as with `TokenByToken`, while the layer's weights are read once per
+    step instead of ``K + 1`` times. Every operation is the layer's own: its linear layers and norm, and the
+    recurrent rule and causal convolution of its modeling module (`_compat.gated_delta_functions`), applied to the
+    same values as its one-token calls. Prefill steps and one-token steps call the layer as it is."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.layer_idx = getattr(layer, "layer_idx", None)
+        self.layout = GATED_DELTA_LAYOUTS[type(layer).__name__]
+        self.recurrent_rule, self.conv = gated_delta_functions(layer)
+
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs) -> torch.Tensor:
+        step = current_step(required=False)
+        batch, width = hidden_states.shape[:2]
+        if step is None or cache is None or step.phase is Phase.PREFILL or width == 1:
+            return self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+        _check_width(width)
+        layer = self.layer
+        if self.layout == "qkvz":
+            query, key, value, z, b, a = layer.fix_query_key_value_ordering(
+                layer.in_proj_qkvz(hidden_states), layer.in_proj_ba(hidden_states)
+            )
+            mixed = torch.cat([x.reshape(batch, width, -1) for x in (query, key, value)], dim=-1)
+        else:
+            mixed = layer.in_proj_qkv(hidden_states)
+            z = layer.in_proj_z(hidden_states).reshape(batch, width, -1, layer.head_v_dim)
+            b, a = layer.in_proj_b(hidden_states), layer.in_proj_a(hidden_states)
+        # the convolution over the inputs before the step and the step's own (a generated or drafted token is never
+        # padding: no mask), its last `width` outputs kept
+        window = cache.update_conv_state(
+            mixed.transpose(1, 2), layer.layer_idx, conv_kernel_size=layer.conv_kernel_size
+        )
+        mixed = self.conv(window, layer.conv1d.weight.squeeze(1), layer.conv1d.bias, activation=layer.activation)
+        mixed = mixed[:, :, -width:].transpose(1, 2)
+        query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+        query = query.reshape(batch, width, -1, layer.head_k_dim)
+        key = key.reshape(batch, width, -1, layer.head_k_dim)
+        value = value.reshape(batch, width, -1, layer.head_v_dim)
+        beta = b.sigmoid()
+        g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
+        outputs = []
+        for index in range(width):
+            with step_scope(step.token(index)):
+                state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
+                token = slice(index, index + 1)
+                out, state = self.recurrent_rule(
+                    query[:, token], key[:, token], value[:, token], g=g[:, token], beta=beta[:, token],
+                    initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                )  # fmt: skip
+                cache.update_recurrent_state(state, layer.layer_idx)
+                outputs.append(out)
+        core = torch.cat(outputs, dim=1).reshape(-1, layer.head_v_dim)
+        core = layer.norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
+        return layer.out_proj(core)

@@ -164,9 +164,11 @@ def _device_segment(module, walk: _Walk):
 
 
 def _token_by_token(module, walk: _Walk):
-    """Linear-attention layers of hybrid models run verify steps one token at a time (`recurrent.TokenByToken`): not
-    an optimisation, what keeps their recurrent state exact after rejected drafts."""
-    return recurrent.TokenByToken(module) if recurrent.wraps(module) else None
+    """Linear-attention layers of hybrid models run their recurrence one token at a time in verify steps: not an
+    optimisation, what keeps their recurrent state exact after rejected drafts. Gated DeltaNet layers of known
+    layouts run the rest of the layer once per step (`recurrent.GatedDeltaWindow`), the others whole per token
+    (`recurrent.TokenByToken`)."""
+    return recurrent.recurrent_runner(module)
 
 
 def _rotary_table(module, walk: _Walk):

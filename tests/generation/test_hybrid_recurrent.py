@@ -292,3 +292,34 @@ def test_only_mlp_and_moe_blocks_pass_as_cacheless_layers():
     assert _cacheless(blocks, ["linear_attention", "dummy", "full_attention", "dummy"]) == {"dummy"}
     shared = SimpleNamespace(layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     assert _cacheless(shared, ["sliding_attention", "full_attention", "dummy"]) == frozenset()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5"])
+def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type):
+    """Gated DeltaNet layers of known layouts run verify steps through `GatedDeltaWindow` (projections, convolution
+    and output once per step, the recurrence per token) and greedy output still equals plain ``generate`` with
+    drafts rejected part-way; their layers are called whole only for prefill and one-token steps."""
+    from hf_sparse_verify.integrations import recurrent
+
+    widths, whole = [], []
+    window_forward = recurrent.GatedDeltaWindow.forward
+
+    def spy(self, hidden_states, *args, **kwargs):
+        widths.append(hidden_states.shape[1])
+        return window_forward(self, hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(recurrent.GatedDeltaWindow, "forward", spy)
+    monkeypatch.setattr(recurrent.TokenByToken, "forward", lambda *a, **k: whole.append(1))  # must not run
+    model = _hybrid("qwen3_next") if model_type == "qwen3_next" else build(model_type)[0]
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, return_dict_in_generate=True,
+                         speculation={"strategy": "draft_model", "num_draft_tokens": 4},
+                         draft_model=noisy_copy(model))  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    assert 1.0 < out.speculation.mean_acceptance_length < 5.0
+    assert 5 in widths and not whole  # verify steps of K + 1 tokens went through the window
