@@ -109,12 +109,16 @@ RECURRENT_LAYER_CLASSES = frozenset(
 #: Gated DeltaNet classes whose verify steps `hf_sparse_verify.integrations.recurrent.GatedDeltaWindow` runs with
 #: the projections, the short convolution and the output once over the step's tokens and only the recurrence token by
 #: token, by their projection layout: ``"qkvz"`` (Qwen3-Next: ``in_proj_qkvz`` and ``in_proj_ba``, split by the
-#: layer's ``fix_query_key_value_ordering``) or ``"qkv"`` (Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
-#: ``in_proj_a``). Other classes of `RECURRENT_LAYER_CLASSES` run whole, a token at a time (`TokenByToken`).
+#: layer's ``fix_query_key_value_ordering``), ``"qkv"`` (Qwen3.5, Lara-Mini: ``in_proj_qkv``, ``in_proj_z``,
+#: ``in_proj_b``, ``in_proj_a``; ``norm``, ``out_proj``) or ``"q_k_v"`` (OLMo-Hybrid: ``q_proj``, ``k_proj``,
+#: ``v_proj``, ``g_proj`` (the gate), ``b_proj``, ``a_proj``, beta doubled where ``allow_neg_eigval``; ``o_norm``,
+#: ``o_proj``). Other classes of `RECURRENT_LAYER_CLASSES` run whole, a token at a time (`TokenByToken`).
 GATED_DELTA_LAYOUTS = {
     "Qwen3NextGatedDeltaNet": "qkvz",
     "Qwen3_5GatedDeltaNet": "qkv",
     "Qwen3_5MoeGatedDeltaNet": "qkv",
+    "LaraMiniGatedDeltaNet": "qkv",
+    "OlmoHybridGatedDeltaNet": "q_k_v",
 }
 
 

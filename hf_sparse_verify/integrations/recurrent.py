@@ -76,7 +76,7 @@ class TokenByToken(torch.nn.Module):
 
 
 class GatedDeltaWindow(torch.nn.Module):
-    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5; `_compat.GATED_DELTA_LAYOUTS`) in verify steps: the input
+    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5, Lara-Mini, OLMo-Hybrid; `_compat.GATED_DELTA_LAYOUTS`) in verify steps: the input
     projections, the short convolution, the gates, the gated norm and the output projection run once over the
     step's tokens; only the recurrence runs token by token, each token under its own step, so the cache keeps the
     state after every token (`SpecConvLayer`), as with `TokenByToken`, while the layer's weights are read once per
@@ -103,10 +103,17 @@ class GatedDeltaWindow(torch.nn.Module):
                 layer.in_proj_qkvz(hidden_states), layer.in_proj_ba(hidden_states)
             )
             mixed = torch.cat([x.reshape(batch, width, -1) for x in (query, key, value)], dim=-1)
-        else:
+            norm, out_proj = layer.norm, layer.out_proj
+        elif self.layout == "qkv":
             mixed = layer.in_proj_qkv(hidden_states)
-            z = layer.in_proj_z(hidden_states).reshape(batch, width, -1, layer.head_v_dim)
+            z = layer.in_proj_z(hidden_states)
             b, a = layer.in_proj_b(hidden_states), layer.in_proj_a(hidden_states)
+            norm, out_proj = layer.norm, layer.out_proj
+        else:  # "q_k_v"
+            mixed = torch.cat([layer.q_proj(hidden_states), layer.k_proj(hidden_states), layer.v_proj(hidden_states)], -1)
+            z = layer.g_proj(hidden_states)
+            b, a = layer.b_proj(hidden_states), layer.a_proj(hidden_states)
+            norm, out_proj = layer.o_norm, layer.o_proj
         # the convolution over the inputs before the step and the step's own (a generated or drafted token is never
         # padding: no mask), its last `width` outputs kept
         window = cache.update_conv_state(
@@ -119,6 +126,8 @@ class GatedDeltaWindow(torch.nn.Module):
         key = key.reshape(batch, width, -1, layer.head_k_dim)
         value = value.reshape(batch, width, -1, layer.head_v_dim)
         beta = b.sigmoid()
+        if getattr(layer, "allow_neg_eigval", False):  # OLMo-Hybrid's option: beta in (0, 2)
+            beta = beta * 2.0
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
         outputs = []
         for index in range(width):
@@ -132,5 +141,5 @@ class GatedDeltaWindow(torch.nn.Module):
                 cache.update_recurrent_state(state, layer.layer_idx)
                 outputs.append(out)
         core = torch.cat(outputs, dim=1).reshape(-1, layer.head_v_dim)
-        core = layer.norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
-        return layer.out_proj(core)
+        core = norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
+        return out_proj(core)

@@ -294,7 +294,7 @@ def test_only_mlp_and_moe_blocks_pass_as_cacheless_layers():
     assert _cacheless(shared, ["sliding_attention", "full_attention", "dummy"]) == frozenset()
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5", "lara_mini", "olmo_hybrid"])
 def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type):
     """Gated DeltaNet layers of known layouts run verify steps through `GatedDeltaWindow` (projections, convolution
     and output once per step, the recurrence per token) and greedy output still equals plain ``generate`` with
