@@ -246,6 +246,23 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         )
         return recurrent_states
 
+    def update_recurrent_states(self, states: torch.Tensor) -> None:
+        """Keep ``states`` ``[B, W, ...]``, the state after each of the current step's ``W`` slots, in one write
+        (a window kernel's output: `hf_sparse_verify.kernels.gated_delta`); the same ring entries as ``W``
+        one-token `update_recurrent_state` calls would fill."""
+        self.lent = None
+        step = current_step()
+        width = states.shape[1]
+        if width != step.q_len:
+            raise ValueError(f"step announced {step.q_len} new tokens, the layer kept {width} states")
+        if self.ring is None:
+            shape = (states.shape[0], self.RING, *states.shape[2:])
+            self.ring = torch.zeros(shape, dtype=states.dtype, device=states.device)
+        view = step.on(self.ring.device)
+        rows = torch.arange(self.ring.shape[0], device=self.ring.device)[:, None]
+        slots = (view.start[:, None] + torch.arange(width, device=self.ring.device)).remainder(self.RING)
+        self.ring[rows, slots] = states.to(self.ring.dtype)
+
     def settle(self) -> None:
         """After a call of the layer's mixer: keep the state it was given as the state after the call's last slot
         where the mixer advanced it in place instead of handing it back (Mamba's one-token recurrent form)."""

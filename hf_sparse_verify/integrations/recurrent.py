@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from .._compat import GATED_DELTA_LAYOUTS, RECURRENT_LAYER_CLASSES, gated_delta_functions
 from ..attention.cache import SpecConvLayer
+from ..kernels._triton import triton_runs_on
+from ..kernels.gated_delta import gated_delta_window
 from ..step import Phase, current_step, step_scope
 
 
@@ -129,6 +131,16 @@ class GatedDeltaWindow(torch.nn.Module):
         if getattr(layer, "allow_neg_eigval", False):  # OLMo-Hybrid's option: beta in (0, 2)
             beta = beta * 2.0
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
+        kept = cache.layers[layer.layer_idx] if hasattr(cache, "layers") else None
+        if triton_runs_on(value.device) and isinstance(kept, SpecConvLayer):
+            # one launch: the state read once, the state after every token written to the ring in one go
+            with step_scope(step.token(0)):
+                state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
+            core, states = gated_delta_window(query, key, value, g, beta, state)
+            kept.update_recurrent_states(states)
+            core = core.reshape(-1, layer.head_v_dim)
+            core = norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
+            return out_proj(core)
         outputs = []
         for index in range(width):
             with step_scope(step.token(index)):

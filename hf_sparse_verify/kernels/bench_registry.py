@@ -57,6 +57,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.expert_skip.bench",
     "hf_sparse_verify.kernels.topk_slots.bench",
     "hf_sparse_verify.kernels.ngram_lookup.bench",
+    "hf_sparse_verify.kernels.gated_delta.bench",
 )
 
 

@@ -294,21 +294,28 @@ def test_only_mlp_and_moe_blocks_pass_as_cacheless_layers():
     assert _cacheless(shared, ["sliding_attention", "full_attention", "dummy"]) == frozenset()
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["window_kernel", "per_token_rule"])
 @pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5", "lara_mini", "olmo_hybrid"])
-def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type):
+def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type, kernel):
     """Gated DeltaNet layers of known layouts run verify steps through `GatedDeltaWindow` (projections, convolution
-    and output once per step, the recurrence per token) and greedy output still equals plain ``generate`` with
-    drafts rejected part-way; their layers are called whole only for prefill and one-token steps."""
+    and output once per step; the recurrence in one window kernel where Triton runs, else the layer's own rule per
+    token) and greedy output still equals plain ``generate`` with drafts rejected part-way; their layers are called
+    whole only for prefill and one-token steps."""
     from hf_sparse_verify.integrations import recurrent
+    from hf_sparse_verify.kernels._triton import triton_runs_on
 
-    widths, whole = [], []
-    window_forward = recurrent.GatedDeltaWindow.forward
+    if kernel and not triton_runs_on(torch.device("cpu")):
+        pytest.skip("the window kernel runs here only under TRITON_INTERPRET=1")
+    widths, whole, launches = [], [], []
+    window_forward, window_kernel = recurrent.GatedDeltaWindow.forward, recurrent.gated_delta_window
 
     def spy(self, hidden_states, *args, **kwargs):
         widths.append(hidden_states.shape[1])
         return window_forward(self, hidden_states, *args, **kwargs)
 
     monkeypatch.setattr(recurrent.GatedDeltaWindow, "forward", spy)
+    monkeypatch.setattr(recurrent, "gated_delta_window", lambda *a: launches.append(1) or window_kernel(*a))
+    monkeypatch.setattr(recurrent, "triton_runs_on", lambda device: kernel)
     monkeypatch.setattr(recurrent.TokenByToken, "forward", lambda *a, **k: whole.append(1))  # must not run
     model = _hybrid("qwen3_next") if model_type == "qwen3_next" else build(model_type)[0]
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -323,3 +330,4 @@ def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type
     assert torch.equal(out.sequences, plain)
     assert 1.0 < out.speculation.mean_acceptance_length < 5.0
     assert 5 in widths and not whole  # verify steps of K + 1 tokens went through the window
+    assert bool(launches) == kernel
