@@ -78,13 +78,14 @@ class TokenByToken(torch.nn.Module):
 
 
 class GatedDeltaWindow(torch.nn.Module):
-    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5, Lara-Mini, OLMo-Hybrid; `_compat.GATED_DELTA_LAYOUTS`) in verify steps: the input
-    projections, the short convolution, the gates, the gated norm and the output projection run once over the
-    step's tokens; only the recurrence runs token by token, each token under its own step, so the cache keeps the
-    state after every token (`SpecConvLayer`), as with `TokenByToken`, while the layer's weights are read once per
-    step instead of ``K + 1`` times. Every operation is the layer's own: its linear layers and norm, and the
-    recurrent rule and causal convolution of its modeling module (`_compat.gated_delta_functions`), applied to the
-    same values as its one-token calls. Prefill steps and one-token steps call the layer as it is."""
+    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5, Lara-Mini, OLMo-Hybrid; `_compat.GATED_DELTA_LAYOUTS`) in
+    verify steps: the input projections, the short convolution, the gates, the gated norm and the output projection
+    run once over the step's tokens, so the layer's weights are read once per step instead of ``K + 1`` times; the
+    cache keeps the state after every token (`SpecConvLayer`), as with `TokenByToken`. The recurrence: where Triton
+    runs, one launch over the window (`kernels.gated_delta`, the state read once, every token's state kept in one
+    write); elsewhere token by token under each token's own step, with the recurrent rule of the layer's modeling
+    module (`_compat.gated_delta_functions`). The rest is the layer's own linear layers, norm and causal
+    convolution. Prefill steps and one-token steps call the layer as it is."""
 
     def __init__(self, layer: torch.nn.Module):
         super().__init__()
@@ -112,7 +113,8 @@ class GatedDeltaWindow(torch.nn.Module):
             b, a = layer.in_proj_b(hidden_states), layer.in_proj_a(hidden_states)
             norm, out_proj = layer.norm, layer.out_proj
         else:  # "q_k_v"
-            mixed = torch.cat([layer.q_proj(hidden_states), layer.k_proj(hidden_states), layer.v_proj(hidden_states)], -1)
+            projections = (layer.q_proj, layer.k_proj, layer.v_proj)
+            mixed = torch.cat([proj(hidden_states) for proj in projections], dim=-1)
             z = layer.g_proj(hidden_states)
             b, a = layer.b_proj(hidden_states), layer.a_proj(hidden_states)
             norm, out_proj = layer.o_norm, layer.o_proj

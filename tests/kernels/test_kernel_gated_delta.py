@@ -74,3 +74,11 @@ def test_benchmark_entry_runs_quick():
         if case.variant == "reference" or triton_runs_on(torch.device("cpu")):
             out, states = case.run()
             assert states.dtype == torch.float32
+
+
+def test_docstring_example():
+    import doctest
+
+    from hf_sparse_verify.kernels.gated_delta import op as op_module
+
+    assert doctest.testmod(op_module, extraglobs={"torch": torch}).failed == 0
