@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import next_power_of_2, on_input_device
+from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -23,8 +23,9 @@ def _gated_delta_window_kernel(
     W, H_V, H_K, D_K, D_V, scale,
     s_qb, s_qw, s_qh, s_kb, s_kw, s_kh, s_vb, s_vw, s_vh, s_gb, s_gw, s_bb, s_bw,
     s_sb, s_sh, s_sk, s_ob, s_ow, s_oh, s_tb, s_tw, s_th, s_tk,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     i_bh = tl.program_id(0)
     i_v = tl.program_id(1)
     b = (i_bh // H_V).to(tl.int64)
@@ -72,6 +73,6 @@ def launch(query, key, value, g, beta, state) -> tuple[torch.Tensor, torch.Tenso
         value.stride(0), value.stride(1), value.stride(2), g.stride(0), g.stride(1), beta.stride(0),
         beta.stride(1), state.stride(0), state.stride(1), state.stride(2), out.stride(0), out.stride(1),
         out.stride(2), states.stride(0), states.stride(1), states.stride(2), states.stride(3),
-        BLOCK_K=block_k, BLOCK_V=block_v,
+        BLOCK_K=block_k, BLOCK_V=block_v, **pdl_launch(value.device),
     )  # fmt: skip
     return out, states
