@@ -66,15 +66,18 @@ def load(path: str | Path) -> dict:
     return data
 
 
-def add(path: str | Path, record: dict, benchmark: str | None = None, description: str | None = None) -> Path:
-    """Write ``record`` into the results file at ``path``, replacing the record of the same ``setting``."""
+def add(
+    path: str | Path, record: dict, benchmark: str | None = None, description: str | None = None, key: str = "setting"
+) -> Path:
+    """Write ``record`` into the results file at ``path``, replacing the record of the same ``key`` field (the
+    ``setting``, by default)."""
     path = Path(path)
     data = load(path)
     if benchmark:
         data["benchmark"] = benchmark
     if description:
         data["description"] = description
-    data["records"] = [r for r in data["records"] if r.get("setting") != record.get("setting")] + [record]
+    data["records"] = [r for r in data["records"] if r.get(key) != record.get(key)] + [record]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path

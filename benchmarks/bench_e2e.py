@@ -51,6 +51,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
+from benchmarks.bench_sparse_quality import TEACHER_FORCED_SETTINGS  # noqa: E402
 from hf_sparse_verify.generation.drafters import prompt_lookup  # noqa: E402
 from hf_sparse_verify.generation.profiles import measured_profiles  # noqa: E402
 
@@ -225,8 +226,6 @@ def parse_case(case: str) -> dict:
 def lossy_setting(name: str):
     """The LOSSY sparse-verification setting of that name (`bench_sparse_quality.TEACHER_FORCED_SETTINGS`, where
     its quality is measured)."""
-    from benchmarks.bench_sparse_quality import TEACHER_FORCED_SETTINGS
-
     if name not in TEACHER_FORCED_SETTINGS:
         raise SystemExit(f"unknown lossy setting {name!r}: use one of {sorted(TEACHER_FORCED_SETTINGS)}")
     return TEACHER_FORCED_SETTINGS[name]

@@ -155,21 +155,10 @@ def main(argv: list[str] | None = None) -> None:
             record.pop("trace", None)
         for key, record in sparse_records(results, quality):
             print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}), flush=True)
-            if not args.no_save:
-                save(args.json, dict(record, case=key), args.device)
-
-
-def save(path: str, record: dict, device) -> None:
-    """Add ``record`` to the results file, replacing the record of the same ``case`` (``setting`` names the lossy
-    setting, shared by the shapes and drafters)."""
-    data = _records.load(path)
-    data["benchmark"] = "sparse_e2e"
-    data["records"] = [r for r in data["records"] if r.get("case") != record["case"]] + [
-        _records.stamp(record, device)
-    ]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote record {record['case']!r} to {path}")
+            if not args.no_save:  # one record per case (``setting`` names the lossy setting, shared by cases)
+                record = _records.stamp(dict(record, case=key), args.device)
+                path = _records.add(args.json, record, benchmark="sparse_e2e", key="case")
+                print(f"wrote record {key!r} to {path}")
 
 
 if __name__ == "__main__":

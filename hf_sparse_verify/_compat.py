@@ -57,6 +57,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import weakref
 from importlib.metadata import version
 
@@ -128,8 +129,6 @@ def gated_delta_functions(layer: torch.nn.Module) -> tuple:
     decorators put in their place: fla's fused recurrence, the causal-conv1d package), so a window step computes
     what the layer's one-token calls compute. Raises where the module lacks them (a transformers version that moved
     them)."""
-    import sys
-
     module = sys.modules[type(layer).__module__]
     functions = tuple(getattr(module, name, None) for name in ("torch_recurrent_gated_delta_rule", "causal_conv1d_fn"))
     if None in functions:

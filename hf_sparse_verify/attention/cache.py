@@ -234,33 +234,30 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         """Keep ``recurrent_states`` ``[B, ...]`` as each row's state after the current step's last slot."""
         if state_idx != 0:
             raise NotImplementedError(f"layer {self.layer_idx}: one recurrent state per layer is supported")
-        self.lent = None
-        step = current_step()
-        if self.ring is None:
-            shape = (recurrent_states.shape[0], self.RING, *recurrent_states.shape[1:])
-            self.ring = torch.zeros(shape, dtype=recurrent_states.dtype, device=recurrent_states.device)
-        view = step.on(self.ring.device)
-        rows = torch.arange(self.ring.shape[0], device=self.ring.device)
-        self.ring[rows, (view.start + step.q_len - 1).remainder(self.RING)] = recurrent_states.to(
-            self.ring.dtype
-        )
+        self._keep(recurrent_states[:, None])
         return recurrent_states
 
     def update_recurrent_states(self, states: torch.Tensor) -> None:
         """Keep ``states`` ``[B, W, ...]``, the state after each of the current step's ``W`` slots, in one write
         (a window kernel's output: `hf_sparse_verify.kernels.gated_delta`); the same ring entries as ``W``
         one-token `update_recurrent_state` calls would fill."""
+        announced = current_step().q_len
+        if states.shape[1] != announced:
+            raise ValueError(f"step announced {announced} new tokens, the layer kept {states.shape[1]} states")
+        self._keep(states)
+
+    def _keep(self, states: torch.Tensor) -> None:
+        """Write ``states`` ``[B, n, ...]`` as each row's states after the current step's last ``n`` slots."""
         self.lent = None
         step = current_step()
-        width = states.shape[1]
-        if width != step.q_len:
-            raise ValueError(f"step announced {step.q_len} new tokens, the layer kept {width} states")
         if self.ring is None:
             shape = (states.shape[0], self.RING, *states.shape[2:])
             self.ring = torch.zeros(shape, dtype=states.dtype, device=states.device)
         view = step.on(self.ring.device)
+        count = states.shape[1]
         rows = torch.arange(self.ring.shape[0], device=self.ring.device)[:, None]
-        slots = (view.start[:, None] + torch.arange(width, device=self.ring.device)).remainder(self.RING)
+        first = view.start[:, None] + step.q_len - count
+        slots = (first + torch.arange(count, device=self.ring.device)).remainder(self.RING)
         self.ring[rows, slots] = states.to(self.ring.dtype)
 
     def settle(self) -> None:

@@ -71,10 +71,16 @@ class TokenByToken(torch.nn.Module):
 
     def _settle(self, cache) -> None:
         """Keep a state the layer advanced in place (`SpecConvLayer.settle`)."""
-        layers = getattr(cache, "layers", None)
-        layer = layers[self.layer_idx] if layers is not None and self.layer_idx is not None else None
-        if isinstance(layer, SpecConvLayer):
+        layer = _kept_by(cache, self.layer_idx)
+        if layer is not None:
             layer.settle()
+
+
+def _kept_by(cache, layer_idx: int | None) -> SpecConvLayer | None:
+    """The `SpecConvLayer` holding layer ``layer_idx``'s states in ``cache``, if our cache holds them."""
+    layers = getattr(cache, "layers", None)
+    layer = layers[layer_idx] if layers is not None and layer_idx is not None else None
+    return layer if isinstance(layer, SpecConvLayer) else None
 
 
 class GatedDeltaWindow(torch.nn.Module):
@@ -133,27 +139,25 @@ class GatedDeltaWindow(torch.nn.Module):
         if getattr(layer, "allow_neg_eigval", False):  # OLMo-Hybrid's option: beta in (0, 2)
             beta = beta * 2.0
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
-        kept = cache.layers[layer.layer_idx] if hasattr(cache, "layers") else None
-        if compiled_on(value.device) and isinstance(kept, SpecConvLayer):
+        kept = _kept_by(cache, layer.layer_idx)
+        if compiled_on(value.device) and kept is not None:
             # one launch: the state read once, the state after every token written to the ring in one go
             with step_scope(step.token(0)):
                 state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
             core, states = gated_delta_window(query, key, value, g, beta, state)
             kept.update_recurrent_states(states)
-            core = core.reshape(-1, layer.head_v_dim)
-            core = norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
-            return out_proj(core)
-        outputs = []
-        for index in range(width):
-            with step_scope(step.token(index)):
-                state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
-                token = slice(index, index + 1)
-                out, state = self.recurrent_rule(
-                    query[:, token], key[:, token], value[:, token], g=g[:, token], beta=beta[:, token],
-                    initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                )  # fmt: skip
-                cache.update_recurrent_state(state, layer.layer_idx)
-                outputs.append(out)
-        core = torch.cat(outputs, dim=1).reshape(-1, layer.head_v_dim)
-        core = norm(core, z.reshape(-1, layer.head_v_dim)).reshape(batch, width, -1)
-        return out_proj(core)
+        else:
+            outputs = []
+            for index in range(width):
+                with step_scope(step.token(index)):
+                    state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
+                    token = slice(index, index + 1)
+                    out, state = self.recurrent_rule(
+                        query[:, token], key[:, token], value[:, token], g=g[:, token], beta=beta[:, token],
+                        initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                    )  # fmt: skip
+                    cache.update_recurrent_state(state, layer.layer_idx)
+                    outputs.append(out)
+            core = torch.cat(outputs, dim=1)
+        core = norm(core.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
+        return out_proj(core.reshape(batch, width, -1))

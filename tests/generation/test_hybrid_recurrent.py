@@ -110,6 +110,22 @@ def _hybrid(kind: str = "lfm2", seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
+def _noisy_draft_equals_plain(model: torch.nn.Module, num_draft_tokens: int):
+    """Assert that 16 greedy tokens for a ragged batch of two random prompts (ids within the model's vocabulary),
+    drafted by a noisy copy of ``model``, are plain ``generate``'s; return the call's speculation statistics."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    plain = model.generate(**common)
+    out = model.generate(**common, custom_generate=hsv.generate, return_dict_in_generate=True,
+                         speculation={"strategy": "draft_model", "num_draft_tokens": num_draft_tokens},
+                         draft_model=noisy_copy(model))  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    return out.speculation
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -150,18 +166,8 @@ def test_linear_attention_state_after_a_partly_accepted_draft():
 def test_survey_hybrids_equal_plain(model_type):
     """The survey's tiny model of more hybrid families (Gated DeltaNet; Nemotron-H's Mamba-2, MoE and MLP blocks),
     with a noisy copy as draft model (drafts accepted part-way)."""
-    model = build(model_type)[0]
-    vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, return_dict_in_generate=True,
-                         speculation={"strategy": "draft_model", "num_draft_tokens": 3},
-                         draft_model=noisy_copy(model))  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    assert out.speculation.mean_acceptance_length > 1.0
+    stats = _noisy_draft_equals_plain(build(model_type)[0], num_draft_tokens=3)
+    assert stats.mean_acceptance_length > 1.0
 
 
 @pytest.mark.parametrize("kind", ["lfm2", "qwen3_next", "bamba"])
@@ -321,16 +327,7 @@ def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type
     monkeypatch.setattr(recurrent, "compiled_on", lambda device: kernel)  # the kernel path is the GPU's
     monkeypatch.setattr(recurrent.TokenByToken, "forward", lambda *a, **k: whole.append(1))  # must not run
     model = _hybrid("qwen3_next") if model_type == "qwen3_next" else build(model_type)[0]
-    vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(3, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
-    plain = model.generate(**common)
-    out = model.generate(**common, custom_generate=hsv.generate, return_dict_in_generate=True,
-                         speculation={"strategy": "draft_model", "num_draft_tokens": 4},
-                         draft_model=noisy_copy(model))  # fmt: skip
-    assert torch.equal(out.sequences, plain)
-    assert 1.0 < out.speculation.mean_acceptance_length < 5.0
+    stats = _noisy_draft_equals_plain(model, num_draft_tokens=4)
+    assert 1.0 < stats.mean_acceptance_length < 5.0
     assert 5 in widths and not whole  # verify steps of K + 1 tokens went through the window
     assert bool(launches) == kernel
