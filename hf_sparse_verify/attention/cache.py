@@ -237,14 +237,12 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         self._keep(recurrent_states[:, None])
         return recurrent_states
 
-    def update_recurrent_states(self, states: torch.Tensor) -> None:
-        """Keep ``states`` ``[B, W, ...]``, the state after each of the current step's ``W`` slots, in one write
-        (a window kernel's output: `hf_sparse_verify.kernels.gated_delta`); the same ring entries as ``W``
-        one-token `update_recurrent_state` calls would fill."""
-        announced = current_step().q_len
-        if states.shape[1] != announced:
-            raise ValueError(f"step announced {announced} new tokens, the layer kept {states.shape[1]} states")
-        self._keep(states)
+    def ring_start(self) -> torch.Tensor:
+        """Each row's ring slot of the current step's first token (``[B]``, on the ring's device), for a kernel that
+        reads the state before the step from the ring and writes the state after each token into it
+        (`hf_sparse_verify.kernels.gated_delta.gated_delta_ring`); slots are taken modulo `RING`."""
+        self.lent = None
+        return current_step().on(self.ring.device).start
 
     def _keep(self, states: torch.Tensor) -> None:
         """Write ``states`` ``[B, n, ...]`` as each row's states after the current step's last ``n`` slots."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .._compat import GATED_DELTA_LAYOUTS, RECURRENT_LAYER_CLASSES, gated_delta_functions
 from ..attention.cache import SpecConvLayer
 from ..kernels._triton import compiled_on
-from ..kernels.gated_delta import gated_delta_window
+from ..kernels.gated_delta import gated_delta_ring
 from ..step import Phase, current_step, step_scope
 
 
@@ -88,8 +88,8 @@ class GatedDeltaWindow(torch.nn.Module):
     verify steps: the input projections, the short convolution, the gates, the gated norm and the output projection
     run once over the step's tokens, so the layer's weights are read once per step instead of ``K + 1`` times; the
     cache keeps the state after every token (`SpecConvLayer`), as with `TokenByToken`. The recurrence: on a GPU with
-    compiled Triton (`compiled_on`, as for the fused modules), one launch over the window (`kernels.gated_delta`, the state read once, every token's state kept in one
-    write); elsewhere token by token under each token's own step, with the recurrent rule of the layer's modeling
+    compiled Triton (`compiled_on`, as for the fused modules), one launch over the window (`kernels.gated_delta`:
+    the state read from the cache's ring once, the state after every token written straight into it); elsewhere token by token under each token's own step, with the recurrent rule of the layer's modeling
     module (`_compat.gated_delta_functions`). The rest is the layer's own linear layers, norm and causal
     convolution. Prefill steps and one-token steps call the layer as it is."""
 
@@ -140,12 +140,9 @@ class GatedDeltaWindow(torch.nn.Module):
             beta = beta * 2.0
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
         kept = _kept_by(cache, layer.layer_idx)
-        if compiled_on(value.device) and kept is not None:
-            # one launch: the state read once, the state after every token written to the ring in one go
-            with step_scope(step.token(0)):
-                state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
-            core, states = gated_delta_window(query, key, value, g, beta, state)
-            kept.update_recurrent_states(states)
+        if compiled_on(value.device) and kept is not None and kept.ring is not None:
+            # one launch: the state read from the cache's ring once, the state after every token written there
+            core = gated_delta_ring(query, key, value, g, beta, kept.ring, kept.ring_start())
         else:
             outputs = []
             for index in range(width):

@@ -316,14 +316,14 @@ def test_gated_delta_verify_runs_the_layer_once_per_step(monkeypatch, model_type
     if kernel and not triton_runs_on(torch.device("cpu")):
         pytest.skip("the window kernel runs on this CPU only under TRITON_INTERPRET=1")
     widths, whole, launches = [], [], []
-    window_forward, window_kernel = recurrent.GatedDeltaWindow.forward, recurrent.gated_delta_window
+    window_forward, window_kernel = recurrent.GatedDeltaWindow.forward, recurrent.gated_delta_ring
 
     def spy(self, hidden_states, *args, **kwargs):
         widths.append(hidden_states.shape[1])
         return window_forward(self, hidden_states, *args, **kwargs)
 
     monkeypatch.setattr(recurrent.GatedDeltaWindow, "forward", spy)
-    monkeypatch.setattr(recurrent, "gated_delta_window", lambda *a: launches.append(1) or window_kernel(*a))
+    monkeypatch.setattr(recurrent, "gated_delta_ring", lambda *a: launches.append(1) or window_kernel(*a))
     monkeypatch.setattr(recurrent, "compiled_on", lambda device: kernel)  # the kernel path is the GPU's
     monkeypatch.setattr(recurrent.TokenByToken, "forward", lambda *a, **k: whole.append(1))  # must not run
     model = _hybrid("qwen3_next") if model_type == "qwen3_next" else build(model_type)[0]

@@ -42,3 +42,30 @@ def gated_delta_window_naive(
         outs.append((s * q[:, t, :, :, None]).sum(dim=-2))
         states.append(s)
     return torch.stack(outs, dim=1).to(value.dtype), torch.stack(states, dim=1)
+
+
+def gated_delta_ring_naive(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ring: torch.Tensor,
+    start: torch.Tensor,
+    every_state: bool = True,
+) -> torch.Tensor:
+    """`gated_delta_window_naive` with the states in a ring ``[B, R, H_v, D_k, D_v]`` (any float dtype): row ``b``
+    starts from the state at slot ``(start[b] - 1) mod R`` and leaves the state after token ``t`` at slot
+    ``(start[b] + t) mod R`` (only the last token's with ``every_state=False``). Returns ``out``; ``ring`` is
+    updated in place."""
+    rows = torch.arange(ring.shape[0], device=ring.device)
+    slots = ring.shape[1]
+    state = ring[rows, (start - 1).remainder(slots)]
+    out, states = gated_delta_window_naive(query, key, value, g, beta, state)
+    width = value.shape[1]
+    if every_state:
+        written = (start[:, None] + torch.arange(width, device=ring.device)).remainder(slots)
+        ring[rows[:, None], written] = states.to(ring.dtype)
+    else:
+        ring[rows, (start + width - 1).remainder(slots)] = states[:, -1].to(ring.dtype)
+    return out
