@@ -346,6 +346,8 @@ MOE_TEACHER_FORCED_SETTINGS = {
     "moe_row4": MOE_SETTINGS["moe_row4"],  # its 4 heaviest (a quarter: a token keeps at least its top one)
     "moe_row8_keep2": MOE_SETTINGS["moe_row8_keep2"],  # 8 per row, and every token keeps at least its top two
     "moe_row12": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=12)),
+    "moe_row10": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=10)),
+    "moe_row11": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=11)),
 }
 
 

@@ -54,6 +54,17 @@ SHAPES: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Qwen3-Next-80B-A3B (transformers' Qwen3NextConfig defaults are its sizes: 48 layers, every fourth full
+    # attention, the others Gated DeltaNet) with 64 of its 512 experts per layer, so that it fits one 80 GB card
+    "qwen3-next-80b-a3b-e64": ("Qwen3NextConfig", dict(num_experts=64, tie_word_embeddings=False)),
+    # transformers' Qwen3_5TextConfig defaults: 32 layers of hidden size 4096 (8 full attention, 24 Gated DeltaNet),
+    # about 9B parameters
+    "qwen3.5-text-default": ("Qwen3_5TextConfig", dict()),
+    # transformers' Gemma4TextConfig defaults: 30 layers of hidden size 2304, sliding-window (512) and global
+    # layers (head size 512), per-layer input embeddings; no KV-shared layers (its default)
+    "gemma-4-text-default": ("Gemma4TextConfig", dict()),
+    # transformers' Gemma3nTextConfig defaults: its last layers read earlier layers' keys and values
+    "gemma-3n-text-default": ("Gemma3nTextConfig", dict()),
     # small stand-ins with the same structure, for tests and CPU smoke runs
     "tiny-llama": (
         "LlamaConfig",
@@ -64,6 +75,28 @@ SHAPES: dict[str, tuple[str, dict]] = {
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "tiny-qwen3-next": (
+        "Qwen3NextConfig",
+        dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=2,
             max_position_embeddings=4096,
             tie_word_embeddings=False,
         ),
@@ -123,21 +156,28 @@ def expected_experts(experts: int, top_k: int, tokens: int) -> float:
 
 
 def weight_bytes_per_step(model: torch.nn.Module, new_tokens: int, batch: int) -> int:
-    """Weight bytes one forward of ``batch x new_tokens`` tokens must read: every parameter except the input
-    embedding table (of which only the used rows are read); for MoE layers, the experts a uniform router touches on
-    average (`expected_experts`). Random-weight routers route near uniformly; a trained router that concentrates
-    tokens on fewer experts reads less."""
+    """Weight bytes one forward of ``batch x new_tokens`` tokens must read: every parameter except embedding tables
+    (of which only the used rows are read: the input embedding and per-layer input embeddings such as Gemma 3n's
+    and Gemma 4's), unless the output layer shares the table (then all of it); for MoE layers, the experts a
+    uniform router touches on average (`expected_experts`). Random-weight routers route near uniformly; a trained
+    router that concentrates tokens on fewer experts reads less."""
     config = model.config.get_text_config()
     total = 0
-    embed = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    head = output.weight if output is not None else None
+    tables = {
+        id(module.weight)
+        for module in model.modules()
+        if isinstance(module, torch.nn.Embedding) and module.weight is not head
+    }
     tokens = new_tokens * batch
     experts = getattr(config, "num_experts", None)
     top_k = getattr(config, "num_experts_per_tok", None)
     share = expected_experts(experts, top_k, tokens) / experts if experts and top_k else 1.0
     for name, param in model.named_parameters():
         size = param.numel() * param.element_size()
-        if param is embed:
-            size = tokens * param.shape[1] * param.element_size()
+        if id(param) in tables:
+            size = min(size, tokens * param.shape[1] * param.element_size())
         elif experts and ".experts." in name and param.dim() >= 3 and param.shape[0] == experts:
             size = int(size * share)
         total += size
@@ -145,8 +185,16 @@ def weight_bytes_per_step(model: torch.nn.Module, new_tokens: int, batch: int) -
 
 
 def kv_bytes(model: torch.nn.Module, context: int, batch: int, dtype: torch.dtype) -> int:
-    """Bytes of keys and values of ``context`` cached tokens per row, all layers."""
+    """Bytes of keys and values of ``context`` cached tokens per row over the attention layers (all layers where
+    the config names no layer types; a sliding-window layer's window; recurrent layers not counted)."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
-    return per_token * context * batch * torch.empty((), dtype=dtype).element_size()
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    window = getattr(config, "sliding_window", None) or context
+    tokens = sum(
+        min(context, window) if "sliding" in kind else context
+        for kind in kinds
+        if "attention" in kind and "linear" not in kind
+    )
+    per_token = 2 * config.num_key_value_heads * head_dim
+    return per_token * tokens * batch * torch.empty((), dtype=dtype).element_size()

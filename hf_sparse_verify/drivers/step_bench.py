@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .._compat import CACHE_KWARG
+from .._compat import CACHE_KWARG, kv_shared_sources
 from ..generation.engine.runner import ModelRunner
 from ..integrations import Mode, speculation_mode
 from ..step import Phase, ScoreCollection
@@ -88,9 +88,10 @@ def _ours(
         runner = ModelRunner(model, batch, context + max(widths), device, backend)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)
-        for layer in runner.cache.layers:  # random keys and values for the whole cache
-            layer.keys.normal_()
-            layer.values.normal_()
+        for layer in runner.cache.layers:  # random keys and values for the whole cache (recurrent layers: none)
+            for kv in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(kv, torch.Tensor):
+                    kv.normal_()
         scores = None
         if args.vegas_scores:
             scores = ScoreCollection("two_rows", weights=True)
@@ -133,39 +134,82 @@ def our_step_ms(
 
 def _transformers(
     model, context: int, batch: int, widths, args: StepBenchArgs, device, bar, ranks: int = 1
-) -> dict:
+) -> tuple[dict, int | None]:
     """Median ms per step of each width with plain transformers eager (SDPA, DynamicCache; a rank's share of the
-    KV heads under tensor parallelism)."""
+    KV heads under tensor parallelism), and the bytes of its cache that a step reads and writes at least (None
+    where not counted: see `_cache_bytes`).
+
+    Models whose layers are all full attention get random keys and values; others (recurrent, sliding-window or
+    KV-shared layers) are prefilled with ``context`` random tokens so that every cache layer holds what it holds in
+    decoding. After each timed call the full-attention layers are cropped back (untimed); recurrent and
+    sliding-window layers keep their size (their step cost does not depend on their contents)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     config = model.config.get_text_config()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = DynamicCache(config=model.config)
-    shape = (batch, config.num_key_value_heads // ranks, context, head_dim)
     dtype = model.dtype
-    for layer in range(config.num_hidden_layers):
-        cache.update(
-            torch.randn(shape, device=device, dtype=dtype),
-            torch.randn(shape, device=device, dtype=dtype),
-            layer,
-        )
+    plain = all(type(layer) is DynamicLayer for layer in cache.layers) and not kv_shared_sources(model)
+    if plain:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (batch, config.num_key_value_heads // ranks, context, head_dim)
+        for layer in range(config.num_hidden_layers):
+            cache.update(
+                torch.randn(shape, device=device, dtype=dtype),
+                torch.randn(shape, device=device, dtype=dtype),
+                layer,
+            )
+        moved = None
+    else:
+        prompt = torch.randint(0, config.vocab_size, (batch, context), device=device)
+        model(input_ids=prompt, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)
+        moved = _cache_bytes(model, cache)
+    full = [
+        layer
+        for layer in cache.layers
+        if isinstance(layer, DynamicLayer) and not isinstance(layer, DynamicSlidingWindowLayer)
+    ]
+
+    def crop() -> None:  # drop the step's tokens from the full-attention layers (untimed)
+        for layer in full:
+            if layer.is_initialized and layer.keys.shape[-2] > context:
+                DynamicLayer.crop(layer, context - layer.keys.shape[-2])
+
     times = {}
     for width in widths:
         ids = torch.randint(0, config.vocab_size, (batch, width), device=device)
         call = functools.partial(
             model, input_ids=ids, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=width
         )
-        # crop with a negative count: drop the step's tokens again (untimed)
-        crop = functools.partial(_crop, cache, context)
         runs = time_calls(call, device, args.warmups, args.repeats, after=crop)
         times[width] = 1000 * median(runs)
         bar.update(1)
+    del cache
     _free(device)
-    return times
+    return times, moved
 
 
-def _crop(cache, context: int) -> None:
-    cache.crop(context - cache.get_seq_length())
+def _cache_bytes(model, cache) -> int:
+    """The least a step reads and writes of a prefilled transformers ``cache``: every attention layer's keys and
+    values (a sliding-window layer's window; a KV-shared layer reads its source layer's again), and every recurrent
+    layer's states read and written once."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    total = 0
+    sizes = {}
+    for index, layer in enumerate(cache.layers):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and getattr(layer, "is_initialized", False):
+            sizes[index] = keys.nbytes + layer.values.nbytes
+            total += sizes[index]
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for states in (layer.conv_states, layer.recurrent_states):
+                for state in states if isinstance(states, (list, tuple)) else [states]:
+                    if isinstance(state, torch.Tensor):
+                        total += 2 * state.nbytes
+    for source in kv_shared_sources(model).values():
+        total += sizes.get(source, 0)
+    return total
 
 
 @torch.no_grad()
@@ -188,15 +232,15 @@ def run_on(model, args: StepBenchArgs, device: torch.device, ranks: int = 1) -> 
             for batch in args.batches:
                 ours, ours_collect, mode = _ours(model, context, batch, widths, args, device, bar)
                 _free(device)  # our runner's cache is gone only now
-                theirs = (
+                theirs, cache_moved = (
                     _transformers(model, context, batch, widths, args, device, bar, ranks)
                     if args.transformers
-                    else {}
+                    else ({}, None)
                 )
+                if cache_moved is None:
+                    cache_moved = kv_bytes(model, context, batch, dtype)
                 for width in widths:
-                    moved = weight_bytes_per_step(model, width, batch) + kv_bytes(
-                        model, context, batch, dtype
-                    )
+                    moved = weight_bytes_per_step(model, width, batch) + cache_moved
                     floor_ms = 1000 * moved / ranks / bandwidth if bandwidth else None
                     record = dict(
                         context=context,
@@ -225,7 +269,9 @@ def run_on(model, args: StepBenchArgs, device: torch.device, ranks: int = 1) -> 
         dtype=args.dtype,
         copy_bandwidth_GBps=round(bandwidth / 1e9, 1) if bandwidth else None,
         method=f"median of {args.repeats} calls after {args.warmups} warm-ups, host clock around a synchronized "
-        "call; caches hold random keys and values; floor = (weight bytes read + KV bytes) / copy bandwidth"
+        "call; caches hold random keys and values (transformers' cache of a model with recurrent, sliding-window or "
+        "KV-shared layers: prefilled with random tokens); floor = (weight bytes read + cache bytes read and "
+        "written at least) / copy bandwidth"
         + (f" / {ranks} tensor-parallel ranks" if ranks > 1 else ""),
         records=records,
     )
