@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from benchmarks import _records
 from hf_sparse_verify.drivers.profile import kernel_rows
 from hf_sparse_verify.drivers.shapes import random_model
+from hf_sparse_verify.drivers.step_bench import fill_random_kv
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.integrations import Mode, speculation_mode
 from hf_sparse_verify.step import Phase, ScoreCollection
@@ -70,9 +71,7 @@ def main() -> None:
         zero = torch.zeros(batch, dtype=torch.long, device=device)
         at = torch.full((batch,), args.context, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
-        for layer in runner.cache.layers:
-            layer.keys.normal_()
-            layer.values.normal_()
+        fill_random_kv(runner.cache)
         scores = None
         if args.vegas_scores:
             scores = ScoreCollection("two_rows", weights=True)

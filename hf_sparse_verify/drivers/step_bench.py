@@ -88,10 +88,7 @@ def _ours(
         runner = ModelRunner(model, batch, context + max(widths), device, backend)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zeros, Phase.PREFILL, kv_len=1)
-        for layer in runner.cache.layers:  # random keys and values for the whole cache (recurrent layers: none)
-            for kv in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(kv, torch.Tensor):
-                    kv.normal_()
+        fill_random_kv(runner.cache)
         scores = None
         if args.vegas_scores:
             scores = ScoreCollection("two_rows", weights=True)
@@ -116,6 +113,14 @@ def _ours(
             bar.update(1)
     _free(device)
     return times, collect_times, mode
+
+
+def fill_random_kv(cache) -> None:
+    """Random keys and values in every slot of ``cache`` (a `SpecCache`; recurrent layers have none)."""
+    for layer in cache.layers:
+        for kv in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(kv, torch.Tensor):
+                kv.normal_()
 
 
 def our_step_ms(
