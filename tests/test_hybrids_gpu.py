@@ -28,7 +28,7 @@ MODEL_TYPES = [
     "falcon_h1",
     "granitemoehybrid",
     "nemotron_h",
-    "gemma3n",
+    "gemma3n_text",  # the text model: gemma3n's vision tower needs timm, and where timm is installed it is large
     "gemma4",
     "deepseek_v32",
     "glm_moe_dsa",

@@ -18,9 +18,11 @@ from ..kernels.moe_router import moe_router
 from ..kernels.moe_router.op import MAX_EXPERTS, MAX_TOP_K
 
 #: router classes whose forward is ``F.linear`` -> float32 softmax -> ``torch.topk`` -> optional division by the
-#: float32 sum -> cast to the logits dtype (checked against transformers 5.23.0's source; tests compare each with
+#: float32 sum -> cast to the logits dtype (checked against transformers 5.23.0's source, Qwen3-Next's against 5.24.0's; tests compare each with
 #: its replacement). `FLOAT32_SCORES` ones always renormalize and keep float32 scores.
-REPLACEABLE = frozenset({"Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter"})
+REPLACEABLE = frozenset(
+    {"Qwen3MoeTopKRouter", "Qwen3NextTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter"}
+)
 FLOAT32_SCORES = frozenset({"MixtralTopKRouter"})
 #: the routing kernel runs for steps of at most this many token rows (decode and verify); prefills keep
 #: transformers' arithmetic

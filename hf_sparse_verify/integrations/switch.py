@@ -228,7 +228,7 @@ def _qkv_attention(module, walk: _Walk):
 
 
 def _norm(module, walk: _Walk):
-    norm = type(module).__name__ in rms_norm.REPLACEABLE
+    norm = rms_norm.replaceable_norm(module)
     if walk.fused("norm") and norm and swappable(module, in_layer=walk.in_one_device_layer()):
         return rms_norm.TritonRMSNorm(module)
     return None

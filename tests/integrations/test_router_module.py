@@ -1,4 +1,4 @@
-"""`FusedRouter` vs transformers' four top-k router classes: bitwise on the eager path (CPU), within the kernel's
+"""`FusedRouter` vs transformers' five top-k router classes: bitwise on the eager path (CPU), within the kernel's
 rounding on the op path (Triton interpreted), the fallbacks, `replaceable_router`'s refusals and the switch's router rule."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ needs_triton = pytest.mark.skipif(
 #: name -> (config class, router class, config fields giving E experts, k per token)
 ROUTERS = {
     "qwen3_moe": (hf_models.qwen3_moe.Qwen3MoeConfig, "Qwen3MoeTopKRouter", "num_experts"),
+    "qwen3_next": (hf_models.qwen3_next.Qwen3NextConfig, "Qwen3NextTopKRouter", "num_experts"),
     "qwen2_moe": (hf_models.qwen2_moe.Qwen2MoeConfig, "Qwen2MoeTopKRouter", "num_experts"),
     "olmoe": (hf_models.olmoe.OlmoeConfig, "OlmoeTopKRouter", "num_experts"),
     "mixtral": (hf_models.mixtral.MixtralConfig, "MixtralTopKRouter", "num_local_experts"),

@@ -5,32 +5,36 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import add_rms_norm_naive, rms_norm_naive
+from .naive import add_rms_norm_naive, rms_norm_naive, rms_norm_zero_centered_naive
 
 MAX_COLS = 65536
 
 
 @torch.library.custom_op("hsv::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
     if triton_runs_on(x.device) and x.dtype != torch.float64:
         from .kernel import launch
 
-        return launch(x, weight, eps)
+        return launch(x, weight, eps, zero_centered)
+    if zero_centered:
+        return rms_norm_zero_centered_naive(x, weight, eps)
     return rms_norm_naive(x, weight, eps)
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps):
-    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
+def _(x, weight, eps, zero_centered):
+    return x.new_empty(x.shape, dtype=x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension with transformers' Llama-family arithmetic (see `rms_norm_naive`).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dimension with transformers' Llama-family arithmetic (see `rms_norm_naive`), or with
+    ``zero_centered`` the Gemma / Qwen3-Next form (see `rms_norm_zero_centered_naive`).
 
     Args:
         x: ``[..., N]``, contiguous in the last dimension.
         weight: ``[N]``.
         eps: variance epsilon.
+        zero_centered: scale by ``1 + weight`` in float32 and round once, as Gemma and Qwen3-Next do.
 
     Example:
         >>> x, w = torch.randn(2, 3, 8), torch.rand(8)
@@ -45,7 +49,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return torch.ops.hsv.rms_norm(x, weight, float(eps))
+    return torch.ops.hsv.rms_norm(x, weight, float(eps), bool(zero_centered))
 
 
 @torch.library.custom_op("hsv::add_rms_norm", mutates_args=())
