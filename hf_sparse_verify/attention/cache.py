@@ -156,13 +156,13 @@ class _StateBefore:
 
 
 class SpecConvLayer(LinearAttentionCacheLayerMixin):
-    """A recurrent layer of a hybrid model in a `SpecCache`: its convolution inputs per slot, and its recurrent state
-    after each of the last `RING` slots.
+    """A recurrent layer of a hybrid model in a `SpecCache`: its convolution inputs and its recurrent state after
+    each of the last slots, in rings (memory independent of the context length).
 
     - **Convolution** (LFM2's ``conv`` layers, and the short convolution before a linear-attention layer):
-      ``update_conv_state`` writes the step's inputs ``[B, C, W]`` at the step's slots into ``[B, C, capacity]`` and
-      returns the window the model's causal convolution runs over: the ``kernel - 1`` inputs before each row's first
-      new slot, then the new ones (``[B, C, kernel - 1 + W]``; slots of the row's left padding, and before slot 0,
+      ``update_conv_state`` writes the step's inputs ``[B, C, W]`` at the step's slots into a ring of
+      ``RING + kernel - 1`` slots per row (not one per cache slot) and returns the window the model's causal
+      convolution runs over: the ``kernel - 1`` inputs before each row's first new slot, then the new ones (``[B, C, kernel - 1 + W]``; slots of the row's left padding, and before slot 0,
       read as zeros, as plain ``generate`` zeroes padded inputs). The model keeps the last ``W`` outputs. The layer
       says it records its past (``record_past``), so models take this path at every step instead of updating a
       state in place; a rejected draft's input is simply overwritten by the next step.
@@ -193,7 +193,7 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         self.is_initialized = False
 
     def lazy_initialization(
-        self, conv_states=None, recurrent_states=None, state_idx: int = 0, **kwargs
+        self, conv_states=None, recurrent_states=None, state_idx: int = 0, conv_kernel_size: int = 1, **kwargs
     ) -> None:
         batch, channels = conv_states.shape[:2]
         if batch != self.owner.batch_size:
@@ -201,32 +201,43 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
                 f"SpecCache was built for batch {self.owner.batch_size}, got conv inputs of batch {batch}"
             )
         self.dtype, self.device = conv_states.dtype, conv_states.device
-        self.inputs = torch.zeros(batch, channels, self.owner.capacity, dtype=self.dtype, device=self.device)
+        slots = self.RING + conv_kernel_size - 1  # the widest step plus the inputs before it
+        self.inputs = torch.zeros(batch, channels, slots, dtype=self.dtype, device=self.device)
         self.is_initialized = True
 
     def update_conv_state(
         self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None, **kwargs
     ) -> torch.Tensor:
-        """Write the step's convolution inputs ``[B, C, W]``; return ``[B, C, kernel - 1 + W]`` to convolve."""
+        """Write the step's convolution inputs ``[B, C, W]``; return ``[B, C, kernel - 1 + W]`` to convolve.
+
+        The inputs are kept in a ring of ``RING + kernel - 1`` slots per row (slot ``s`` at ``s mod`` that), not one
+        per cache slot: a step reads only the ``kernel - 1`` inputs before its first slot, and no step is wider than
+        ``RING`` (`hf_sparse_verify.integrations.recurrent`), so nothing a later step reads is overwritten first,
+        whatever the step accepted. A step wider than the ring (a prefill) keeps its last inputs."""
         if conv_kernel_size is None:
             raise ValueError(
                 f"layer {self.layer_idx}: the model gave no conv_kernel_size; the cache cannot size the window"
             )
         if not self.is_initialized:
-            self.lazy_initialization(conv_states=conv_states)
+            self.lazy_initialization(conv_states=conv_states, conv_kernel_size=conv_kernel_size)
         step = current_step()
         width = conv_states.shape[-1]
         if width != step.q_len:
             raise ValueError(f"step announced {step.q_len} new tokens, the layer wrote {width}")
         view = step.on(self.device)
         slots = view.query_slots  # [B, W]
-        channels = self.inputs.shape[1]
-        self.inputs.scatter_(2, slots[:, None, :].expand(-1, channels, -1), conv_states.to(self.dtype))
+        channels, ring = self.inputs.shape[1], self.inputs.shape[2]
         back = conv_kernel_size - 1
-        window = slots[:, :1] + torch.arange(-back, width, device=self.device)  # [B, back + W]
+        if back > ring - self.RING:
+            raise ValueError(f"layer {self.layer_idx}: conv kernel {conv_kernel_size} is wider than its first step's")
+        before = slots[:, :1] + torch.arange(-back, 0, device=self.device)  # [B, back]
+        previous = self.inputs.gather(2, before.remainder(ring)[:, None, :].expand(-1, channels, -1))
+        kept = min(width, ring)
+        written = slots[:, width - kept :].remainder(ring)[:, None, :].expand(-1, channels, -1)
+        self.inputs.scatter_(2, written, conv_states[..., width - kept :].to(self.dtype))
+        window = torch.cat([before, slots], dim=1)  # [B, back + W]
         valid = (window >= view.pad[:, None]) & (window >= 0)
-        index = window.clamp(0, self.owner.capacity - 1)[:, None, :].expand(-1, channels, -1)
-        return self.inputs.gather(2, index) * valid[:, None, :].to(self.dtype)
+        return torch.cat([previous, conv_states.to(self.dtype)], dim=2) * valid[:, None, :].to(self.dtype)
 
     def update_recurrent_state(
         self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs

@@ -238,6 +238,29 @@ def test_conv_window_reads_the_inputs_before_the_step_and_zeroes_padding():
     assert cache.get_conv_state(0) is None  # models take the window path at every step
 
 
+def test_conv_inputs_live_in_a_ring_whatever_the_capacity():
+    """The convolution inputs take ``RING + kernel - 1`` slots per row, not one per cache slot (a 16K cache of
+    Qwen3-Next's 8,192 conv channels in 36 layers would otherwise hold 9.7 GB per row); a step past the ring's end
+    reads the inputs before it across the wrap, and a prefill wider than the ring keeps its last inputs."""
+    cache = SpecCache(num_layers=1, batch_size=1, capacity=100_000, recurrent_layers=[0])
+    layer = cache.layers[0]
+    slots = SpecConvLayer.RING + 2
+    history = torch.arange(2 * 50, dtype=torch.float32).reshape(1, 2, 50)
+    prefill = StepContext(Phase.PREFILL, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                          q_len=50, kv_len=50, backend="reference")  # fmt: skip
+    with step_scope(prefill):
+        window = cache.update_conv_state(history, 0, conv_kernel_size=3)
+    assert layer.inputs.shape == (1, 2, slots)
+    torch.testing.assert_close(window[:, :, 2:], history)  # the prefill convolves all of its own inputs
+    step = StepContext(Phase.VERIFY, torch.tensor([50]), torch.zeros(1, dtype=torch.long), q_len=4, kv_len=54,
+                       backend="reference")  # fmt: skip
+    new = -torch.ones(1, 2, 4)
+    with step_scope(step):
+        window = cache.update_conv_state(new, 0, conv_kernel_size=3)
+    torch.testing.assert_close(window[:, :, :2], history[:, :, 48:50])
+    torch.testing.assert_close(window[:, :, 2:], new)
+
+
 def test_linear_attention_sampling_follows_the_target_distribution():
     """Sampling with a noisy draft model on Qwen3-Next: the pairs (t1, t2) and (t2, t3) of many identical prompts
     follow the target's exact joint distribution, t3 often drawn right after a draft was rejected at t2 (the
