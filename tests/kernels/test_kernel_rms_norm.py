@@ -7,13 +7,13 @@ import torch
 from conftest import ARCHITECTURES, make_model
 
 from hf_sparse_verify.integrations import Mode, TritonRMSNorm, speculation_mode
-from hf_sparse_verify.integrations.rms_norm import REPLACEABLE, ZERO_CENTERED
+from hf_sparse_verify.integrations.rms_norm import FLOAT32_SCALED, REPLACEABLE, ZERO_CENTERED
 from hf_sparse_verify.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_naive,
     rms_norm,
+    rms_norm_float32_naive,
     rms_norm_naive,
-    rms_norm_zero_centered_naive,
 )
 
 
@@ -77,36 +77,48 @@ def test_strided_input_and_weight_promotion():
     torch.testing.assert_close(out, rms_norm_naive(x.bfloat16(), w, 1e-5), rtol=1.6e-2, atol=1.6e-2)
 
 
+@pytest.mark.parametrize("form, offset", [("zero_centered", 1.0), ("float32", 0.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 1, 64), (3, 5, 100)])
-def test_zero_centered_matches_reference(dtype, shape):
-    """The zero-centered form (Gemma, Qwen3-Next): float32 throughout, the output in the input's dtype."""
+def test_float32_forms_match_reference(dtype, shape, form, offset):
+    """Gemma / Qwen3-Next (zero-centered weights) and Gemma 3n / Gemma 4: float32 throughout, the output in the
+    input's dtype."""
     g = torch.Generator().manual_seed(sum(shape))
     x = torch.randn(*shape, generator=g).to(dtype) * 3
     w = (torch.rand(shape[-1], generator=g) - 0.5).to(dtype)
-    out = rms_norm(x, w, 1e-6, zero_centered=True)
-    ref = rms_norm_zero_centered_naive(x, w, 1e-6)
+    out = rms_norm(x, w, 1e-6, form)
+    ref = rms_norm_float32_naive(x, w, 1e-6, offset)
     assert out.dtype == dtype and ref.dtype == dtype and out.shape == ref.shape
     tol = 1e-6 if dtype == torch.float32 else 1.6e-2
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
-    # not the Llama form: that one scales by the weight alone
-    assert not torch.allclose(out.float(), rms_norm_naive(x, w, 1e-6).float(), atol=1e-3)
+    if form == "zero_centered":  # not the Llama form, which scales by the weight alone
+        assert not torch.allclose(out.float(), rms_norm_naive(x, w, 1e-6).float(), atol=1e-3)
+    with pytest.raises(ValueError, match="form must be one of"):
+        rms_norm(x, w, 1e-6, "gemma")
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text", "qwen3_next", "qwen3_5", "qwen3_5_moe"])
-def test_zero_centered_replacement_equals_transformers_module(model_type):
-    """Every zero-centered RMSNorm of these models (random, non-zero weights) gives the module's output through the
-    replacement, which the fused mode swaps in."""
+@pytest.mark.parametrize(
+    "model_type", ["gemma", "gemma2", "gemma3_text", "qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3n_text", "gemma4"]
+)
+def test_float32_form_replacements_equal_transformers_modules(model_type):
+    """Every zero-centered or float32-scaled RMSNorm of these models (random weights; Gemma 4's unscaled value norms
+    too) gives the module's output through the replacement, which the fused mode swaps in."""
     from arch_survey import build
 
     model = build(model_type)[0]
-    norms = [m for m in model.modules() if type(m).__name__ in ZERO_CENTERED]
-    assert norms, f"{model_type}: no zero-centered RMSNorm found"
-    for norm in norms[:4]:
-        with torch.no_grad():
-            norm.weight.copy_(torch.randn_like(norm.weight) * 0.3)
-        x = torch.randn(2, 3, norm.weight.shape[0])
+    norms = [m for m in model.modules() if type(m).__name__ in ZERO_CENTERED | FLOAT32_SCALED]
+    assert norms, f"{model_type}: no zero-centered or float32 RMSNorm found"
+    unscaled = [m for m in norms if getattr(m, "weight", None) is None]
+    for norm in norms[:4] + unscaled[:2]:
+        weight = getattr(norm, "weight", None)
+        width = weight.shape[0] if weight is not None else 32
+        if weight is not None:
+            with torch.no_grad():
+                norm.weight.copy_(torch.randn_like(norm.weight) * 0.3)
+        x = torch.randn(2, 3, width)
         torch.testing.assert_close(TritonRMSNorm(norm)(x), norm(x), rtol=1e-6, atol=1e-6)
+    if model_type == "gemma4":
+        assert unscaled, "Gemma 4's value norms have no scale"
     with speculation_mode(model, mode=FUSED) as switched:
         assert switched.counts.get("TritonRMSNorm", 0) >= len(norms)
 

@@ -1,7 +1,13 @@
-"""RMSNorm with transformers' Llama-family arithmetic, or the zero-centered form of Gemma and Qwen3-Next, in one
+"""RMSNorm with transformers' Llama-family arithmetic, or the float32 forms of Gemma, Qwen3-Next and Gemma 4, in one
 launch (used by `hf_sparse_verify.integrations`)."""
 
-from .naive import add_rms_norm_naive, rms_norm_naive, rms_norm_zero_centered_naive
+from .naive import add_rms_norm_naive, rms_norm_float32_naive, rms_norm_naive
 from .op import add_rms_norm, rms_norm
 
-__all__ = ["add_rms_norm", "add_rms_norm_naive", "rms_norm", "rms_norm_naive", "rms_norm_zero_centered_naive"]
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_naive",
+    "rms_norm",
+    "rms_norm_float32_naive",
+    "rms_norm_naive",
+]

@@ -1,8 +1,9 @@
 """Triton RMSNorm: one program per row, one launch instead of the six elementwise/reduction kernels of the eager
 module (measured on an H200 decode step of the Llama-3.1-8B shape: 65 norms cost ~0.6 ms of 7.1 ms eagerly).
 
-With ``CENTERED`` it computes the zero-centered form of Gemma, Qwen3-Next and Qwen3.5 instead:
-``(x * rsqrt(mean(x^2) + eps)) * (1 + weight)`` in float32, rounded to the input dtype once at the end.
+With ``FLOAT32`` it computes the form of Gemma, Qwen3-Next, Qwen3.5 (zero-centered weights, ``offset`` 1) and Gemma 3n
+/ Gemma 4 (``offset`` 0) instead: ``(x * rsqrt(mean(x^2) + eps)) * (offset + weight)`` in float32, rounded to the
+input dtype once at the end.
 
 With ``ADD`` the kernel also adds the residual first (a decoder layer's ``residual + attention`` before its
 post-attention norm), writing both the sum and its norm: one launch instead of an add and a norm."""
@@ -18,8 +19,8 @@ from .._triton import next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 @triton.jit
 def _rms_norm_kernel(
-    X, R, W, OUT, SUM, n_cols, s_x, s_r, s_o, s_s, eps,
-    ADD: tl.constexpr, CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    X, R, W, OUT, SUM, n_cols, s_x, s_r, s_o, s_s, eps, offset,
+    ADD: tl.constexpr, FLOAT32: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One row: ``OUT = rms_norm(X)``, or with ``ADD`` ``SUM = R + X`` (rounded to the activation dtype, as eager's
     add) and ``OUT = rms_norm(SUM)``."""
@@ -35,8 +36,8 @@ def _rms_norm_kernel(
         b_x = b_s.to(tl.float32)
     variance = tl.sum(b_x * b_x, axis=0) / n_cols
     b_w = tl.load(W + offs, mask=ok, other=0.0)
-    if CENTERED:  # float32 throughout, one rounding at the end
-        b_out = (b_x * tl.math.rsqrt(variance + eps)) * (1.0 + b_w.to(tl.float32))
+    if FLOAT32:  # float32 throughout, one rounding at the end
+        b_out = (b_x * tl.math.rsqrt(variance + eps)) * (offset + b_w.to(tl.float32))
     else:
         b_y = (b_x * tl.math.rsqrt(variance + eps)).to(X.dtype.element_ty)  # rounded to the input dtype, as eager
         b_out = b_w.to(tl.float32) * b_y.to(tl.float32)
@@ -44,26 +45,28 @@ def _rms_norm_kernel(
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, centered: bool = False
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, form: str = "llama"
 ):
     n_cols = x.shape[-1]
     rows = x.reshape(-1, n_cols)  # a view when the last dim is contiguous
     res = residual.reshape(-1, n_cols) if residual is not None else rows
-    dtype = x.dtype if centered else torch.promote_types(weight.dtype, x.dtype)
+    float32 = form != "llama"
+    dtype = x.dtype if float32 else torch.promote_types(weight.dtype, x.dtype)
     out = torch.empty(rows.shape, dtype=dtype, device=x.device)
     total = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if residual is not None else out
     block = next_power_of_2(n_cols)
     _rms_norm_kernel[(rows.shape[0],)](
         rows, res, weight, out, total, n_cols, rows.stride(0), res.stride(0), out.stride(0), total.stride(0), eps,
-        ADD=residual is not None, CENTERED=centered, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        1.0 if form == "zero_centered" else 0.0,
+        ADD=residual is not None, FLOAT32=float32, BLOCK=block, num_warps=8 if block >= 4096 else 4,
         **pdl_launch(rows.device),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n_cols), total.view(x.shape)
 
 
 @on_input_device
-def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
-    return _launch(x, None, weight, eps, zero_centered)[0]
+def launch(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str = "llama") -> torch.Tensor:
+    return _launch(x, None, weight, eps, form)[0]
 
 
 @on_input_device

@@ -13,12 +13,13 @@ def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def rms_norm_zero_centered_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The zero-centered RMSNorm of Gemma, Qwen3-Next and Qwen3.5: ``(x * rsqrt(mean(x**2, -1) + eps)) * (1 +
-    weight)`` in float32, rounded to ``x``'s dtype at the end; ``x`` ``[..., N]``."""
+def rms_norm_float32_naive(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """The RMSNorm of Gemma 3n and Gemma 4 (``offset`` 0) and the zero-centered one of Gemma, Qwen3-Next and Qwen3.5
+    (``offset`` 1): ``(x * rsqrt(mean(x**2, -1) + eps)) * (offset + weight)`` in float32, rounded to ``x``'s dtype
+    at the end; ``x`` ``[..., N]``."""
     hidden = x.to(torch.float32)
     output = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
-    return (output * (1.0 + weight.float())).type_as(x)
+    return (output * (offset + weight.float())).type_as(x)
 
 
 def add_rms_norm_naive(

@@ -5,36 +5,41 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import add_rms_norm_naive, rms_norm_naive, rms_norm_zero_centered_naive
+from .naive import add_rms_norm_naive, rms_norm_float32_naive, rms_norm_naive
+
+#: the arithmetic forms `rms_norm` computes
+FORMS = ("llama", "zero_centered", "float32")
 
 MAX_COLS = 65536
 
 
 @torch.library.custom_op("hsv::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str) -> torch.Tensor:
     if triton_runs_on(x.device) and x.dtype != torch.float64:
         from .kernel import launch
 
-        return launch(x, weight, eps, zero_centered)
-    if zero_centered:
-        return rms_norm_zero_centered_naive(x, weight, eps)
-    return rms_norm_naive(x, weight, eps)
+        return launch(x, weight, eps, form)
+    if form == "llama":
+        return rms_norm_naive(x, weight, eps)
+    return rms_norm_float32_naive(x, weight, eps, 1.0 if form == "zero_centered" else 0.0)
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, zero_centered):
-    return x.new_empty(x.shape, dtype=x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype))
+def _(x, weight, eps, form):
+    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype) if form == "llama" else x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
-    """RMSNorm over the last dimension with transformers' Llama-family arithmetic (see `rms_norm_naive`), or with
-    ``zero_centered`` the Gemma / Qwen3-Next form (see `rms_norm_zero_centered_naive`).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str = "llama") -> torch.Tensor:
+    """RMSNorm over the last dimension in one of transformers' arithmetic forms.
 
     Args:
         x: ``[..., N]``, contiguous in the last dimension.
         weight: ``[N]``.
         eps: variance epsilon.
-        zero_centered: scale by ``1 + weight`` in float32 and round once, as Gemma and Qwen3-Next do.
+        form: ``"llama"`` (the Llama family: the normalized value rounded to ``x``'s dtype, then times the weight;
+            `rms_norm_naive`), ``"zero_centered"`` (Gemma, Qwen3-Next, Qwen3.5: times ``1 + weight`` in float32,
+            one rounding) or ``"float32"`` (Gemma 3n, Gemma 4: times the weight in float32, one rounding); see
+            `rms_norm_float32_naive`.
 
     Example:
         >>> x, w = torch.randn(2, 3, 8), torch.rand(8)
@@ -47,9 +52,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
         )
     if x.shape[-1] > MAX_COLS:
         raise ValueError(f"rms_norm handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
+    if form not in FORMS:
+        raise ValueError(f"rms_norm form must be one of {FORMS}, got {form!r}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return torch.ops.hsv.rms_norm(x, weight, float(eps), bool(zero_centered))
+    return torch.ops.hsv.rms_norm(x, weight, float(eps), form)
 
 
 @torch.library.custom_op("hsv::add_rms_norm", mutates_args=())
