@@ -31,7 +31,7 @@ from .gptj import GPTJAttentionDispatch
 from .mlp import GatedMLP, replaceable_mlp
 from .mpt import MptAttentionDispatch
 from .qkv_attention import FusedQKVAttention
-from .rms_norm import TritonRMSNorm
+from .rms_norm import TritonRMSNorm, TritonRMSNormGated
 from .router import FusedRouter
 from .segments import SegmentLayer
 from .switch import ATTENTION_REPLACEMENTS, RULES, Mode, Switched, plan_swaps, speculation_mode
@@ -57,6 +57,7 @@ __all__ = [
     "SegmentLayer",
     "Switched",
     "TritonRMSNorm",
+    "TritonRMSNormGated",
     "decoding_implementation",
     "decoding_plan",
     "fused_experts_forward",

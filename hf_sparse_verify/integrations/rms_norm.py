@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.rms_norm import rms_norm
+from ..kernels.rms_norm import rms_norm, rms_norm_gated, rms_norm_gated_naive
 
 #: RMSNorm classes whose forward is ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` with float32 statistics
 #: (checked against transformers' source, 5.17.0 and 5.24.0; tests compare each with its replacement)
@@ -96,3 +96,44 @@ class TritonRMSNorm(torch.nn.Module):
                 self.unit = torch.ones(width, dtype=torch.float32, device=hidden_states.device)
             weight = self.unit
         return rms_norm(hidden_states, weight, self.variance_epsilon, self.form)
+
+
+#: gated RMSNorm classes of Gated DeltaNet layers whose forward is ``(weight * rms_norm(x).to(x.dtype)) *
+#: silu(gate.float())`` rounded to ``x``'s dtype (``forward`` and ``__init__`` checked equal to Qwen3-Next's, up to
+#: comments, in transformers 5.24.0's source; tests compare each with its replacement)
+GATED = frozenset(
+    {"Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "OlmoHybridRMSNormGated"}
+)
+
+
+def replaceable_gated_norm(module: torch.nn.Module) -> bool:
+    """Whether `TritonRMSNormGated` computes what ``module`` computes: a class of `GATED` with a one-dimensional
+    weight, a float epsilon and the SiLU gate."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ in GATED
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 1
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+        and getattr(module, "activation", None) == "silu"
+    )
+
+
+class TritonRMSNormGated(torch.nn.Module):
+    """Stateless stand-in for a Gated DeltaNet layer's gated RMSNorm (`GATED`): ``forward(x, gate)`` in one launch;
+    reads ``weight`` and ``variance_epsilon`` of the original. A weight of another dtype than the activations takes
+    the reference arithmetic (transformers' promotion), not the kernel."""
+
+    reads = ("weight", "variance_epsilon", "activation")
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__()
+        if not replaceable_gated_norm(original):
+            raise ValueError(f"{type(original).__name__} is not a gated RMSNorm of {sorted(GATED)}")
+        self.weight = original.weight
+        self.variance_epsilon = original.variance_epsilon
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype != hidden_states.dtype:
+            return rms_norm_gated_naive(hidden_states, gate, self.weight, self.variance_epsilon)
+        return rms_norm_gated(hidden_states, gate, self.weight, self.variance_epsilon)

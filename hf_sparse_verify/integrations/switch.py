@@ -122,12 +122,15 @@ class Rule:
     """One module replacement: ``build(module, walk)`` returns the replacement for ``module`` or None.
 
     ``descend``: the walk goes on inside the replacement (it shares the original's children, as
-    `decoder_layer.FusedDecoderLayer` does); otherwise the replacement stands for the whole subtree.
+    `decoder_layer.FusedDecoderLayer` does); ``wraps``: the replacement calls the original, which it keeps (as
+    `recurrent.GatedDeltaWindow` does), and the walk goes on inside the original; otherwise the replacement stands
+    for the whole subtree.
     """
 
     name: str
     build: Callable[[torch.nn.Module, _Walk], torch.nn.Module | None]
     descend: bool = False
+    wraps: bool = False
 
 
 @dataclass
@@ -228,9 +231,14 @@ def _qkv_attention(module, walk: _Walk):
 
 
 def _norm(module, walk: _Walk):
-    norm = rms_norm.replaceable_norm(module)
-    if walk.fused("norm") and norm and swappable(module, in_layer=walk.in_one_device_layer()):
-        return rms_norm.TritonRMSNorm(module)
+    if rms_norm.replaceable_norm(module):
+        replacement = rms_norm.TritonRMSNorm
+    elif rms_norm.replaceable_gated_norm(module):
+        replacement = rms_norm.TritonRMSNormGated
+    else:
+        return None
+    if walk.fused("norm") and swappable(module, in_layer=walk.in_one_device_layer()):
+        return replacement(module)
     return None
 
 
@@ -274,7 +282,7 @@ ATTENTION_REPLACEMENTS = (
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
 RULES = (
     Rule("device_segment", _device_segment, descend=True),
-    Rule("token_by_token", _token_by_token),
+    Rule("token_by_token", _token_by_token, wraps=True),  # the layer's own norm, say, may be fused
     Rule("rotary_table", _rotary_table),
     Rule("decoder_layer", _decoder_layer, descend=True),
     Rule("dispatching_attention", _dispatching_attention),
@@ -324,6 +332,8 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
                     swaps.append((parent, name, child, replacement))
                     if rule.descend:
                         visit(replacement)
+                    elif rule.wraps:
+                        visit(child)
                     break
             else:
                 visit(child)

@@ -6,13 +6,15 @@ import pytest
 import torch
 from conftest import ARCHITECTURES, make_model
 
-from hf_sparse_verify.integrations import Mode, TritonRMSNorm, speculation_mode
-from hf_sparse_verify.integrations.rms_norm import FLOAT32_SCALED, REPLACEABLE, ZERO_CENTERED
+from hf_sparse_verify.integrations import Mode, TritonRMSNorm, TritonRMSNormGated, speculation_mode
+from hf_sparse_verify.integrations.rms_norm import FLOAT32_SCALED, GATED, REPLACEABLE, ZERO_CENTERED
 from hf_sparse_verify.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_naive,
     rms_norm,
     rms_norm_float32_naive,
+    rms_norm_gated,
+    rms_norm_gated_naive,
     rms_norm_naive,
 )
 
@@ -121,6 +123,43 @@ def test_float32_form_replacements_equal_transformers_modules(model_type):
         assert unscaled, "Gemma 4's value norms have no scale"
     with speculation_mode(model, mode=FUSED) as switched:
         assert switched.counts.get("TritonRMSNorm", 0) >= len(norms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (3, 5, 100)])
+def test_gated_matches_reference(dtype, shape):
+    """The gated norm of Gated DeltaNet layers: the Llama form times silu(gate) in float32."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g).to(dtype) * 3
+    z = torch.randn(*shape, generator=g).to(dtype)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
+    out = rms_norm_gated(x, z, w, 1e-6)
+    ref = rms_norm_gated_naive(x, z, w, 1e-6)
+    assert out.dtype == dtype and out.shape == ref.shape
+    tol = 1e-6 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="one shape"):
+        rms_norm_gated(x, z[..., :-1], w, 1e-6)
+    with pytest.raises(ValueError, match="weight \\[N\\] of x's dtype"):
+        rms_norm_gated(x, z, w.double(), 1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid"])
+def test_gated_replacement_equals_transformers_module(model_type):
+    """Each Gated DeltaNet layer's gated norm (random weight) gives the module's output through the replacement,
+    which the fused mode swaps in."""
+    from arch_survey import build
+
+    model = build(model_type)[0]
+    norms = [m for m in model.modules() if type(m).__name__ in GATED]
+    assert norms, f"{model_type}: no gated RMSNorm found"
+    for norm in norms[:2]:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn_like(norm.weight))
+        x, z = torch.randn(6, norm.weight.shape[0]), torch.randn(6, norm.weight.shape[0])
+        torch.testing.assert_close(TritonRMSNormGated(norm)(x, z), norm(x, z), rtol=1e-6, atol=1e-6)
+    with speculation_mode(model, mode=FUSED) as switched:
+        assert switched.counts.get("TritonRMSNormGated", 0) == len(norms)
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

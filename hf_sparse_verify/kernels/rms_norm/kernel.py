@@ -6,7 +6,10 @@ With ``FLOAT32`` it computes the form of Gemma, Qwen3-Next, Qwen3.5 (zero-center
 input dtype once at the end.
 
 With ``ADD`` the kernel also adds the residual first (a decoder layer's ``residual + attention`` before its
-post-attention norm), writing both the sum and its norm: one launch instead of an add and a norm."""
+post-attention norm), writing both the sum and its norm: one launch instead of an add and a norm.
+
+`_rms_norm_gated_kernel`: the gated norm after a Gated DeltaNet recurrence (Qwen3-Next, Qwen3.5, OLMo-Hybrid): the
+Llama form times ``silu(gate)`` in float32, one launch instead of about ten."""
 
 from __future__ import annotations
 
@@ -42,6 +45,40 @@ def _rms_norm_kernel(
         b_y = (b_x * tl.math.rsqrt(variance + eps)).to(X.dtype.element_ty)  # rounded to the input dtype, as eager
         b_out = b_w.to(tl.float32) * b_y.to(tl.float32)
     tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rms_norm_gated_kernel(
+    X, Z, W, OUT, n_cols, s_x, s_z, s_o, eps, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """One row: ``OUT = (W * rms_norm(X)) * silu(Z)``: the normalized value rounded to X's dtype, the weighted one
+    to the weight-times-X dtype (as eager's two multiplications), the gate in float32, one rounding at the end."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n_cols
+    b_x = tl.load(X + row * s_x + offs, mask=ok, other=0.0).to(tl.float32)
+    variance = tl.sum(b_x * b_x, axis=0) / n_cols
+    b_y = (b_x * tl.math.rsqrt(variance + eps)).to(X.dtype.element_ty)
+    b_w = tl.load(W + offs, mask=ok, other=0.0)
+    b_h = (b_w.to(tl.float32) * b_y.to(tl.float32)).to(OUT.dtype.element_ty)  # eager: weight * y in their dtype
+    b_z = tl.load(Z + row * s_z + offs, mask=ok, other=0.0).to(tl.float32)
+    b_out = b_h.to(tl.float32) * (b_z * tl.sigmoid(b_z))
+    tl.store(OUT + row * s_o + offs, b_out.to(OUT.dtype.element_ty), mask=ok)
+
+
+@on_input_device
+def launch_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x``, ``gate`` ``[..., N]`` (one shape, unit last stride) -> the gated norm in ``x``'s dtype."""
+    n_cols = x.shape[-1]
+    rows, gates = x.reshape(-1, n_cols), gate.reshape(-1, n_cols)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    block = next_power_of_2(n_cols)
+    _rms_norm_gated_kernel[(rows.shape[0],)](
+        rows, gates, weight, out, n_cols, rows.stride(0), gates.stride(0), out.stride(0), eps,
+        BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl_launch(rows.device),
+    )  # fmt: skip
+    return out.view(x.shape)
 
 
 def _launch(

@@ -22,6 +22,14 @@ def rms_norm_float32_naive(x: torch.Tensor, weight: torch.Tensor, eps: float, of
     return (output * (offset + weight.float())).type_as(x)
 
 
+def rms_norm_gated_naive(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The gated RMSNorm after a Gated DeltaNet recurrence (Qwen3-Next, Qwen3.5, OLMo-Hybrid): the Llama form
+    (`rms_norm_naive`: ``weight * normalized.to(x.dtype)``) times ``silu(gate)`` in float32, rounded to ``x``'s
+    dtype; ``x`` and ``gate`` ``[..., N]``."""
+    gated = rms_norm_naive(x, weight, eps) * torch.nn.functional.silu(gate.to(torch.float32))
+    return gated.to(x.dtype)
+
+
 def add_rms_norm_naive(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import add_rms_norm_naive, rms_norm_float32_naive, rms_norm_naive
+from .naive import add_rms_norm_naive, rms_norm_float32_naive, rms_norm_gated_naive, rms_norm_naive
 
 #: the arithmetic forms `rms_norm` computes
 FORMS = ("llama", "zero_centered", "float32")
@@ -57,6 +57,50 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str = "lla
     if x.stride(-1) != 1:
         x = x.contiguous()
     return torch.ops.hsv.rms_norm(x, weight, float(eps), form)
+
+
+@torch.library.custom_op("hsv::rms_norm_gated", mutates_args=())
+def _rms_norm_gated_op(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if triton_runs_on(x.device) and x.dtype != torch.float64:
+        from .kernel import launch_gated
+
+        return launch_gated(x, gate, weight, eps)
+    return rms_norm_gated_naive(x, gate, weight, eps)
+
+
+@_rms_norm_gated_op.register_fake
+def _(x, gate, weight, eps):
+    return x.new_empty(x.shape)
+
+
+def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The gated RMSNorm of Gated DeltaNet layers in one launch (see `rms_norm_gated_naive` for the arithmetic).
+
+    Args:
+        x, gate: ``[..., N]``, one shape.
+        weight: ``[N]``, of ``x``'s dtype.
+        eps: variance epsilon.
+
+    Example:
+        >>> x, z, w = torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.rand(8)
+        >>> torch.allclose(rms_norm_gated(x, z, w, 1e-6), rms_norm_gated_naive(x, z, w, 1e-6), atol=1e-6)
+        True
+    """
+    if x.shape != gate.shape or x.device != gate.device:
+        raise ValueError(
+            f"rms_norm_gated needs x and gate of one shape and device; got {tuple(x.shape)} on {x.device} and "
+            f"{tuple(gate.shape)} on {gate.device}"
+        )
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or weight.dtype != x.dtype:
+        raise ValueError(
+            f"rms_norm_gated needs x [..., N] and a weight [N] of x's dtype; got {tuple(x.shape)} {x.dtype} and "
+            f"{tuple(weight.shape)} {weight.dtype}"
+        )
+    if x.shape[-1] > MAX_COLS:
+        raise ValueError(f"rms_norm_gated handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    return torch.ops.hsv.rms_norm_gated(x, gate, weight, float(eps))
 
 
 @torch.library.custom_op("hsv::add_rms_norm", mutates_args=())
