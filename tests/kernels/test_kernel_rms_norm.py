@@ -195,3 +195,20 @@ def test_speculation_mode_swaps_norms_and_restores():
 def test_bad_input():
     with pytest.raises(ValueError, match="weight \\[N\\]"):
         rms_norm(torch.randn(2, 8), torch.rand(7), 1e-6)
+
+
+def test_gated_benchmark_entry_runs_quick():
+    from hf_sparse_verify.kernels.bench_registry import load_all
+
+    cases = list(load_all()["rms_norm_gated"](torch.device("cpu"), torch.float32, True))
+    assert {c.variant for c in cases} == {"triton", "eager"} and len(cases) == 6
+    for case in cases:
+        assert case.run().shape == (case.params["rows"], case.params["hidden"])
+
+
+def test_docstring_examples():
+    import doctest
+
+    from hf_sparse_verify.kernels.rms_norm import op as op_module
+
+    assert doctest.testmod(op_module, extraglobs={"torch": torch}).failed == 0
