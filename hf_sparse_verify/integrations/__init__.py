@@ -5,9 +5,9 @@
   `Switched.decoding_experts`, the experts implementation of decoding steps.
 - Module replacements, each sharing the original's weights and computing what it computes: `FusedDecoderLayer`
   (`decoder_layer`), `FusedQKVAttention` (`qkv_attention`), `TritonRMSNorm` and `TritonRMSNormGated` (`rms_norm`),
-  `GatedMLP` (`mlp`, also
-  the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass `AttentionInterface`
-  (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`, `xglm`, `gpt_neox_japanese`) replaced by ones that dispatch through it; on a model over several GPUs,
+  `GatedMLP` (`mlp`, also the lossy sparse FFN), `FusedRouter` (`router`), and the attention modules that bypass
+  `AttentionInterface` (`falcon`, `gptj`, `codegen`, `gpt_neo`, `bloom`, `mpt`, `xglm`, `gpt_neox_japanese`)
+  replaced by ones that dispatch through it; on a model over several GPUs,
   `SegmentLayer` (`segments`) around each decoder layer, so steps run as one CUDA graph per device segment.
 - The experts interface: our fused Triton experts, ``"hsv_fused"`` (`fused_experts`), and the decoding-step choice
   (`experts`).
