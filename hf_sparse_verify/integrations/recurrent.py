@@ -91,7 +91,7 @@ class GatedDeltaWindow(torch.nn.Module):
     compiled Triton (`compiled_on`, as for the fused modules), one launch over the window (`kernels.gated_delta`:
     the state read from the cache's ring once, the state after every token written straight into it); elsewhere token by token under each token's own step, with the recurrent rule of the layer's modeling
     module (`_compat.gated_delta_functions`). The rest is the layer's own linear layers, norm and causal
-    convolution. Prefill steps and one-token steps call the layer as it is."""
+    convolution. Prefill steps call the layer as it is, and so do one-token steps where the kernel does not run."""
 
     def __init__(self, layer: torch.nn.Module):
         super().__init__()
@@ -103,7 +103,11 @@ class GatedDeltaWindow(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs) -> torch.Tensor:
         step = current_step(required=False)
         batch, width = hidden_states.shape[:2]
-        if step is None or cache is None or step.phase is Phase.PREFILL or width == 1:
+        kept = _kept_by(cache, self.layer_idx)
+        kernel = kept is not None and kept.ring is not None and compiled_on(hidden_states.device)
+        # one-token steps take the window too where the kernel runs: it reads and writes the ring in place, where
+        # the layer's own call gathers the state out of the ring and scatters it back
+        if step is None or cache is None or step.phase is Phase.PREFILL or (width == 1 and not kernel):
             return self.layer(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
         _check_width(width)
         layer = self.layer
@@ -139,8 +143,7 @@ class GatedDeltaWindow(torch.nn.Module):
         if getattr(layer, "allow_neg_eigval", False):  # OLMo-Hybrid's option: beta in (0, 2)
             beta = beta * 2.0
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
-        kept = _kept_by(cache, layer.layer_idx)
-        if compiled_on(value.device) and kept is not None and kept.ring is not None:
+        if kernel:
             # one launch: the state read from the cache's ring once, the state after every token written there
             core = gated_delta_ring(query, key, value, g, beta, kept.ring, kept.ring_start())
         else:

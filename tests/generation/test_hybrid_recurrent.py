@@ -261,6 +261,21 @@ def test_conv_inputs_live_in_a_ring_whatever_the_capacity():
     torch.testing.assert_close(window[:, :, 2:], new)
 
 
+def test_gated_delta_one_token_steps_take_the_window_kernel(monkeypatch):
+    """Where the window kernel runs, K = 0 steps (one token) go through it too, reading and writing the ring in
+    place, and greedy output still equals plain ``generate``."""
+    from hf_sparse_verify.integrations import recurrent
+    from hf_sparse_verify.kernels._triton import triton_runs_on
+
+    if not triton_runs_on(torch.device("cpu")):
+        pytest.skip("the window kernel runs on this CPU only under TRITON_INTERPRET=1")
+    widths, kernel = [], recurrent.gated_delta_ring
+    monkeypatch.setattr(recurrent, "gated_delta_ring", lambda q, *a: widths.append(q.shape[1]) or kernel(q, *a))
+    monkeypatch.setattr(recurrent, "compiled_on", lambda device: True)  # the kernel path is the GPU's
+    equal_plain(_hybrid("qwen3_next"), {"strategy": "prompt_lookup", "k_policy": "plain"})
+    assert widths and set(widths) == {1}
+
+
 def test_linear_attention_sampling_follows_the_target_distribution():
     """Sampling with a noisy draft model on Qwen3-Next: the pairs (t1, t2) and (t2, t3) of many identical prompts
     follow the target's exact joint distribution, t3 often drawn right after a draft was rejected at t2 (the
