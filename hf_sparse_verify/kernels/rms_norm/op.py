@@ -13,6 +13,23 @@ FORMS = ("llama", "zero_centered", "float32")
 MAX_COLS = 65536
 
 
+def _check_rows(name: str, x: torch.Tensor, weight: torch.Tensor, same_dtype: bool = False) -> None:
+    """``x`` ``[..., N]`` with ``N <= MAX_COLS`` and a weight ``[N]`` (of ``x``'s dtype with ``same_dtype``)."""
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or (same_dtype and weight.dtype != x.dtype):
+        wanted = "a weight [N] of x's dtype" if same_dtype else "weight [N]"
+        raise ValueError(
+            f"{name} needs x [..., N] and {wanted}; got {tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} "
+            f"{weight.dtype}"
+        )
+    if x.shape[-1] > MAX_COLS:
+        raise ValueError(f"{name} handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a unit last stride, as the kernels read rows."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 @torch.library.custom_op("hsv::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str) -> torch.Tensor:
     if triton_runs_on(x.device) and x.dtype != torch.float64:
@@ -46,17 +63,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str = "lla
         >>> torch.allclose(rms_norm(x, w, 1e-6), rms_norm_naive(x, w, 1e-6), atol=1e-6)
         True
     """
-    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"rms_norm needs x [..., N] and weight [N]; got {tuple(x.shape)} and {tuple(weight.shape)}"
-        )
-    if x.shape[-1] > MAX_COLS:
-        raise ValueError(f"rms_norm handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
+    _check_rows("rms_norm", x, weight)
     if form not in FORMS:
         raise ValueError(f"rms_norm form must be one of {FORMS}, got {form!r}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return torch.ops.hsv.rms_norm(x, weight, float(eps), form)
+    return torch.ops.hsv.rms_norm(_rows(x), weight, float(eps), form)
 
 
 @torch.library.custom_op("hsv::rms_norm_gated", mutates_args=())
@@ -91,16 +101,8 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             f"rms_norm_gated needs x and gate of one shape and device; got {tuple(x.shape)} on {x.device} and "
             f"{tuple(gate.shape)} on {gate.device}"
         )
-    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or weight.dtype != x.dtype:
-        raise ValueError(
-            f"rms_norm_gated needs x [..., N] and a weight [N] of x's dtype; got {tuple(x.shape)} {x.dtype} and "
-            f"{tuple(weight.shape)} {weight.dtype}"
-        )
-    if x.shape[-1] > MAX_COLS:
-        raise ValueError(f"rms_norm_gated handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
-    return torch.ops.hsv.rms_norm_gated(x, gate, weight, float(eps))
+    _check_rows("rms_norm_gated", x, weight, same_dtype=True)
+    return torch.ops.hsv.rms_norm_gated(_rows(x), _rows(gate), weight, float(eps))
 
 
 @torch.library.custom_op("hsv::add_rms_norm", mutates_args=())
@@ -141,12 +143,5 @@ def add_rms_norm(
             f"add_rms_norm needs x and residual of one shape, dtype and device; got {tuple(x.shape)} "
             f"{x.dtype} {x.device} and {tuple(residual.shape)} {residual.dtype} {residual.device}"
         )
-    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"add_rms_norm needs x [..., N] and weight [N]; got {tuple(x.shape)} and {tuple(weight.shape)}"
-        )
-    if x.shape[-1] > MAX_COLS:
-        raise ValueError(f"add_rms_norm handles rows of at most {MAX_COLS} elements, got {x.shape[-1]}")
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
-    return torch.ops.hsv.add_rms_norm(x, residual, weight, float(eps))
+    _check_rows("add_rms_norm", x, weight)
+    return torch.ops.hsv.add_rms_norm(_rows(x), _rows(residual), weight, float(eps))
