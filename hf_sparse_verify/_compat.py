@@ -139,6 +139,19 @@ def gated_delta_functions(layer: torch.nn.Module) -> tuple:
     return functions
 
 
+def mla_rotary(attention: torch.nn.Module):
+    """The interleaved rotary function an MLA attention's modeling module applies to its rotary query and key parts
+    (``apply_rotary_pos_emb_interleave`` of DeepSeek-V3.2 and GLM-MoE-DSA), so a replacement rotates as the original
+    does. Raises where the module lacks it (a transformers version that renamed it)."""
+    function = getattr(sys.modules[type(attention).__module__], "apply_rotary_pos_emb_interleave", None)
+    if function is None:
+        raise NotImplementedError(
+            f"{type(attention).__name__}: transformers {transformers.__version__} has no "
+            "apply_rotary_pos_emb_interleave beside it; hf_sparse_verify supports transformers 5.17 to 5.24"
+        )
+    return function
+
+
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
 _LAYER_TYPE_REASONS = {
     "conv": "convolution layers with a recurrent state (hybrid model)",

@@ -50,6 +50,7 @@ from . import (
     gpt_neo,
     gpt_neox_japanese,
     gptj,
+    mla,
     mlp,
     mpt,
     qkv_attention,
@@ -277,6 +278,7 @@ ATTENTION_REPLACEMENTS = (
     (mpt.replaceable_attention, mpt.MptAttentionDispatch),
     (xglm.replaceable_attention, xglm.XGLMAttentionDispatch),
     (gpt_neox_japanese.replaceable_attention, gpt_neox_japanese.GPTNeoXJapaneseAttentionDispatch),
+    (mla.replaceable_attention, mla.SparseMLAAttention),  # DSA in MLA's latent space: reads only selected rows
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)

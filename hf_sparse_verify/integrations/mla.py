@@ -1,0 +1,113 @@
+"""`SparseMLAAttention`: DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-MoE-DSA) computed in MLA's latent space, so a
+step reads only the latent rows its queries' indexers selected.
+
+transformers' attention of these models expands the whole latent cache through ``kv_b_proj`` into per-head keys and
+values at every step (``[B, H, L, 192 + 128]`` for all ``L`` cached tokens) and then masks all but each query's
+top-k. For the duration of a call (`hf_sparse_verify.integrations.speculation_mode`) each such module is replaced by
+this one, which shares the original's projections, norms and indexer (no weight copied) and computes what it
+computes in the absorbed form: the query's non-rotary part taken through ``W_UK`` (the key half of ``kv_b_proj``),
+logits against the cached latent and rotary rows of the selected slots, the softmax-weighted latent rows taken
+through ``W_UV`` (the value half), then ``o_proj`` (`hf_sparse_verify.kernels.sparse_mla`). A verify step's queries
+share one read of the union of their selections (the merged schedule, papers/003), each query still attending to
+exactly its own top-k, so greedy output equals plain ``generate``. The indexer, its key cache and its top-k are the
+model's own.
+
+Precision: the same sums in another order (``q (W_UK c)`` against ``(q W_UK) c``), logits and softmax in float32 as
+transformers' eager attention computes its softmax. Checked against transformers 5.24.0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from ..kernels.sparse_mla import sparse_mla
+
+#: attention classes this module stands in for, and whether the class returns its top-k indices too (GLM-MoE-DSA's
+#: layers hand them to the next layer, whose ``"shared"`` indexer reuses them)
+REPLACEABLE = {"DeepseekV32Attention": False, "GlmMoeDsaAttention": True}
+
+
+def replaceable_attention(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a DSA attention over an MLA cache whose ``kv_b_proj`` is a plain linear layer."""
+    return (
+        type(module).__name__ in REPLACEABLE
+        and type(getattr(module, "kv_b_proj", None)) is torch.nn.Linear
+        and getattr(module, "q_a_proj", None) is not None
+    )
+
+
+class SparseMLAAttention(torch.nn.Module):
+    """Stand-in for a DSA attention module (`REPLACEABLE`), sharing its submodules.
+
+    Args:
+        original: a module for which `replaceable_attention` holds.
+        config: unused (the original's is kept); accepted for `ATTENTION_REPLACEMENTS`' signature.
+    """
+
+    reads = (
+        "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj",
+        "indexer", "num_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "scaling",
+        "layer_idx",
+    )  # fmt: skip
+
+    def __init__(self, original: torch.nn.Module, config=None):
+        super().__init__()
+        if not replaceable_attention(original):
+            raise ValueError(f"{type(original).__name__} is not a replaceable DSA attention; leave it in place")
+        for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+                     "o_proj", "indexer"):  # fmt: skip
+            setattr(self, name, getattr(original, name))
+        self.returns_indices = REPLACEABLE[type(original).__name__]
+        self.rotary = _compat.mla_rotary(original)
+        self.layer_idx = original.layer_idx
+        self.num_heads = original.num_heads
+        self.nope, self.rope = original.qk_nope_head_dim, original.qk_rope_head_dim
+        self.v_head_dim, self.rank = original.v_head_dim, original.kv_lora_rank
+        self.scaling = original.scaling
+        self.config = getattr(original, "config", None)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor,
+        cache=None,
+        position_ids: torch.Tensor | None = None,
+        prev_topk_indices: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ):
+        """The arguments the models' decoder layers pass. Returns ``(output, None)``, and the layer's top-k indices
+        as a third item where the original does (GLM-MoE-DSA)."""
+        cache = cache if cache is not None else past_key_values
+        batch, length = hidden_states.shape[:2]
+        heads = self.num_heads
+        q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+        query = self.q_b_proj(q_resid).view(batch, length, heads, self.nope + self.rope).transpose(1, 2)
+        q_nope, q_rot = torch.split(query, [self.nope, self.rope], dim=-1)  # [B, H, q, .]
+        kv_pass, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.rank, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(kv_pass).view(batch, 1, length, self.rank)
+        k_rot = k_rot.view(batch, 1, length, self.rope)
+        cos, sin = position_embeddings
+        q_rot, k_rot = self.rotary(q_rot, k_rot, cos, sin)
+        if cache is not None:
+            latent, k_rot = cache.update(latent, k_rot, self.layer_idx)
+        if self.indexer is not None:
+            indices = self.indexer(
+                hidden_states, q_resid, position_embeddings, attention_mask[:, 0], position_ids, cache=cache
+            )  # [B, q, top-k]
+        elif prev_topk_indices is not None:
+            indices = prev_topk_indices
+        else:
+            raise ValueError("a shared DSA layer needs the top-k indices of the full indexer layer before it")
+        mask = attention_mask[:, 0]  # [B, q, L]
+        allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        weight = self.kv_b_proj.weight.view(heads, self.nope + self.v_head_dim, self.rank)
+        q_lat = torch.einsum("bhqn,hnr->bqhr", q_nope, weight[:, : self.nope]).contiguous()  # [B, q, H, R]
+        out = sparse_mla(
+            q_lat, q_rot.transpose(1, 2).contiguous(), latent[:, 0], k_rot[:, 0], indices, allowed, self.scaling
+        )  # [B, q, H, R]
+        out = torch.einsum("bqhr,hvr->bqhv", out, weight[:, self.nope :])
+        out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))
+        return (out, None, indices) if self.returns_indices else (out, None)
