@@ -10,7 +10,9 @@ logits against the cached latent and rotary rows of the selected slots, the soft
 through ``W_UV`` (the value half), then ``o_proj`` (`hf_sparse_verify.kernels.sparse_mla`). A verify step's queries
 share one read of the union of their selections (the merged schedule, papers/003), each query still attending to
 exactly its own top-k, so greedy output equals plain ``generate``. The indexer, its key cache and its top-k are the
-model's own.
+model's own. Prefill chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers'
+own ``expand_kv`` instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot
+against 192 + 128).
 
 Precision: the same sums in another order (``q (W_UK c)`` against ``(q W_UK) c``), logits and softmax in float32 as
 transformers' eager attention computes its softmax. Checked against transformers 5.24.0.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..kernels.sparse_mla import sparse_mla
+from ..kernels.sparse_mla import MAX_MERGED_QUERIES, selected_attention_expanded, selection_mask, sparse_mla
 
 #: attention classes this module stands in for, and whether the class returns its top-k indices too (GLM-MoE-DSA's
 #: layers hand them to the next layer, whose ``"shared"`` indexer reuses them)
@@ -54,12 +56,15 @@ class SparseMLAAttention(torch.nn.Module):
     def __init__(self, original: torch.nn.Module, config=None):
         super().__init__()
         if not replaceable_attention(original):
-            raise ValueError(f"{type(original).__name__} is not a replaceable DSA attention; leave it in place")
+            raise ValueError(
+                f"{type(original).__name__} is not a replaceable DSA attention; leave it in place"
+            )
         for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
                      "o_proj", "indexer"):  # fmt: skip
             setattr(self, name, getattr(original, name))
         self.returns_indices = REPLACEABLE[type(original).__name__]
         self.rotary = _compat.mla_rotary(original)
+        self.expand_kv = original.expand_kv  # transformers' own expansion, for prefill chunks
         self.layer_idx = original.layer_idx
         self.num_heads = original.num_heads
         self.nope, self.rope = original.qk_nope_head_dim, original.qk_rope_head_dim
@@ -103,10 +108,25 @@ class SparseMLAAttention(torch.nn.Module):
             raise ValueError("a shared DSA layer needs the top-k indices of the full indexer layer before it")
         mask = attention_mask[:, 0]  # [B, q, L]
         allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        if length > MAX_MERGED_QUERIES:  # a prefill chunk: expand the read slots once, as transformers does
+            kv_len = allowed.shape[-1]
+            key, value = self.expand_kv(latent[:, :, :kv_len], k_rot[:, :, :kv_len])
+            query = torch.cat([q_nope, q_rot], dim=-1)
+            out = selected_attention_expanded(
+                query, key, value, selection_mask(indices, allowed), self.scaling
+            )
+            out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))
+            return (out, None, indices) if self.returns_indices else (out, None)
         weight = self.kv_b_proj.weight.view(heads, self.nope + self.v_head_dim, self.rank)
         q_lat = torch.einsum("bhqn,hnr->bqhr", q_nope, weight[:, : self.nope]).contiguous()  # [B, q, H, R]
         out = sparse_mla(
-            q_lat, q_rot.transpose(1, 2).contiguous(), latent[:, 0], k_rot[:, 0], indices, allowed, self.scaling
+            q_lat,
+            q_rot.transpose(1, 2).contiguous(),
+            latent[:, 0],
+            k_rot[:, 0],
+            indices,
+            allowed,
+            self.scaling,
         )  # [B, q, H, R]
         out = torch.einsum("bqhr,hvr->bqhv", out, weight[:, self.nope :])
         out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))

@@ -96,3 +96,20 @@ def sparse_mla_naive(
         probs = weights / torch.where(total > 0, total, 1.0)
         outs.append(torch.einsum("bqhl,blr->bqhr", probs, lat))
     return torch.cat(outs, dim=1).to(q_lat.dtype)
+
+
+def selected_attention_expanded(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attend: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """The same attention on expanded per-head keys and values (``query`` ``[B, H, q, D_k]``, ``key`` ``[B, H, L,
+    D_k]``, ``value`` ``[B, H, L, D_v]``, ``attend`` ``[B, q, L]``), as transformers computes it: the path for long
+    query blocks (prefill chunks), where absorbing ``W_UK`` into every query costs more than expanding the cache
+    once. Logits and softmax in float32; a query that attends nothing gets zeros. Returns ``[B, q, H, D_v]``."""
+    outs = []
+    for i in range(0, query.shape[2], ROW_CHUNK):
+        logits = torch.matmul(query[:, :, i : i + ROW_CHUNK].float(), key.float().transpose(-1, -2)) * scaling
+        mask = attend[:, None, i : i + ROW_CHUNK]
+        logits = logits.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        outs.append(torch.matmul(probs, value.float()))
+    return torch.cat(outs, dim=2).transpose(1, 2).to(query.dtype)
