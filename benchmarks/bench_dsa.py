@@ -21,6 +21,7 @@ own indexer. Recorded:
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
-from hf_sparse_verify.kernels.sparse_mla import merged_selection, sparse_mla  # noqa: E402
+from hf_sparse_verify.kernels.sparse_mla import kernel, merged_selection, single_selection, sparse_mla  # noqa: E402
 from hf_sparse_verify.kernels.sparse_mla.kernel import sparse_mla_triton  # noqa: E402
 
 
@@ -84,7 +85,9 @@ def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> di
     for lo in range(0, total, chunk):
         hi = min(lo + chunk, total)
         h = torch.randn(batch, hi - lo, hidden, device=device, dtype=torch.bfloat16, generator=gen)
-        kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(h), [attn.kv_lora_rank, attn.qk_rope_head_dim], -1)
+        kv_pass, k_rot = torch.split(
+            attn.kv_a_proj_with_mqa(h), [attn.kv_lora_rank, attn.qk_rope_head_dim], -1
+        )
         latent[:, lo:hi] = attn.kv_a_layernorm(kv_pass)
         k_rot = k_rot[:, None]
         _, k_rot = apply_rotary_pos_emb_interleave(k_rot, k_rot, cos[:, lo:hi], sin[:, lo:hi])
@@ -93,7 +96,9 @@ def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> di
             idx = attn.indexer
             k = idx.k_norm(idx.wk(h[:, : context - lo])).unsqueeze(2)
             k_r, k_p = torch.split(k, [idx.qk_rope_head_dim, idx.head_dim - idx.qk_rope_head_dim], -1)
-            k_r, _ = apply_rotary_pos_emb(k_r, k_r, cos[:, lo : min(hi, context)], sin[:, lo : min(hi, context)], 2)
+            k_r, _ = apply_rotary_pos_emb(
+                k_r, k_r, cos[:, lo : min(hi, context)], sin[:, lo : min(hi, context)], 2
+            )
             index_keys[:, lo : min(hi, context)] = torch.cat([k_r, k_p], -1)[:, :, 0]
         last = h
     h_new = last[:, -new:]
@@ -133,7 +138,7 @@ def transformers_decode(attn, x: dict, step: int):
     return run
 
 
-def measure(attn, rotary, batch: int, context: int, new: int, device) -> dict:
+def measure(attn, rotary, batch: int, context: int, new: int, device, sweep: bool = False) -> dict:
     x = layer_inputs(attn, rotary, batch, context, new, device)
     top_k = x["indices"].shape[-1]
     slots, bits, count = merged_selection(x["indices"], x["allowed"])
@@ -148,7 +153,7 @@ def measure(attn, rotary, batch: int, context: int, new: int, device) -> dict:
                 x["indices"][:, i : i + 1], x["allowed"][:, i : i + 1, :length])  # fmt: skip
 
     singles = [one(i) for i in range(new)]
-    merged_singles = [merged_selection(s[4], s[5]) for s in singles]
+    merged_singles = [single_selection(s[4], s[5]) for s in singles]
 
     def decode_steps():
         for s in singles:
@@ -174,10 +179,27 @@ def measure(attn, rotary, batch: int, context: int, new: int, device) -> dict:
         kernel_decode_us=round(graph_us(kernel_decode), 1),
     )  # fmt: skip
     try:
-        record["transformers_decode_us"] = round(graph_us(transformers_decode(attn, x, 0), repeats=10, inner=2), 1)
+        record["transformers_decode_us"] = round(
+            graph_us(transformers_decode(attn, x, 0), repeats=10, inner=2), 1
+        )
     except torch.OutOfMemoryError as err:
         record["transformers_decode_us"] = f"OOM: {str(err)[:120]}"
     record["verify_over_decode_steps"] = round(record["verify_us"] / record["decode_steps_us"], 3)
+    if sweep:
+        record["sweep"] = []
+        default = dict(kernel.TILES)
+        for rows, block_n, warps in itertools.product((16, 32, 64), (16, 32, 64), (4, 8)):
+            kernel.TILES.update(rows=rows, block_n=block_n, num_warps=warps)
+            try:
+                record["sweep"].append(dict(rows=rows, block_n=block_n, num_warps=warps,
+                                            kernel_verify_us=round(graph_us(kernel_verify), 1),
+                                            kernel_decode_us=round(graph_us(kernel_decode), 1)))  # fmt: skip
+            except Exception as err:  # noqa: BLE001 - a setting that does not compile or fit: recorded
+                record["sweep"].append(
+                    dict(rows=rows, block_n=block_n, num_warps=warps, error=str(err)[:200])
+                )
+            finally:
+                kernel.TILES.update(default)
     # the check the timing rests on: the merged kernel equals per-token decode on the same selections
     merged_out = sparse_mla(*args, x["indices"], x["allowed"], x["scaling"])
     single_out = torch.cat([sparse_mla(*s, x["scaling"]) for s in singles], dim=1)
@@ -190,6 +212,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time the kernel over a grid of launch settings"
+    )
     _records.add_arguments(parser, "dsa", default_setting="deepseek-v3.2-layer")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -210,8 +235,12 @@ def main() -> None:
     with torch.no_grad():
         for batch in args.batch:
             for context in tqdm(args.contexts, desc=f"DSA layer, batch {batch}"):
-                records.append(measure(attn, rotary, batch, context, args.new_tokens, device))
-                print(records[-1], flush=True)
+                records.append(measure(attn, rotary, batch, context, args.new_tokens, device, args.sweep))
+                print({k: v for k, v in records[-1].items() if k != "sweep"}, flush=True)
+                for entry in sorted(
+                    records[-1].get("sweep", []), key=lambda e: e.get("kernel_verify_us", 1e9)
+                )[:5]:
+                    print("  sweep", entry)
                 torch.cuda.empty_cache()
     _records.save(args, dict(records=records, shape="deepseek-v3.2 attention layer (DeepseekV32Config defaults)"),
                   device)  # fmt: skip

@@ -14,6 +14,7 @@ from hf_sparse_verify.kernels.sparse_mla import (
     merged_selection,
     naive,
     selection_mask,
+    single_selection,
     sparse_mla,
     sparse_mla_naive,
 )
@@ -104,6 +105,19 @@ def test_kernel_matches_reference(dtype, q_len, heads, splits):
         case["q_lat"], case["q_rot"], case["latent"], case["rot"], slots, bits, count, case["scaling"], splits
     )
     torch.testing.assert_close(out.double(), reference(case), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 3])
+def test_one_query_steps_take_the_indexer_slots_unmerged(splits):
+    case = make_case(q_len=1, heads=6, seed=5)
+    case["allowed"][0, 0, :20] = False  # some chosen slots masked
+    slots, bits, count = single_selection(case["indices"], case["allowed"])
+    assert torch.equal(slots, case["indices"][:, 0].int()) and count.tolist() == [12, 12]
+    out = sparse_mla_triton(
+        case["q_lat"], case["q_rot"], case["latent"], case["rot"], slots, bits, count, case["scaling"], splits
+    )
+    torch.testing.assert_close(out.double(), reference(case), atol=1e-4, rtol=1e-4)
 
 
 @needs_triton

@@ -6,6 +6,7 @@ from .naive import (
     merged_selection,
     selected_attention_expanded,
     selection_mask,
+    single_selection,
     sparse_mla_naive,
 )
 from .op import sparse_mla
@@ -15,6 +16,7 @@ __all__ = [
     "merged_selection",
     "selected_attention_expanded",
     "selection_mask",
+    "single_selection",
     "sparse_mla",
     "sparse_mla_naive",
 ]

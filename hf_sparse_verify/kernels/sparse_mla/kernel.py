@@ -19,7 +19,7 @@ from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input
 #: launch settings; ``rows``: tile rows (heads x queries) a program aims for; ``programs_per_sm``: the default split
 #: count's aim. Not yet swept on a GPU.
 TILES = {"rows": 32, "block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
-MIN_SLOTS_PER_SPLIT = 128
+MIN_SLOTS_PER_SPLIT = 64
 MAX_SPLITS = 32
 
 
@@ -207,12 +207,12 @@ def default_num_splits(
     device: torch.device, programs: int, rows: int, n_union: int, lat_dim: int, rot_dim: int
 ) -> int:
     """Splits per (row, head block), from shapes only: about ``TILES["programs_per_sm"]`` programs per SM, each on
-    >= `MIN_SLOTS_PER_SPLIT` union slots, and float32 partials (``rows * R * 4`` bytes per split) under ~20% of the
+    >= `MIN_SLOTS_PER_SPLIT` union slots, and float32 partials (``rows * R * 4`` bytes per split) no more than the
     union's latent bytes."""
     sms = multiprocessors(device) or 4  # 4 in the CPU interpreter: small enough that tests see several splits
     by_work = triton.cdiv(n_union, MIN_SLOTS_PER_SPLIT)
     by_grid = triton.cdiv(TILES["programs_per_sm"] * sms, programs)
-    by_bytes = max(1, (n_union * (lat_dim + rot_dim) * 2) // (5 * rows * lat_dim * 4))
+    by_bytes = max(1, (n_union * (lat_dim + rot_dim) * 2) // (rows * lat_dim * 4))
     return max(1, min(by_work, by_grid, by_bytes, MAX_SPLITS))
 
 

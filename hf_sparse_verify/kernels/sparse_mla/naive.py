@@ -49,6 +49,7 @@ def merged_selection(
 
     ``slots[b, :count[b]]`` are the slots some query of row ``b`` both selected and may attend, ascending; bit ``i``
     of ``bits[b, j]`` says query ``i`` selected ``slots[b, j]``. Entries past ``count`` are slot 0 with no bits.
+    Eleven small launches and no host synchronisation.
     ``U = min(L, q * k)`` depends on shapes only (a captured graph replays it). At most `MAX_MERGED_QUERIES` queries.
     """
     batch, q_len, length = allowed.shape
@@ -56,23 +57,34 @@ def merged_selection(
         raise ValueError(
             f"the merged schedule covers up to {MAX_MERGED_QUERIES} queries per step, got {q_len}"
         )
-    weights = (1 << torch.arange(q_len, device=allowed.device, dtype=torch.int32))[None, :, None]
-    per_slot = (selection_mask(indices, allowed).to(torch.int32) * weights).sum(
-        1, dtype=torch.int32
-    )  # [B, L]
+    index = indices.long().clamp(0, length - 1)
+    chose = allowed.gather(2, index) & (indices < length) & (indices >= 0)  # [B, q, k]
+    shifts = torch.arange(q_len, device=allowed.device, dtype=torch.int32)[None, :, None]
+    per_slot = torch.zeros(batch, length, dtype=torch.int32, device=allowed.device)
+    per_slot.scatter_add_(
+        1, index.view(batch, -1), (chose.int() << shifts).view(batch, -1)
+    )  # distinct bits: OR
     taken = per_slot != 0
     width = min(length, q_len * indices.shape[-1])
-    position = torch.where(
-        taken, taken.cumsum(-1, dtype=torch.int32) - 1, width
-    )  # dropped slots go to column U
+    position = torch.where(taken, taken.cumsum(-1) - 1, width)  # slots no query chose go to a spare column
     slots = torch.zeros(batch, width + 1, dtype=torch.int32, device=allowed.device)
-    bits = torch.zeros_like(slots)
-    every = torch.arange(length, device=allowed.device, dtype=torch.int32).expand(batch, length)
-    slots.scatter_(1, position.long(), every)
-    bits.scatter_(1, position.long(), per_slot)
-    count = taken.sum(-1, dtype=torch.int32)
-    keep = torch.arange(width, device=allowed.device)[None, :] < count[:, None]
-    return torch.where(keep, slots[:, :width], 0), torch.where(keep, bits[:, :width], 0), count
+    slots.scatter_(
+        1, position, torch.arange(length, device=allowed.device, dtype=torch.int32).expand(batch, -1)
+    )
+    bits = torch.zeros_like(slots).scatter_(1, position, per_slot)
+    return slots[:, :width], bits[:, :width], taken.sum(-1, dtype=torch.int32)
+
+
+def single_selection(
+    indices: torch.Tensor, allowed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`merged_selection`'s output for a one-query step, without the union: the indexer's slots as they come (the
+    kernel does not need them sorted), bit 0 where the step's mask allows the slot. ``[B, k]``, ``[B, k]``, ``[B]``."""
+    length = allowed.shape[-1]
+    index = indices[:, 0].long().clamp(0, length - 1)
+    chose = allowed[:, 0].gather(1, index) & (indices[:, 0] < length) & (indices[:, 0] >= 0)
+    count = torch.full((indices.shape[0],), indices.shape[-1], dtype=torch.int32, device=indices.device)
+    return index.int(), chose.int(), count
 
 
 def sparse_mla_naive(

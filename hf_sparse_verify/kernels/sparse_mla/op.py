@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import MAX_MERGED_QUERIES, merged_selection, selection_mask, sparse_mla_naive
+from .naive import MAX_MERGED_QUERIES, merged_selection, selection_mask, single_selection, sparse_mla_naive
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -20,7 +20,8 @@ def _sparse_mla_op(
     if triton_runs_on(q_lat.device) and q_lat.shape[1] <= MAX_MERGED_QUERIES:
         from .kernel import sparse_mla_triton
 
-        slots, bits, count = merged_selection(indices, allowed)
+        select = single_selection if q_lat.shape[1] == 1 else merged_selection
+        slots, bits, count = select(indices, allowed)
         return sparse_mla_triton(q_lat, q_rot, latent, rot, slots, bits, count, scaling)
     return sparse_mla_naive(q_lat, q_rot, latent, rot, selection_mask(indices, allowed), scaling)
 
