@@ -24,6 +24,7 @@ import torch
 
 from .. import _compat
 from ..kernels.sparse_mla import MAX_MERGED_QUERIES, selected_attention_expanded, selection_mask, sparse_mla
+from ..placement import dtensor_weights
 
 #: attention classes this module stands in for, and whether the class returns its top-k indices too (GLM-MoE-DSA's
 #: layers hand them to the next layer, whose ``"shared"`` indexer reuses them)
@@ -31,10 +32,12 @@ REPLACEABLE = {"DeepseekV32Attention": False, "GlmMoeDsaAttention": True}
 
 
 def replaceable_attention(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a DSA attention over an MLA cache whose ``kv_b_proj`` is a plain linear layer."""
+    """Whether ``module`` is a DSA attention over an MLA cache whose ``kv_b_proj`` is a plain linear layer with a
+    whole weight (not sharded by tensor parallelism: such models keep transformers' path)."""
     return (
         type(module).__name__ in REPLACEABLE
         and type(getattr(module, "kv_b_proj", None)) is torch.nn.Linear
+        and not dtensor_weights(module.kv_b_proj)
         and getattr(module, "q_a_proj", None) is not None
     )
 
