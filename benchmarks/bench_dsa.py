@@ -9,9 +9,12 @@ own indexer. Recorded:
 - ``union_over_topk``: the merged schedule's union of the step's selections over one token's top-k (the rows a
   verify of all new tokens reads, over the rows one decode step reads). **Random weights select nearly independent
   sets per token** (a trained indexer's consecutive selections overlap more), so this is a pessimistic figure.
-- ``verify_us`` (one `hsv::sparse_mla` call over all new tokens, selection merging included) against
-  ``decode_steps_us`` (one call per token, each over its own prefix), medians of CUDA-graph replays;
-- ``kernel_verify_us`` / ``kernel_decode_us``: the kernel alone (merged selection precomputed);
+- ``verify_us`` (one `hsv::sparse_mla` call over all new tokens, the default per-query schedule: each query over its
+  own top-k in one launch) and ``verify_merged_us`` (the merged schedule: the union once, selection merging
+  included) against ``decode_steps_us`` (one call per token, each over its own prefix), medians of CUDA-graph
+  replays;
+- ``kernel_verify_us`` / ``kernel_decode_us``: the merged kernel alone (selection precomputed) / the one-query calls'
+  kernels alone;
 - ``transformers_decode_us``: what transformers does for one decode token: ``kv_b_proj`` over every cached latent,
   then attention over the whole expanded cache with the top-k mask (SDPA).
 
@@ -32,7 +35,12 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 from benchmarks import _records  # noqa: E402
 from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
-from hf_sparse_verify.kernels.sparse_mla import kernel, merged_selection, single_selection, sparse_mla  # noqa: E402
+from hf_sparse_verify.kernels.sparse_mla import (  # noqa: E402
+    kernel,
+    merged_selection,
+    per_query_selection,
+    sparse_mla,
+)
 from hf_sparse_verify.kernels.sparse_mla.kernel import sparse_mla_triton  # noqa: E402
 
 
@@ -147,13 +155,16 @@ def measure(attn, rotary, batch: int, context: int, new: int, device, sweep: boo
     def verify():
         sparse_mla(*args, x["indices"], x["allowed"], x["scaling"])
 
+    def verify_merged():
+        sparse_mla(*args, x["indices"], x["allowed"], x["scaling"], schedule="merged")
+
     def one(i):
         length = context + i + 1
         return (x["q_lat"][:, i : i + 1], x["q_rot"][:, i : i + 1], x["latent"], x["rot"],
                 x["indices"][:, i : i + 1], x["allowed"][:, i : i + 1, :length])  # fmt: skip
 
     singles = [one(i) for i in range(new)]
-    merged_singles = [single_selection(s[4], s[5]) for s in singles]
+    merged_singles = [per_query_selection(s[4], s[5]) for s in singles]
 
     def decode_steps():
         for s in singles:
@@ -174,6 +185,7 @@ def measure(attn, rotary, batch: int, context: int, new: int, device, sweep: boo
         decode_step_bytes=batch * top_k * (attn.kv_lora_rank + attn.qk_rope_head_dim) * 2,
         verify_union_bytes=int(count.sum().item()) * (attn.kv_lora_rank + attn.qk_rope_head_dim) * 2,
         verify_us=round(graph_us(verify), 1),
+        verify_merged_us=round(graph_us(verify_merged), 1),
         decode_steps_us=round(graph_us(decode_steps), 1),
         kernel_verify_us=round(graph_us(kernel_verify), 1),
         kernel_decode_us=round(graph_us(kernel_decode), 1),

@@ -13,8 +13,8 @@ from hf_sparse_verify.kernels.sparse_mla import (
     kernel,
     merged_selection,
     naive,
+    per_query_selection,
     selection_mask,
-    single_selection,
     sparse_mla,
     sparse_mla_naive,
 )
@@ -28,7 +28,9 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
-def make_case(batch=2, q_len=4, heads=5, lat=32, rot=8, capacity=64, length=50, topk=12, dtype=torch.float32, seed=0):
+def make_case(
+    batch=2, q_len=4, heads=5, lat=32, rot=8, capacity=64, length=50, topk=12, dtype=torch.float32, seed=0
+):
     """Random queries and cache; row 1 left-padded by 7 slots; causal verify window at the end of ``length``; each
     query's indexer picks ``topk`` distinct slots among all ``length`` (some of them masked, as DSA's top-k does
     where fewer slots are valid)."""
@@ -42,7 +44,10 @@ def make_case(batch=2, q_len=4, heads=5, lat=32, rot=8, capacity=64, length=50, 
     allowed = (slot[None, None, :] <= query_slot[None, :, None]).expand(batch, q_len, length).clone()
     allowed[1, :, :7] = False
     indices = torch.stack(
-        [torch.stack([torch.randperm(length, generator=gen)[:topk] for _ in range(q_len)]) for _ in range(batch)]
+        [
+            torch.stack([torch.randperm(length, generator=gen)[:topk] for _ in range(q_len)])
+            for _ in range(batch)
+        ]
     )
     return dict(
         q_lat=rand(batch, q_len, heads, lat),
@@ -108,15 +113,26 @@ def test_kernel_matches_reference(dtype, q_len, heads, splits):
 
 
 @needs_triton
-@pytest.mark.parametrize("splits", [1, 3])
-def test_one_query_steps_take_the_indexer_slots_unmerged(splits):
-    case = make_case(q_len=1, heads=6, seed=5)
-    case["allowed"][0, 0, :20] = False  # some chosen slots masked
-    slots, bits, count = single_selection(case["indices"], case["allowed"])
-    assert torch.equal(slots, case["indices"][:, 0].int()) and count.tolist() == [12, 12]
-    out = sparse_mla_triton(
-        case["q_lat"], case["q_rot"], case["latent"], case["rot"], slots, bits, count, case["scaling"], splits
+@pytest.mark.parametrize("q_len,splits", [(1, 1), (1, 3), (4, 2)])
+def test_per_query_schedule_reads_each_querys_own_selection(q_len, splits):
+    case = make_case(q_len=q_len, heads=6, seed=5)
+    case["allowed"][0, :, :20] = False  # some chosen slots masked
+    slots, bits, count = per_query_selection(case["indices"], case["allowed"])
+    assert torch.equal(slots, case["indices"].reshape(2 * q_len, -1).int()) and count.tolist() == [12] * (
+        2 * q_len
     )
+    flat = (case[k].reshape(2 * q_len, 1, *case[k].shape[2:]) for k in ("q_lat", "q_rot"))
+    out = sparse_mla_triton(
+        *flat, case["latent"], case["rot"], slots, bits, count, case["scaling"], splits, kv_share=q_len
+    )
+    torch.testing.assert_close(out.view(case["q_lat"].shape).double(), reference(case), atol=1e-4, rtol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("schedule", ["per_query", "merged"])
+def test_both_schedules_through_the_op(schedule):
+    case = make_case(q_len=5, heads=3, seed=9)
+    out = sparse_mla(**case, schedule=schedule)
     torch.testing.assert_close(out.double(), reference(case), atol=1e-4, rtol=1e-4)
 
 
@@ -154,3 +170,5 @@ def test_op_refuses_mismatched_inputs():
         sparse_mla(**{**case, "allowed": case["allowed"].int()})
     with pytest.raises(ValueError, match="indices must be int"):
         sparse_mla(**{**case, "indices": case["indices"].float()})
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        sparse_mla(**case, schedule="union")

@@ -4,19 +4,20 @@ the shared latent rows), with a verify step's selections merged so each selected
 from .naive import (
     MAX_MERGED_QUERIES,
     merged_selection,
+    per_query_selection,
     selected_attention_expanded,
     selection_mask,
-    single_selection,
     sparse_mla_naive,
 )
-from .op import sparse_mla
+from .op import SCHEDULES, sparse_mla
 
 __all__ = [
+    "SCHEDULES",
     "MAX_MERGED_QUERIES",
     "merged_selection",
     "selected_attention_expanded",
     "selection_mask",
-    "single_selection",
+    "per_query_selection",
     "sparse_mla",
     "sparse_mla_naive",
 ]

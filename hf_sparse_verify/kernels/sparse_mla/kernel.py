@@ -18,7 +18,10 @@ from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input
 
 #: launch settings; ``rows``: tile rows (heads x queries) a program aims for; ``programs_per_sm``: the default split
 #: count's aim. Not yet swept on a GPU.
-TILES = {"rows": 32, "block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
+#: the best one-query setting of an 18-point sweep at 1 x 16K on an H100 (V3.2 layer, bf16; `bench_dsa.py --sweep`,
+#: record ``deepseek-v3.2-layer`` of ``dsa.json``'s sweep run): 8 one-query calls 115 us against 119 us for 32 x 32 x 4
+#: warps; the merged 8-query schedule's best there was 64 rows x 64 slots x 8 warps (179 us).
+TILES = {"rows": 32, "block_n": 64, "num_warps": 8, "num_stages": 2, "programs_per_sm": 2}
 MIN_SLOTS_PER_SPLIT = 64
 MAX_SPLITS = 32
 
@@ -47,6 +50,7 @@ def _sparse_mla_fwd(
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     Q_LEN: tl.constexpr,
+    KV_SHARE: tl.constexpr,
     LAT_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -99,8 +103,9 @@ def _sparse_mla_fwd(
     if DOT_F32:
         b_ql = b_ql.to(tl.float32)
         b_qr = b_qr.to(tl.float32)
-    p_lat = lat_ptr + b64 * stride_lb
-    p_rot = rot_ptr + b64 * stride_rb
+    cache_row = (b // KV_SHARE).to(tl.int64)  # rows of the step that read one cache row (per-query schedule)
+    p_lat = lat_ptr + cache_row * stride_lb
+    p_rot = rot_ptr + cache_row * stride_rb
 
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -219,10 +224,12 @@ def default_num_splits(
 @on_input_device
 def sparse_mla_triton(
     q_lat: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tensor, rot: torch.Tensor, slots: torch.Tensor,
-    bits: torch.Tensor, count: torch.Tensor, scaling: float, num_splits: int | None = None,
+    bits: torch.Tensor, count: torch.Tensor, scaling: float, num_splits: int | None = None, kv_share: int = 1,
 ) -> torch.Tensor:  # fmt: skip
     """Launch; shapes as `naive.sparse_mla_naive` with the selection merged (`naive.merged_selection`). Returns
-    ``[B, q, H, R]`` in ``q_lat.dtype``."""
+    ``[B, q, H, R]`` in ``q_lat.dtype``. ``kv_share``: how many consecutive rows of ``q_lat`` (and of the selection)
+    read one row of the cache: the per-query schedule runs a step of ``q`` queries as ``B * q`` one-query rows over
+    the ``B`` cache rows (`naive.per_query_selection`)."""
     batch, q_len, heads, lat_dim = q_lat.shape
     rot_dim = q_rot.shape[-1]
     n_union = slots.shape[1]
@@ -247,7 +254,8 @@ def sparse_mla_triton(
         *q_lat.stride(), *q_rot.stride(), *latent.stride(), *rot.stride(), slots.stride(0), *out.stride(),
         scaling * 1.4426950408889634,  # log2(e): the kernel works in base 2
         n_union, splits,
-        HEADS=heads, HEAD_BLOCKS=head_blocks, BLOCK_H=block_h, Q_LEN=q_len, LAT_DIM=lat_dim, ROT_DIM=rot_dim,
+        HEADS=heads, HEAD_BLOCKS=head_blocks, BLOCK_H=block_h, Q_LEN=q_len, KV_SHARE=kv_share, LAT_DIM=lat_dim,
+        ROT_DIM=rot_dim,
         BLOCK_R=block_r, BLOCK_P=max(16, next_power_of_2(rot_dim)), BLOCK_M=block_m, BLOCK_N=TILES["block_n"],
         SINGLE_SPLIT=splits == 1, DOT_PRECISION=precision, DOT_F32=dot_f32,
         num_warps=TILES["num_warps"], num_stages=TILES["num_stages"], **pdl_launch(q_lat.device),

@@ -75,16 +75,18 @@ def merged_selection(
     return slots[:, :width], bits[:, :width], taken.sum(-1, dtype=torch.int32)
 
 
-def single_selection(
+def per_query_selection(
     indices: torch.Tensor, allowed: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`merged_selection`'s output for a one-query step, without the union: the indexer's slots as they come (the
-    kernel does not need them sorted), bit 0 where the step's mask allows the slot. ``[B, k]``, ``[B, k]``, ``[B]``."""
+    """The per-query schedule's selection: each query of each row its own list, the indexer's slots as they come (the
+    kernel does not need them sorted), bit 0 where the step's mask allows the slot. ``[B * q, k]``, ``[B * q, k]``,
+    ``[B * q]`` (row ``b * q + i``: query ``i`` of row ``b``), for `kernel.sparse_mla_triton` with ``kv_share=q``."""
+    batch, q_len, top_k = indices.shape
     length = allowed.shape[-1]
-    index = indices[:, 0].long().clamp(0, length - 1)
-    chose = allowed[:, 0].gather(1, index) & (indices[:, 0] < length) & (indices[:, 0] >= 0)
-    count = torch.full((indices.shape[0],), indices.shape[-1], dtype=torch.int32, device=indices.device)
-    return index.int(), chose.int(), count
+    index = indices.long().clamp(0, length - 1)
+    chose = allowed.gather(2, index) & (indices < length) & (indices >= 0)
+    count = torch.full((batch * q_len,), top_k, dtype=torch.int32, device=indices.device)
+    return index.int().view(batch * q_len, top_k), chose.int().view(batch * q_len, top_k), count
 
 
 def sparse_mla_naive(

@@ -7,7 +7,14 @@ from __future__ import annotations
 import torch
 
 from .._triton import triton_runs_on
-from .naive import MAX_MERGED_QUERIES, merged_selection, selection_mask, single_selection, sparse_mla_naive
+from .naive import MAX_MERGED_QUERIES, merged_selection, per_query_selection, selection_mask, sparse_mla_naive
+
+#: how a step's queries read their selections: ``"per_query"`` (each its own top-k) or ``"merged"`` (the union once
+#: per head block, a bit per query; papers/003). Per query is the default: on a DeepSeek-V3.2 layer (one H100, 1 x 16K,
+#: 8 queries) absorbed MLA is near the compute ridge (128 heads per 1,152-byte row), and the merged schedule computes
+#: every query's logits over the whole union (5.2x one top-k with random weights, 2.6x on trained weights), so it
+#: read fewer bytes but took longer (179-261 us against 115-120 us; `benchmarks/results/dsa.json`).
+SCHEDULES = ("per_query", "merged")
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -15,25 +22,30 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 @torch.library.custom_op("hsv::sparse_mla", mutates_args=())
 def _sparse_mla_op(
     q_lat: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tensor, rot: torch.Tensor, indices: torch.Tensor,
-    allowed: torch.Tensor, scaling: float,
+    allowed: torch.Tensor, scaling: float, schedule: str,
 ) -> torch.Tensor:  # fmt: skip
     if triton_runs_on(q_lat.device) and q_lat.shape[1] <= MAX_MERGED_QUERIES:
         from .kernel import sparse_mla_triton
 
-        select = single_selection if q_lat.shape[1] == 1 else merged_selection
-        slots, bits, count = select(indices, allowed)
-        return sparse_mla_triton(q_lat, q_rot, latent, rot, slots, bits, count, scaling)
+        batch, q_len = q_lat.shape[:2]
+        if schedule == "merged" and q_len > 1:
+            slots, bits, count = merged_selection(indices, allowed)
+            return sparse_mla_triton(q_lat, q_rot, latent, rot, slots, bits, count, scaling)
+        slots, bits, count = per_query_selection(indices, allowed)
+        flat = (t.reshape(batch * q_len, 1, *t.shape[2:]) for t in (q_lat, q_rot))
+        out = sparse_mla_triton(*flat, latent, rot, slots, bits, count, scaling, kv_share=q_len)
+        return out.view(q_lat.shape)
     return sparse_mla_naive(q_lat, q_rot, latent, rot, selection_mask(indices, allowed), scaling)
 
 
 @_sparse_mla_op.register_fake
-def _(q_lat, q_rot, latent, rot, indices, allowed, scaling):
+def _(q_lat, q_rot, latent, rot, indices, allowed, scaling, schedule):
     return torch.empty_like(q_lat)
 
 
 def sparse_mla(
     q_lat: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tensor, rot: torch.Tensor, indices: torch.Tensor,
-    allowed: torch.Tensor, scaling: float,
+    allowed: torch.Tensor, scaling: float, schedule: str = "per_query",
 ) -> torch.Tensor:  # fmt: skip
     """Absorbed MLA attention of each query over the cache slots its DSA indexer selected.
 
@@ -45,6 +57,7 @@ def sparse_mla(
         indices: ``[B, q, k]`` the slots each query's indexer chose (int32 or int64).
         allowed: ``[B, q, L]`` bool, the step's mask (``L`` slots read).
         scaling: logit scale.
+        schedule: `SCHEDULES`: each query over its own selection, or the union of the step's selections once.
 
     Returns ``[B, q, H, R]`` in ``q_lat.dtype``: each query's softmax-weighted sum of the latent rows it selected.
     """
@@ -81,4 +94,6 @@ def sparse_mla(
         raise ValueError(
             f"indices must be int [B={batch}, q={q_len}, k]; got {tuple(indices.shape)} {indices.dtype}"
         )
-    return _sparse_mla_op(q_lat, q_rot, latent, rot, indices, allowed, float(scaling))
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return _sparse_mla_op(q_lat, q_rot, latent, rot, indices, allowed, float(scaling), schedule)
