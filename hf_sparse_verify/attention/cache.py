@@ -19,6 +19,9 @@ the inputs before the next step's slots, and rolls back as the KV does.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin
 
@@ -77,7 +80,11 @@ class SpecLayer(CacheLayerMixin):
         if self.indexer_keys is None:
             batch, _, dim = indexer_key_states.shape
             self.indexer_keys = torch.zeros(
-                batch, self.owner.capacity, dim, dtype=indexer_key_states.dtype, device=indexer_key_states.device
+                batch,
+                self.owner.capacity,
+                dim,
+                dtype=indexer_key_states.dtype,
+                device=indexer_key_states.device,
             )
         slots = step.on(self.indexer_keys.device).query_slots  # [B, q]
         index = slots[:, :, None].expand(-1, -1, self.indexer_keys.shape[-1])
@@ -229,7 +236,9 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         channels, ring = self.inputs.shape[1], self.inputs.shape[2]
         back = conv_kernel_size - 1
         if back > ring - self.RING:
-            raise ValueError(f"layer {self.layer_idx}: conv kernel {conv_kernel_size} is wider than its first step's")
+            raise ValueError(
+                f"layer {self.layer_idx}: conv kernel {conv_kernel_size} is wider than its first step's"
+            )
         before = slots[:, :1] + torch.arange(-back, 0, device=self.device)  # [B, back]
         previous = self.inputs.gather(2, before.remainder(ring)[:, None, :].expand(-1, channels, -1))
         kept = min(width, ring)
@@ -274,6 +283,16 @@ class SpecConvLayer(LinearAttentionCacheLayerMixin):
         where the mixer advanced it in place instead of handing it back (Mamba's one-token recurrent form)."""
         if self.lent is not None:
             self.update_recurrent_state(self.lent)
+
+    def ring_entries(self, first: int, count: int) -> list[tuple]:
+        """What a write to slots ``[first, first + count)`` would overwrite in this layer's rings: ``(buffer, dim,
+        positions, saved values)`` per ring, for `SpecCache.keep_rings`."""
+        entries = []
+        for buffer, dim in ((self.inputs, 2), (self.ring, 1)):
+            if buffer is not None:
+                positions = (first + torch.arange(count, device=buffer.device)).remainder(buffer.shape[dim])
+                entries.append((buffer, dim, positions, buffer.index_select(dim, positions)))
+        return entries
 
     @property
     def nbytes(self) -> int:
@@ -352,7 +371,11 @@ class SpecCache(Cache):
         self.capacity = capacity
         conv, hybrid = set(recurrent_layers), set(hybrid_layers)
         layers = [
-            SpecHybridLayer(self, i) if i in hybrid else SpecConvLayer(self, i) if i in conv else SpecLayer(self, i)
+            SpecHybridLayer(self, i)
+            if i in hybrid
+            else SpecConvLayer(self, i)
+            if i in conv
+            else SpecLayer(self, i)
             for i in range(num_layers)
         ]
         # a KV-shared layer (Gemma 3n / 4) is its source layer: it writes nothing, and what reads its cache by
@@ -387,6 +410,29 @@ class SpecCache(Cache):
         """Bytes of the buffers allocated so far (layers allocate on their first write): keys and values,
         recurrent layers' inputs and states, DSA indexers' keys; a shared layer's entry counted once."""
         return sum(layer.nbytes for layer in {id(layer): layer for layer in self.layers}.values())
+
+    @contextlib.contextmanager
+    def keep_rings(self, first: int, count: int) -> Iterator[None]:
+        """Within the block, writes to slots ``[first, first + count)`` leave the recurrent layers' rings (their
+        convolution inputs and states, `SpecConvLayer`) as they were on entry; a ring allocated inside the block is
+        zeroed on exit. A graph capture's warm-up runs write the last cache slots, which are dead in a buffer with one
+        entry per slot, but a ring holds slot ``s`` at ``s mod`` its length, where they alias live entries."""
+        rings = [
+            layer
+            for layer in {id(layer): layer for layer in self.layers}.values()
+            if isinstance(layer, SpecConvLayer)
+        ]
+        before = [(layer.inputs, layer.ring) for layer in rings]
+        saved = [entry for layer in rings for entry in layer.ring_entries(first, count)]
+        try:
+            yield
+        finally:
+            for buffer, dim, positions, values in saved:
+                buffer.index_copy_(dim, positions, values)
+            for layer, (inputs, ring) in zip(rings, before):
+                for old, new in ((inputs, layer.inputs), (ring, layer.ring)):
+                    if old is None and new is not None:
+                        new.zero_()
 
     def layer_device(self, layer_idx: int) -> torch.device | None:
         layer = self.layers[layer_idx]

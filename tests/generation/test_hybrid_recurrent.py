@@ -8,6 +8,8 @@ self-speculation is refused with the reason."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from arch_survey import build
@@ -259,6 +261,40 @@ def test_conv_inputs_live_in_a_ring_whatever_the_capacity():
         window = cache.update_conv_state(new, 0, conv_kernel_size=3)
     torch.testing.assert_close(window[:, :, :2], history[:, :, 48:50])
     torch.testing.assert_close(window[:, :, 2:], new)
+
+
+def _warmed_ring_cache(guard: bool) -> SpecCache:
+    """A recurrent layer's rings after a 50-token prefill (inputs 0..99 over two channels; state 7 after slot 49),
+    then what a graph capture's warm-up writes at the cache's last 5 slots (`engine.graphs`), under
+    `SpecCache.keep_rings` or not. Capacity 85 makes those slots alias the live ring entries: slots 48 and 49 in the
+    inputs' ring of 35, slot 49 in the states' ring of 32."""
+    cache = SpecCache(num_layers=1, batch_size=1, capacity=85, recurrent_layers=[0])
+    zero = torch.zeros(1, dtype=torch.long)
+    with step_scope(StepContext(Phase.PREFILL, zero, zero, q_len=50, kv_len=50, backend="reference")):
+        cache.update_conv_state(torch.arange(100.0).reshape(1, 2, 50), 0, conv_kernel_size=3)
+        cache.update_recurrent_state(torch.full((1, 4), 7.0), 0)
+    warm_up = StepContext(Phase.VERIFY, torch.tensor([80]), zero, q_len=5, kv_len=85, backend="reference")
+    with cache.keep_rings(80, 5) if guard else contextlib.nullcontext():
+        with step_scope(warm_up):
+            cache.update_conv_state(-torch.ones(1, 2, 5), 0, conv_kernel_size=3)
+        for i in range(5):  # token by token, as `TokenByToken` keeps each token's state
+            with step_scope(warm_up.token(i)):
+                cache.update_recurrent_state(torch.full((1, 4), -1.0), 0)
+    return cache
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_graph_warm_up_leaves_the_rings_as_they_were(guard):
+    """Capturing a step's graph runs it first at the cache's last slots; in the rings those slots alias live entries,
+    which `SpecCache.keep_rings` puts back (on the GPU, Bamba, Granite 4, Nemotron-H and OLMo-Hybrid lost their
+    history this way; without the guard the same writes are seen to corrupt it here)."""
+    cache = _warmed_ring_cache(guard)
+    zero = torch.zeros(1, dtype=torch.long)
+    with step_scope(StepContext(Phase.VERIFY, torch.tensor([50]), zero, q_len=1, kv_len=51, backend="reference")):
+        window = cache.update_conv_state(torch.zeros(1, 2, 1), 0, conv_kernel_size=3)
+        state = cache.get_recurrent_state(0)
+    intact = torch.equal(window[0, :, :2], torch.tensor([[48.0, 49.0], [98.0, 99.0]])) and bool((state == 7).all())
+    assert intact == guard
 
 
 def test_gated_delta_one_token_steps_take_the_window_kernel(monkeypatch):

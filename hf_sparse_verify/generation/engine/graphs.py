@@ -147,9 +147,12 @@ class StepGraphs:
         runner = self.runner
         try:
             ids = torch.zeros(runner.cache.batch_size, width, dtype=torch.long, device=runner.device)
-            # warm-up writes land in the last cache slots, which every real step rewrites before reading
-            self.start.fill_(runner.cache.capacity - width)
-            graph, logits = capture_graph(lambda: self._step(ids, phase, slots), runner.device, self.pool)
+            # warm-up writes land in the last cache slots, which every real step rewrites before reading; the
+            # recurrent layers' rings, where those slots alias live entries, are put back
+            first = runner.cache.capacity - width
+            self.start.fill_(first)
+            with runner.cache.keep_rings(first, width):
+                graph, logits = capture_graph(lambda: self._step(ids, phase, slots), runner.device, self.pool)
         except Exception as err:
             raise RuntimeError(
                 f"capturing a {phase.value} step of width {width}: {type(err).__name__}: {err}"
