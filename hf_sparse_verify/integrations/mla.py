@@ -114,23 +114,17 @@ class SparseMLAAttention(torch.nn.Module):
         if length > MAX_MERGED_QUERIES:  # a prefill chunk: expand the read slots once, as transformers does
             kv_len = allowed.shape[-1]
             key, value = self.expand_kv(latent[:, :, :kv_len], k_rot[:, :, :kv_len])
-            query = torch.cat([q_nope, q_rot], dim=-1)
+            attend = selection_mask(indices, allowed)
             out = selected_attention_expanded(
-                query, key, value, selection_mask(indices, allowed), self.scaling
+                torch.cat([q_nope, q_rot], dim=-1), key, value, attend, self.scaling
             )
-            out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))
-            return (out, None, indices) if self.returns_indices else (out, None)
-        weight = self.kv_b_proj.weight.view(heads, self.nope + self.v_head_dim, self.rank)
-        q_lat = torch.einsum("bhqn,hnr->bqhr", q_nope, weight[:, : self.nope]).contiguous()  # [B, q, H, R]
-        out = sparse_mla(
-            q_lat,
-            q_rot.transpose(1, 2).contiguous(),
-            latent[:, 0],
-            k_rot[:, 0],
-            indices,
-            allowed,
-            self.scaling,
-        )  # [B, q, H, R]
-        out = torch.einsum("bqhr,hvr->bqhv", out, weight[:, self.nope :])
+        else:  # decode and verify steps: absorbed, the selected latent rows only
+            weight = self.kv_b_proj.weight.view(heads, self.nope + self.v_head_dim, self.rank)
+            q_lat = torch.einsum(
+                "bhqn,hnr->bqhr", q_nope, weight[:, : self.nope]
+            ).contiguous()  # [B, q, H, R]
+            q_rot = q_rot.transpose(1, 2).contiguous()
+            out = sparse_mla(q_lat, q_rot, latent[:, 0], k_rot[:, 0], indices, allowed, self.scaling)
+            out = torch.einsum("bqhr,hvr->bqhv", out, weight[:, self.nope :])
         out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))
         return (out, None, indices) if self.returns_indices else (out, None)
