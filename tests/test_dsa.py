@@ -26,20 +26,21 @@ def dsa_model(model_type: str) -> torch.nn.Module:
     return _from_config(config, seed=0)
 
 
-def _prompts(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(3, vocab, (2, 30), generator=torch.Generator().manual_seed(0))
+def _prompts(vocab: int, length: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, vocab, (2, length), generator=torch.Generator().manual_seed(0))
     ids[:, -10:] = ids[:, -20:-10]  # text prompt lookup finds
     mask = torch.ones_like(ids)
     mask[1, :7] = 0
     return ids, mask
 
 
+@pytest.mark.parametrize("length", [30, 45])  # 45: the prefill takes the expanded path (more than 31 queries)
 @pytest.mark.parametrize("strategy", ["prompt_lookup", "draft_model"])
 @pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
-def test_sparse_mla_equals_plain_generate(model_type, strategy):
+def test_sparse_mla_equals_plain_generate(model_type, strategy, length):
     model = dsa_model(model_type)
     extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
-    ids, mask = _prompts(model.get_input_embeddings().weight.shape[0])
+    ids, mask = _prompts(model.get_input_embeddings().weight.shape[0], length)
     common = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
     with torch.no_grad():
         expected = model.generate(**common)
