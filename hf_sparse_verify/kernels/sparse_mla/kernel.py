@@ -1,11 +1,13 @@
-"""Sparse MLA attention in Triton over the merged schedule of a step's DSA selections.
+"""Sparse MLA attention in Triton over a step's DSA selections, for both schedules of `op.SCHEDULES`.
 
 One program per (row, block of ``BLOCK_H`` heads, split) serves every query of the row for those heads
-(``BLOCK_H * q`` rows of one tile) and walks its share of the row's union of selected slots (`naive.merged_selection`):
-each union slot's latent and rotary rows are loaded once per head block, whichever and however many queries chose
-it, and a query's logits are masked by its bit. The latent row is both the key (with the rotary part) and the
-value, as in absorbed MLA. Online softmax in float32; with several splits a second kernel merges the parts by their
-log-sum-exp. The grid depends on shapes only; each row's count is read on the device.
+(``BLOCK_H * q`` rows of one tile) and walks its share of the row's list of slots, each with a bitmask of the queries
+that chose it: under the merged schedule the row's union (`naive.merged_selection`), each union slot's latent and
+rotary rows loaded once per head block and a query's logits masked by its bit; under the per-query schedule one
+query per row (`naive.per_query_selection`, ``kv_share`` rows reading one cache row). The latent row is both the key
+(with the rotary part) and the value, as in absorbed MLA. Online softmax in float32; with several splits a second
+kernel merges the parts by their log-sum-exp. The grid depends on shapes only; each row's count is read on the
+device.
 """
 
 from __future__ import annotations

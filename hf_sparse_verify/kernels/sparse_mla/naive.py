@@ -11,7 +11,8 @@ step). This folder computes the middle part: ``[B, q, H, R]`` latent outputs.
 DSA's indexer picks ``top-k`` slots per query; a verify step's queries pick overlapping sets. The merged schedule
 (papers/003) reads the union once: `merged_selection` builds, per row, the sorted union of the queries' allowed
 slots (fixed size, padded; a device-side count) and for each union slot a bitmask of the queries that selected it,
-with no host synchronisation.
+with no host synchronisation. The per-query schedule (`per_query_selection`, the default) gives each query its own
+list instead.
 
 Example:
     >>> import torch
