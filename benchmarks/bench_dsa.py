@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 from benchmarks import _records  # noqa: E402
-from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
+from benchmarks._timing import graph_us  # noqa: E402
 from hf_sparse_verify.kernels.sparse_mla import (  # noqa: E402
     kernel,
     merged_selection,
@@ -42,26 +42,6 @@ from hf_sparse_verify.kernels.sparse_mla import (  # noqa: E402
     sparse_mla,
 )
 from hf_sparse_verify.kernels.sparse_mla.kernel import sparse_mla_triton  # noqa: E402
-
-
-def graph_us(fn, repeats: int = 30, inner: int = 10) -> float:
-    """Median microseconds of one ``fn()`` from replays of a CUDA graph of ``inner`` calls."""
-
-    def calls() -> None:
-        for _ in range(inner):
-            fn()
-
-    graph, _ = capture_graph(calls, torch.device("cuda", torch.cuda.current_device()))
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1000 / inner)
-    times.sort()
-    return times[len(times) // 2]
 
 
 class _IndexerKeys:

@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
+from benchmarks._timing import graph_us  # noqa: E402
 from hf_sparse_verify.drivers.machine import copy_bandwidth, machine_info  # noqa: E402
 from hf_sparse_verify.drivers.shapes import shape_config  # noqa: E402
-from hf_sparse_verify.generation.engine.graphs import capture_graph  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import dequantize, low_bit_linear, pack, quantize  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import kernel as low_bit_kernel  # noqa: E402
 
@@ -101,36 +101,6 @@ def replicate(operands: tuple, copies: int) -> list[tuple]:
     shared). Clones are cheap next to quantizing or packing again."""
     clone = lambda o: o.clone() if isinstance(o, torch.Tensor) else o  # noqa: E731
     return [operands] + [tuple(clone(o) for o in operands) for _ in range(copies - 1)]
-
-
-def cycle_order(copies: int, inner: int) -> list[int]:
-    """The copy each call of one captured graph reads: ``i % copies`` for the first multiple of ``copies`` calls that
-    is at least ``inner``, so every replay reads every copy equally often and starts again at copy 0."""
-    calls = -(-inner // copies) * copies
-    return [i % copies for i in range(calls)]
-
-
-def graph_us(fn, repeats: int = 50, inner: int = 20, copies: list[tuple] | None = None) -> float:
-    """Median microseconds of one ``fn(*copies[i])`` from replays of a CUDA graph of `cycle_order`'s calls (``inner``
-    calls of ``fn()`` when ``copies`` is None)."""
-    copies = copies or [()]
-    order = cycle_order(len(copies), inner)
-
-    def calls() -> None:
-        for i in order:
-            fn(*copies[i])
-
-    graph, _ = capture_graph(calls, torch.device("cuda", torch.cuda.current_device()))
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1000 / len(order))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def expected_output(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -213,7 +183,12 @@ def gemlite_layer(gemlite, fmt: str, values: torch.Tensor, scales: torch.Tensor,
     if fmt == "int4":
         W_q, gl_scales, zeros = gemlite_int4_inputs(values, scales, dtype)
         layer = gemlite.GemLiteLinear(
-            4, group_size=group_size, in_features=inp, out_features=out, input_dtype=gl_dtype, output_dtype=gl_dtype
+            4,
+            group_size=group_size,
+            in_features=inp,
+            out_features=out,
+            input_dtype=gl_dtype,
+            output_dtype=gl_dtype,
         )
         layer.pack(W_q, gl_scales, zeros, None)
         return layer
@@ -273,7 +248,11 @@ def _measure(args, base: dict, method: Method, copies: list[tuple], bandwidth: f
     moved = method.weight_bytes + base["rows"] * base["inp"] * 2 + base["rows"] * base["out"] * 2
     gbps = moved / us / 1e3
     return dict(
-        rec, us=round(us, 2), bytes=moved, GBps=round(gbps, 1), of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3)
+        rec,
+        us=round(us, 2),
+        bytes=moved,
+        GBps=round(gbps, 1),
+        of_copy_bandwidth=round(gbps / (bandwidth / 1e9), 3),
     )
 
 
@@ -305,7 +284,9 @@ def _hsv(x: torch.Tensor, stored, scales, fmt: str, group_size: int, expected, *
     )  # fmt: skip
 
 
-def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandwidth: float, gemlite) -> list[dict]:
+def _layer_records(
+    args, name: str, out: int, inp: int, rows: int, device, bandwidth: float, gemlite
+) -> list[dict]:
     """Every method of ``args.methods`` on one layer shape and row count. ``gemlite``: the module, or the error
     importing it raised."""
     weight = torch.randn(out, inp, device=device, dtype=torch.bfloat16) * 0.02
@@ -328,8 +309,12 @@ def _layer_records(args, name: str, out: int, inp: int, rows: int, device, bandw
 
     builds = {
         "bf16_cublas": lambda: Method(lambda w: F.linear(x, w), (weight,), weight.nbytes),
-        "hsv_int8": lambda: _hsv(x, pack(q("int8")[0], "int8"), q("int8")[1], "int8", args.group_size, q("int8")[2]),
-        "hsv_int4": lambda: _hsv(x, pack(q("int4")[0], "int4"), q("int4")[1], "int4", args.group_size, q("int4")[2]),
+        "hsv_int8": lambda: _hsv(
+            x, pack(q("int8")[0], "int8"), q("int8")[1], "int8", args.group_size, q("int8")[2]
+        ),
+        "hsv_int4": lambda: _hsv(
+            x, pack(q("int4")[0], "int4"), q("int4")[1], "int4", args.group_size, q("int4")[2]
+        ),
         "torch_int4_tinygemm": lambda: _tinygemm(weight, x),
         "gemlite_int8": gemlite_build("int8"),
         "gemlite_int4": gemlite_build("int4"),
@@ -349,7 +334,9 @@ def _sweep_records(args, name: str, out: int, inp: int, device, bandwidth: float
     records = []
     for fmt in ("int8", "int4"):
         values, scales = quantize(weight, fmt, args.group_size)
-        method = _hsv(x, pack(values, fmt), scales, fmt, args.group_size, expected_output(x, values, scales, fmt))
+        method = _hsv(
+            x, pack(values, fmt), scales, fmt, args.group_size, expected_output(x, values, scales, fmt)
+        )
         copies = replicate(method.operands, cold_copies(method.weight_bytes, args.cold))
         base = dict(shape=args.shape, layer=name, out=out, inp=inp, rows=1, method=f"hsv_{fmt}_sweep",
                     cold=args.cold, copies=len(copies))  # fmt: skip
@@ -378,7 +365,11 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(layers_seen), figsize=(3.2 * len(layers_seen), 3.2), sharey=True)
     for ax, layer in zip(list(axes) if len(layers_seen) > 1 else [axes], layers_seen):
         for method in dict.fromkeys(r["method"] for r in records):
-            points = sorted((r["rows"], r["of_copy_bandwidth"]) for r in records if (r["layer"], r["method"]) == (layer, method))
+            points = sorted(
+                (r["rows"], r["of_copy_bandwidth"])
+                for r in records
+                if (r["layer"], r["method"]) == (layer, method)
+            )
             ax.plot(*zip(*points), marker="o", label=method)
         first = next(r for r in records if r["layer"] == layer)
         ax.set_title(f"{layer} {first['out']}x{first['inp']}", fontsize=9)
@@ -389,7 +380,9 @@ def plot(report: dict, path: Path) -> None:
     axes[0].legend(fontsize=7)
     cold = ", cold (weights not in L2)" if report.get("cold") else ""
     machine = report["machine"]
-    fig.suptitle(f"weight-only low-bit linear{cold}, {machine.get('gpu')} ({machine.get('commit')})", fontsize=10)
+    fig.suptitle(
+        f"weight-only low-bit linear{cold}, {machine.get('gpu')} ({machine.get('commit')})", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -418,7 +411,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_low_bit_linear times CUDA kernels: run it on a GPU")
     results = Path(__file__).resolve().parent / "results"
-    args.json = args.json or str(results / ("low_bit_linear_cold.json" if args.cold else "low_bit_linear.json"))
+    args.json = args.json or str(
+        results / ("low_bit_linear_cold.json" if args.cold else "low_bit_linear.json")
+    )
     args.methods = [m for m in METHODS if m in args.methods]
     device = torch.device("cuda")
     gemlite, gemlite_info = None, None

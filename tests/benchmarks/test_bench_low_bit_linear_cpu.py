@@ -18,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import bench_low_bit_linear as bench  # noqa: E402
+from benchmarks._timing import cycle_order  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import dequantize, quantize  # noqa: E402
 
 
@@ -32,10 +33,10 @@ def test_cold_copies_exceed_the_cold_bytes():
 
 
 def test_cycle_order_reads_every_copy_equally_often():
-    assert bench.cycle_order(1, 20) == [0] * 20
-    order = bench.cycle_order(3, 20)
+    assert cycle_order(1, 20) == [0] * 20
+    order = cycle_order(3, 20)
     assert order == [i % 3 for i in range(21)]
-    assert bench.cycle_order(128, 20) == list(range(128))
+    assert cycle_order(128, 20) == list(range(128))
 
 
 def test_replicate_clones_tensors_with_their_strides():
