@@ -134,3 +134,24 @@ if HAVE_TRITON:
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def online_softmax_block(b_s, b_m, b_l):
+        """One block of base-2 logits ``b_s`` ``[M, N]`` (``-inf`` where not attended) folded into a flash-attention
+        row state, its running max ``b_m`` and sum ``b_l`` ``[M]``. Returns ``(b_p, alpha, m_new, l_new)``: the
+        block's unnormalised probabilities, the factor that rescales the accumulator, the new max and sum. A row
+        with nothing attended yet keeps max ``-inf`` and sum 0."""
+        m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(b_m - m_safe)
+        b_p = tl.exp2(b_s - m_safe[:, None])
+        return b_p, alpha, m_new, b_l * alpha + tl.sum(b_p, axis=1)
+
+    @triton.jit
+    def merge_splits(b_po, b_lse):
+        """The normalised outputs of one row's splits ``b_po`` ``[S, D]`` merged by their base-2 log-sum-exps
+        ``b_lse`` ``[S]`` (``-inf`` for a split that attended nothing): ``[D]``, zeros if none attended."""
+        top = tl.max(b_lse, axis=0)
+        w = tl.exp2(b_lse - tl.where(top == float("-inf"), 0.0, top))
+        total = tl.sum(w, axis=0)
+        return tl.sum(b_po * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)

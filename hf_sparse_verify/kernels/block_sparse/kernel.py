@@ -23,6 +23,7 @@ from hf_sparse_verify.kernels._triton import (
     multiprocessors,
     next_power_of_2,
     on_input_device,
+    online_softmax_block,
     pdl_launch,
     pdl_wait,
 )
@@ -149,13 +150,8 @@ def _block_sparse_split(
             b_sel = tl.load(p_qmask + n_safe * sm_n, mask=row_ok, other=1)  # [BLOCK_M]
             allowed = allowed & tl.where(listed, b_sel != 0, True)[:, None]
         b_s = tl.where(allowed, b_s, float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(b_m - m_safe)
-        b_p = tl.exp2(b_s - m_safe[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_p, alpha, b_m, b_l = online_softmax_block(b_s, b_m, b_l)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision=DOT_PRECISION)
-        b_m = m_new
 
     rows_total = GROUP * Q_LEN
     base = pid_bh * num_splits + split

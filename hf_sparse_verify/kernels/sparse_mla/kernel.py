@@ -16,7 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, multiprocessors, next_power_of_2, on_input_device, pdl_launch, pdl_wait
+from .._triton import (
+    dot_in_float32,
+    merge_splits,
+    multiprocessors,
+    next_power_of_2,
+    on_input_device,
+    online_softmax_block,
+    pdl_launch,
+    pdl_wait,
+)
 
 #: launch settings; ``rows``: tile rows (heads x queries) a program aims for; ``programs_per_sm``: the default split
 #: count's aim. Not yet swept on a GPU.
@@ -134,13 +143,8 @@ def _sparse_mla_fwd(
         b_s = tl.dot(b_qr, tl.trans(b_rot), acc=b_s, input_precision=DOT_PRECISION) * scale_log2
         attend = ((bit[None, :] >> i[:, None]) & 1) != 0  # [BLOCK_M, BLOCK_N]: query i chose the slot
         b_s = tl.where(attend & n_ok[None, :], b_s, float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(b_m - m_safe)
-        b_p = tl.exp2(b_s - m_safe[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, axis=1)
+        b_p, alpha, b_m, b_l = online_softmax_block(b_s, b_m, b_l)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_lat.dtype), b_lat, input_precision=DOT_PRECISION)
-        b_m = m_new
 
     has = b_l > 0
     b_o = b_acc / tl.where(has, b_l, 1.0)[:, None]
@@ -196,11 +200,7 @@ def _sparse_mla_merge(
             mask=s_ok[:, None] & r_ok[None, :],
             other=0.0,
         )
-        top = tl.max(b_lse, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.exp2(b_lse - top)
-        total = tl.sum(w, axis=0)
-        b_o = tl.sum(b_po * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        b_o = merge_splits(b_po, b_lse)
         p_o = o_ptr + b.to(tl.int64) * stride_ob + i * stride_ot + h * stride_oh + o_r * stride_or
         tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=r_ok)
 

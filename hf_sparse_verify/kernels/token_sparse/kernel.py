@@ -15,7 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import interpreting, multiprocessors, next_power_of_2, on_input_device, pdl_launch, pdl_wait
+from .._triton import (
+    interpreting,
+    merge_splits,
+    multiprocessors,
+    next_power_of_2,
+    on_input_device,
+    online_softmax_block,
+    pdl_launch,
+    pdl_wait,
+)
 
 #: a split is worth launching for at least this many gathered slots
 MIN_SLOTS_PER_SPLIT = 128
@@ -132,13 +141,8 @@ def _token_sparse_fwd(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         attend = n_ok[None, :] & (is_sel[None, :] | (slot[None, :] <= q_slot[:, None]))
         b_s = tl.where(attend, b_s, float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing attended yet
-        alpha = tl.exp2(b_m - m_safe)
-        b_p = tl.exp2(b_s - m_safe[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, axis=1)
+        b_p, alpha, b_m, b_l = online_softmax_block(b_s, b_m, b_l)
         b_acc = b_acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
-        b_m = m_new
 
     has = b_l > 0
     b_o = b_acc / tl.where(has, b_l, 1.0)[:, None]
@@ -197,11 +201,7 @@ def _token_sparse_merge(
         mask=s_ok[:, None] & d_ok[None, :],
         other=0.0,
     )  # [BLOCK_S, BLOCK_D]
-    top = tl.max(b_lse, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.exp2(b_lse - top)
-    total = tl.sum(w, axis=0)
-    b_o = tl.sum(b_po * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    b_o = merge_splits(b_po, b_lse)
     p_o = o_ptr + b.to(tl.int64) * stride_ob + i * stride_ot + h * stride_oh + o_d * stride_od
     tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=d_ok)
 
