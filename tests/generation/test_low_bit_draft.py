@@ -217,3 +217,38 @@ def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
     replacements = [swap[3] for swap in switch.plan_swaps(copy, switch.Mode(fused=True))]  # (parent, name, old, new)
     fused = [r for r in replacements if isinstance(r, FusedQKVAttention)]
     assert len(fused) == 2 and all(r.low_bit for r in fused)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="tinygemm runs on CUDA only")
+def test_int4_copy_of_a_bf16_model_on_cuda_drafts_through_tinygemm():
+    """On CUDA in bf16 the int4 copy's layers take PyTorch's tinygemm layout; its logits agree with the same values
+    run through our layout (scales rounded to bf16 the only difference), and the low_bit strategy drafts with it:
+    its drafts are accepted as often as the Triton layout's and its output is what our engine decodes one token at a
+    time (bf16, so compared with our K = 0, not with plain generate)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    fast, ours = low_bit_copy(model, "int4", 64), low_bit_copy(model, "int4", 64, layout="packed")
+    assert {m.layout for m in fast.modules() if isinstance(m, LowBitLinear)} == {"tinygemm"}
+    assert {m.layout for m in ours.modules() if isinstance(m, LowBitLinear)} == {"packed"}
+    ids = torch.randint(0, 256, (2, 40), device="cuda")
+    with torch.no_grad():
+        a, b = fast(ids).logits.float(), ours(ids).logits.float()
+    assert float((a - b).abs().max() / b.abs().max()) < 0.05
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.9
+
+    def run(speculation):
+        return model.generate(
+            input_ids=ids, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate,
+            speculation=speculation, return_dict_in_generate=True,
+        )  # fmt: skip
+
+    base = run(dict(strategy="prompt_lookup", k_policy="plain"))
+    out = run(dict(strategy="low_bit", num_draft_tokens=4, draft_weights="int4", draft_weight_group=64))
+    assert out.speculation.mean_acceptance_length > 1.5
+    assert float((out.sequences == base.sequences).float().mean()) > 0.95

@@ -9,6 +9,7 @@ import torch
 
 import hf_sparse_verify.kernels.low_bit.naive as naive
 from hf_sparse_verify.kernels.low_bit import dequantize, fake_quantize, quantize, quantized_bytes
+from hf_sparse_verify.kernels.low_bit.tinygemm import tinygemm_values
 
 
 def _weight(out=48, inp=256, seed=0):
@@ -184,3 +185,65 @@ def test_int4_blocks_spanning_or_inside_groups(monkeypatch, group, block):
             exact = torch.nn.functional.linear(x.double(), dequantize(values, scales, "int4", torch.float64))
             got = low_bit_linear(x, stored, scales, "int4", group)
             torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
+
+
+# ---- int4 through PyTorch's tinygemm (CUDA): the LowBitLinear layout chosen there ----
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="tinygemm runs on CUDA only")
+
+
+def _linear(out, inp, dtype, device, bias=False, seed=0):
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(inp, out, bias=bias)
+    with torch.no_grad():
+        linear.weight.mul_(0.5)
+        linear.weight[1, :32] *= 30.0  # one group with outliers
+    return linear.to(device=device, dtype=dtype)
+
+
+def test_low_bit_linear_layout_off_cuda_is_ours_and_bad_layouts_say_what_to_change():
+    from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear
+
+    linear = _linear(64, 256, torch.bfloat16, "cpu")
+    assert LowBitLinear(linear, "int4", 64).layout == "packed"
+    with pytest.raises(ValueError, match="layout='packed'"):
+        LowBitLinear(linear, "int4", 64, layout="tinygemm")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        LowBitLinear(linear, "int4", 64, layout="marlin")
+
+
+@needs_cuda
+@pytest.mark.parametrize("out,inp,group", [(64, 256, 32), (48, 320, 64), (1024, 4096, 128), (24, 512, 256)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 65])
+def test_tinygemm_layout_matches_the_reference(out, inp, group, rows):
+    """The tinygemm layer computes `low_bit_linear_naive` with the weight rounded to bf16 scales, and reads back
+    the values it was built from."""
+    from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear
+
+    linear = _linear(out, inp, torch.bfloat16, "cuda", bias=True)
+    layer = LowBitLinear(linear, "int4", group)
+    assert layer.layout == "tinygemm" and layer.stored.dtype == torch.int32
+    values, scales = quantize(linear.weight, "int4", group)
+    scales = scales.to(torch.bfloat16).float()
+    got_values, got_scales = tinygemm_values(layer.stored, layer.scales, group, inp)
+    assert torch.equal(got_values, values) and torch.equal(got_scales, scales)
+    x = torch.randn(rows, inp, device="cuda", dtype=torch.bfloat16)
+    weight = dequantize(values, scales, "int4", torch.bfloat16)
+    expected = x.float() @ weight.float().t() + linear.bias.float()
+    got = layer(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
+    assert float((got.float() - expected).abs().max() / expected.abs().max()) < 1e-2
+    assert torch.equal(layer.dequantized(torch.bfloat16), weight)
+    with pytest.raises(ValueError, match="bf16"):
+        layer(x.float())
+
+
+@needs_cuda
+def test_tinygemm_layout_is_picked_only_where_it_runs():
+    from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear
+
+    assert LowBitLinear(_linear(64, 256, torch.float32, "cuda"), "int4", 64).layout == "packed"
+    assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int8").layout == "packed"
+    assert LowBitLinear(_linear(60, 256, torch.bfloat16, "cuda"), "int4", 64).layout == "packed"  # out % 8
+    assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int4", 16).layout == "packed"  # group
+    assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int4", 64, layout="packed").layout == "packed"

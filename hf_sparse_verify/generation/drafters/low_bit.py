@@ -58,18 +58,21 @@ def low_bit_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]
     ]
 
 
-def low_bit_copy(model: torch.nn.Module, weights: str, group_size: int = 128) -> torch.nn.Module:
+def low_bit_copy(
+    model: torch.nn.Module, weights: str, group_size: int = 128, layout: str = "auto"
+) -> torch.nn.Module:
     """A copy of ``model`` whose linear layers (`low_bit_linears`) are `LowBitLinear`s in ``weights`` (``"int8"``
-    per output channel, ``"int4"`` per group of ``group_size`` input channels); every other weight is shared with
-    ``model`` (not copied), and ``model`` is left as is. The copy's ``config.low_bit_draft`` names the format; use
-    it as ``draft_model`` of the ``draft_model`` strategy."""
+    per output channel, ``"int4"`` per group of ``group_size`` input channels; ``layout`` as `LowBitLinear`'s:
+    int4 bf16 layers on CUDA run PyTorch's tinygemm by default); every other weight is shared with ``model`` (not
+    copied), and ``model`` is left as is. The copy's ``config.low_bit_draft`` names the format; use it as
+    ``draft_model`` of the ``draft_model`` strategy."""
     if weights not in LOW_BIT_FORMATS:
         raise ValueError(f"weights must be one of {sorted(LOW_BIT_FORMATS)}, got {weights!r}")
     linears = low_bit_linears(model)
     # deepcopy's memo stands in for the objects it would copy: each rounded Linear is its LowBitLinear, every other
     # parameter the original itself
     memo: dict[int, object] = {id(p): p for p in model.parameters()}
-    memo.update({id(linear): LowBitLinear(linear, weights, group_size) for _, linear in linears})
+    memo.update({id(linear): LowBitLinear(linear, weights, group_size, layout) for _, linear in linears})
     draft = copy.deepcopy(model, memo)  # its config is a copy too
     draft.config.low_bit_draft = weights
     return draft.eval()
