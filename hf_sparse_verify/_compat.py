@@ -152,6 +152,22 @@ def mla_rotary(attention: torch.nn.Module):
     return function
 
 
+#: the rotary function each DSA indexer class applies (transformers 5.24.0: DeepSeek-V3.2's indexer rotates its half
+#: split, GLM-MoE-DSA's interleaved pairs, unlike their attention which both interleave)
+_INDEXER_ROTARY = {
+    "DeepseekV32Indexer": "apply_rotary_pos_emb",
+    "GlmMoeDsaIndexer": "apply_rotary_pos_emb_interleave",
+}
+
+
+def indexer_rotary(indexer: torch.nn.Module):
+    """The rotary function a DSA indexer's modeling module applies to its query and key rotary parts, so a
+    replacement that scores the indexer's keys rotates as it does; None for an indexer class not listed (the caller
+    keeps the indexer's own forward)."""
+    name = _INDEXER_ROTARY.get(type(indexer).__name__)
+    return None if name is None else getattr(sys.modules[type(indexer).__module__], name, None)
+
+
 #: cache layer kinds of `transformers.cache_utils` we cannot hold, and why
 _LAYER_TYPE_REASONS = {
     "conv": "convolution layers with a recurrent state (hybrid model)",

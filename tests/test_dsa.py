@@ -94,3 +94,29 @@ def test_latent_attention_reads_the_selection_not_the_whole_cache(monkeypatch):
     first = picked.nonzero()[0]
     poisoned[first[0], first[1]] = 3.0
     assert not torch.allclose(real(q_lat, q_rot, poisoned, rot, indices, allowed, scaling), base)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_indexer_scored_by_the_kernel_selects_what_transformers_selects(model_type, dtype, monkeypatch):
+    """The replacement's top-k (`hsv::index_scores`, no float32 key copy) equals the indexer module's own, with a
+    causal mask over 40 tokens and a top-k of 6, and the scores do come from the op."""
+    model = dsa_model(model_type).to(dtype)
+    attention = model.model.layers[0].self_attn
+    replacement = mla.SparseMLAAttention(attention)
+    assert replacement.indexer_rotary is not None
+    calls = []
+    real = mla.index_scores
+    monkeypatch.setattr(mla, "index_scores", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 40, model.config.hidden_size, generator=gen).to(dtype)
+    positions = torch.arange(40).expand(2, 40)
+    cos, sin = model.model.rotary_emb(hidden, positions)
+    causal = torch.ones(40, 40, dtype=torch.bool).tril().expand(2, 40, 40)
+    with torch.no_grad():
+        q_resid = attention.q_a_layernorm(attention.q_a_proj(hidden))
+        expected = attention.indexer(hidden, q_resid, (cos, sin), causal, positions, cache=None)
+        got = replacement._select(hidden, q_resid, cos, sin, causal, None)
+    assert calls and got.dtype == torch.int32 and got.shape == expected.shape == (2, 40, TOP_K)
+    # the same set per query (topk's order among equal scores, e.g. the -inf of masked slots, may differ)
+    assert torch.equal(got[:, TOP_K:].sort(-1).values, expected[:, TOP_K:].sort(-1).values)

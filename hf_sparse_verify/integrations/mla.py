@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+from ..kernels.index_scores import index_scores
 from ..kernels.sparse_mla import MAX_MERGED_QUERIES, selected_attention_expanded, selection_mask, sparse_mla
 from ..placement import dtensor_weights
 
@@ -67,6 +68,8 @@ class SparseMLAAttention(torch.nn.Module):
             setattr(self, name, getattr(original, name))
         self.returns_indices = REPLACEABLE[type(original).__name__]
         self.rotary = _compat.mla_rotary(original)
+        # the indexer's scores through `hsv::index_scores` where its rotary is known (else its own forward)
+        self.indexer_rotary = None if self.indexer is None else _compat.indexer_rotary(self.indexer)
         self.expand_kv = original.expand_kv  # transformers' own expansion, for prefill chunks
         self.layer_idx = original.layer_idx
         self.num_heads = original.num_heads
@@ -101,10 +104,12 @@ class SparseMLAAttention(torch.nn.Module):
         q_rot, k_rot = self.rotary(q_rot, k_rot, cos, sin)
         if cache is not None:
             latent, k_rot = cache.update(latent, k_rot, self.layer_idx)
-        if self.indexer is not None:
+        if self.indexer_rotary is not None:
+            indices = self._select(hidden_states, q_resid, cos, sin, attention_mask[:, 0], cache)  # [B, q, top-k]
+        elif self.indexer is not None:
             indices = self.indexer(
                 hidden_states, q_resid, position_embeddings, attention_mask[:, 0], position_ids, cache=cache
-            )  # [B, q, top-k]
+            )
         elif prev_topk_indices is not None:
             indices = prev_topk_indices
         else:
@@ -128,3 +133,26 @@ class SparseMLAAttention(torch.nn.Module):
             out = torch.einsum("bqhr,hvr->bqhv", out, weight[:, self.nope :])
         out = self.o_proj(out.reshape(batch, length, heads * self.v_head_dim))
         return (out, None, indices) if self.returns_indices else (out, None)
+
+    def _select(self, hidden_states, q_resid, cos, sin, mask, cache) -> torch.Tensor:
+        """The indexer's top-k, as its forward computes it (transformers 5.24.0: projections, norm and rotary of the
+        shared indexer module, the key cache's ``update_indexer``, the same masking and ``topk``) with the scores
+        from `hsv::index_scores`, which reads the cached keys in their own dtype once instead of copying them to
+        float32 and materialising ``[B, q, H, L]`` per-head scores. int32 ``[B, q, top-k]``."""
+        ix = self.indexer
+        batch, length = hidden_states.shape[:2]
+        split = [ix.qk_rope_head_dim, ix.head_dim - ix.qk_rope_head_dim]
+        q_rot, q_pass = torch.split(ix.wq_b(q_resid).view(batch, length, ix.n_heads, ix.head_dim), split, dim=-1)
+        k_rot, k_pass = torch.split(ix.k_norm(ix.wk(hidden_states)).unsqueeze(2), split, dim=-1)
+        q_rot, k_rot = self.indexer_rotary(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], dim=-1)  # [B, q, H, D]
+        keys = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)  # [B, q, D]
+        if cache is not None:
+            keys = cache.update_indexer(keys, ix.layer_idx)  # [B, L, D]
+        weights = ix.weights_proj(hidden_states.to(ix.weights_proj.weight.dtype)).float() * ix.n_heads**-0.5
+        scores = index_scores(q, keys.to(q.dtype), weights, ix.softmax_scale)  # [B, q, L] float32
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+        return scores.topk(min(ix.index_topk, scores.shape[-1]), dim=-1).indices.to(torch.int32)
