@@ -17,6 +17,8 @@ own indexer. Recorded:
   kernels alone;
 - ``transformers_decode_us``: what transformers does for one decode token: ``kv_b_proj`` over every cached latent,
   then attention over the whole expanded cache with the top-k mask (SDPA).
+- ``indexer_transformers_us`` / ``indexer_us``: the top-k of all new tokens by transformers' indexer module / by
+  `SparseMLAAttention`'s (`hsv::index_scores`), and ``indexer_same_topk``, the share of queries whose sets agree.
 
     python benchmarks/bench_dsa.py --contexts 16384 32768 --batch 1 4 --new-tokens 8
 """
@@ -35,6 +37,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks` is a package
 from benchmarks import _records  # noqa: E402
 from benchmarks._timing import graph_us  # noqa: E402
+from hf_sparse_verify.integrations.mla import SparseMLAAttention  # noqa: E402
 from hf_sparse_verify.kernels.sparse_mla import (  # noqa: E402
     kernel,
     merged_selection,
@@ -45,13 +48,15 @@ from hf_sparse_verify.kernels.sparse_mla.kernel import sparse_mla_triton  # noqa
 
 
 class _IndexerKeys:
-    """The one thing the indexer asks of a cache: its key rows, the new ones appended."""
+    """The one thing the indexer asks of a cache: its key rows, the new ones written after the ``context`` cached
+    ones in place (as a static cache layer does), the whole buffer returned."""
 
-    def __init__(self, keys: torch.Tensor):
-        self.keys = keys
+    def __init__(self, keys: torch.Tensor, context: int):
+        self.keys, self.context = keys, context
 
     def update_indexer(self, new: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        return torch.cat([self.keys, new], dim=1)
+        self.keys[:, self.context : self.context + new.shape[1]] = new
+        return self.keys
 
 
 def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> dict:
@@ -66,7 +71,7 @@ def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> di
     total = context + new
     latent = torch.empty(batch, total, attn.kv_lora_rank, device=device, dtype=torch.bfloat16)
     rot = torch.empty(batch, total, attn.qk_rope_head_dim, device=device, dtype=torch.bfloat16)
-    index_keys = torch.empty(batch, context, attn.indexer.head_dim, device=device, dtype=torch.bfloat16)
+    index_keys = torch.empty(batch, total, attn.indexer.head_dim, device=device, dtype=torch.bfloat16)
     positions = torch.arange(total, device=device)[None].expand(batch, -1)
     cos, sin = rotary(latent, positions)
     chunk = 2048
@@ -96,9 +101,8 @@ def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> di
         batch, new, total
     )
     new_cos, new_sin = cos[:, context:], sin[:, context:]
-    indices = attn.indexer(
-        h_new, q_resid, (new_cos, new_sin), allowed.contiguous(), None, cache=_IndexerKeys(index_keys)
-    )
+    index_cache = _IndexerKeys(index_keys, context)
+    indices = attn.indexer(h_new, q_resid, (new_cos, new_sin), allowed.contiguous(), None, cache=index_cache)
     query = attn.q_b_proj(q_resid).view(batch, new, attn.num_heads, attn.qk_head_dim).transpose(1, 2)
     q_nope, q_rot = torch.split(query, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], -1)
     q_rot, _ = apply_rotary_pos_emb_interleave(q_rot, q_rot, new_cos, new_sin)
@@ -107,6 +111,7 @@ def layer_inputs(attn, rotary, batch: int, context: int, new: int, device) -> di
     return dict(
         q_lat=q_lat, q_rot=q_rot.transpose(1, 2).contiguous(), q_nope=q_nope, q_rot_bhqp=q_rot, latent=latent,
         rot=rot, indices=indices, allowed=allowed.contiguous(), scaling=attn.scaling,
+        indexer_args=(h_new, q_resid, new_cos, new_sin, allowed.contiguous(), index_cache),
     )  # fmt: skip
 
 
@@ -124,6 +129,27 @@ def transformers_decode(attn, x: dict, step: int):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=chosen, scale=x["scaling"])
 
     return run
+
+
+def indexer_step(attn, x: dict) -> dict:
+    """The step's top-k for all new tokens: transformers' indexer module (float32 copies of every key, ``[B, q, 64,
+    L]`` per-head scores) against `SparseMLAAttention`'s (`hsv::index_scores`), both from the same projections and
+    key cache; and how many queries' top-k sets agree (the same sums in another order may swap near-ties)."""
+    hidden, q_resid, cos, sin, allowed, cache = x["indexer_args"]
+    ours = SparseMLAAttention(attn)
+
+    def theirs_call():
+        return attn.indexer(hidden, q_resid, (cos, sin), allowed, None, cache=cache)
+
+    def ours_call():
+        return ours._select(hidden, q_resid, cos, sin, allowed, cache)
+
+    same = (theirs_call().sort(-1).values == ours_call().sort(-1).values).all(-1)
+    return dict(
+        indexer_transformers_us=round(graph_us(theirs_call, repeats=10), 1),
+        indexer_us=round(graph_us(ours_call), 1),
+        indexer_same_topk=round(same.float().mean().item(), 4),
+    )
 
 
 def measure(attn, rotary, batch: int, context: int, new: int, device, sweep: bool = False) -> dict:
@@ -177,6 +203,7 @@ def measure(attn, rotary, batch: int, context: int, new: int, device, sweep: boo
     except torch.OutOfMemoryError as err:
         record["transformers_decode_us"] = f"OOM: {str(err)[:120]}"
     record["verify_over_decode_steps"] = round(record["verify_us"] / record["decode_steps_us"], 3)
+    record.update(indexer_step(attn, x))
     if sweep:
         record["sweep"] = []
         default = dict(kernel.TILES)
