@@ -222,9 +222,9 @@ def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="tinygemm runs on CUDA only")
 def test_int4_copy_of_a_bf16_model_on_cuda_drafts_through_tinygemm():
     """On CUDA in bf16 the int4 copy's layers take PyTorch's tinygemm layout; its logits agree with the same values
-    run through our layout (scales rounded to bf16 the only difference), and the low_bit strategy drafts with it:
-    its drafts are accepted as often as the Triton layout's and its output is what our engine decodes one token at a
-    time (bf16, so compared with our K = 0, not with plain generate)."""
+    run through our layout (scales rounded to bf16 the only difference), and as a draft it is accepted about as often
+    as the copy in our layout. (A head scaled up gives the random model clear top-1 margins, so acceptance measures
+    the copy, not bf16 noise; output equality is tested in float32 elsewhere.)"""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -232,23 +232,25 @@ def test_int4_copy_of_a_bf16_model_on_cuda_drafts_through_tinygemm():
         num_key_value_heads=2,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model = model.to("cuda", torch.bfloat16)
     fast, ours = low_bit_copy(model, "int4", 64), low_bit_copy(model, "int4", 64, layout="packed")
     assert {m.layout for m in fast.modules() if isinstance(m, LowBitLinear)} == {"tinygemm"}
     assert {m.layout for m in ours.modules() if isinstance(m, LowBitLinear)} == {"packed"}
-    ids = torch.randint(0, 256, (2, 40), device="cuda")
+    ids = torch.randint(0, 256, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     with torch.no_grad():
         a, b = fast(ids).logits.float(), ours(ids).logits.float()
     assert float((a - b).abs().max() / b.abs().max()) < 0.05
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.9
 
-    def run(speculation):
-        return model.generate(
-            input_ids=ids, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate,
-            speculation=speculation, return_dict_in_generate=True,
+    def acceptance(draft):
+        out = model.generate(
+            input_ids=ids, max_new_tokens=24, do_sample=False, custom_generate=hsv.generate, draft_model=draft,
+            speculation=dict(strategy="draft_model", num_draft_tokens=4), return_dict_in_generate=True,
         )  # fmt: skip
+        return out.speculation.mean_acceptance_length
 
-    base = run(dict(strategy="prompt_lookup", k_policy="plain"))
-    out = run(dict(strategy="low_bit", num_draft_tokens=4, draft_weights="int4", draft_weight_group=64))
-    assert out.speculation.mean_acceptance_length > 1.5
-    assert float((out.sequences == base.sequences).float().mean()) > 0.95
+    with_tinygemm, with_ours = acceptance(fast), acceptance(ours)
+    assert with_tinygemm > 1.5 and with_tinygemm >= 0.8 * with_ours
