@@ -58,6 +58,7 @@ BENCH_MODULES = (
     "hf_sparse_verify.kernels.topk_slots.bench",
     "hf_sparse_verify.kernels.ngram_lookup.bench",
     "hf_sparse_verify.kernels.gated_delta.bench",
+    "hf_sparse_verify.kernels.index_scores.bench",
 )
 
 

@@ -71,3 +71,13 @@ def test_bad_shapes_say_what_is_expected():
 
 def test_docstring_examples():
     assert doctest.testmod(naive).failed == 0
+
+
+def test_benchmark_entry_runs_quick():
+    from hf_sparse_verify.kernels.bench_registry import load_all
+
+    cases = list(load_all()["index_scores"](torch.device("cpu"), torch.float32, True))
+    assert {c.variant for c in cases} == {"triton", "reference"} and len(cases) == 4
+    for case in cases:
+        if case.variant == "reference" or triton_runs_on(torch.device("cpu")):
+            assert case.run().shape == (1, case.params["q_len"], case.params["context"])
