@@ -10,7 +10,8 @@ against the same layers in bf16.
 
     python benchmarks/bench_low_bit_acceptance.py --contexts 1024 8192 --ks 4 6 8 --prompts 4 --new-tokens 64
 
-With ``--strategy vegas`` the draft is Vegas (the target over its selected cache) with its draft steps on the model's
+With ``--round-head`` the copies' output head is rounded too (fake-quantized: the acceptance an int4 / int8 head
+would give; the record's setting ends in ``:head``). With ``--strategy vegas`` the draft is Vegas (the target over its selected cache) with its draft steps on the model's
 own weights (``full``) or on the rounded copy (``SpeculationConfig.draft_weights``), and ``vs_full`` compares the
 two at the same K and context (the issue's gate: int4 >= 0.9x); the record's setting ends in ``:vegas``.
 
@@ -32,6 +33,7 @@ import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
 from benchmarks.bench_e2e import _prompt_ids  # noqa: E402
 from hf_sparse_verify.generation.drafters.low_bit import low_bit_bytes, low_bit_copy  # noqa: E402
+from hf_sparse_verify.kernels.low_bit import fake_quantize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ["full", "int8", "int4"]
@@ -62,6 +64,18 @@ def acceptance(
         accepted_per_draft=accepted / proposed if proposed else None,
         steps=steps,
     )
+
+
+def rounded_head(head: torch.nn.Linear, weights: str, group_size: int) -> torch.nn.Linear:
+    """An untied ``nn.Linear`` with ``head``'s weight rounded through ``weights`` and back (`fake_quantize`): what a
+    low-bit output head computes, for acceptance only (its speed is not what this measures)."""
+    rounded = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    rounded = rounded.to(device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        rounded.weight.copy_(fake_quantize(head.weight, weights, group_size))
+        if head.bias is not None:
+            rounded.bias.copy_(head.bias)
+    return rounded
 
 
 def plot(record: dict, path: Path) -> None:
@@ -104,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding models/")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--strategy", default="draft_model", choices=("draft_model", "vegas"))
+    parser.add_argument(
+        "--round-head", action="store_true",
+        help="draft_model strategy: round the copies' output head too (fake-quantized, untied; what an int4 / int8 "
+        "head would compute), to see what it costs in acceptance",
+    )  # fmt: skip
     _records.add_arguments(parser, "low_bit_acceptance")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -116,6 +135,11 @@ def main(argv: list[str] | None = None) -> None:
         .eval()
     )
     drafts = {"full": target, **{w: low_bit_copy(target, w, args.group_size) for w in WEIGHTS[1:]}}
+    if args.round_head:
+        if args.strategy != "draft_model":
+            raise SystemExit("--round-head applies to the draft_model strategy's copies")
+        for weights in WEIGHTS[1:]:
+            drafts[weights].lm_head = rounded_head(target.lm_head, weights, args.group_size)
     texts = _prompt_ids(models / "prompts_long.jsonl", tokenizer)
     rows = []
     jobs = [(c, k, w) for c in args.contexts for k in args.ks for w in WEIGHTS]
@@ -148,9 +172,10 @@ def main(argv: list[str] | None = None) -> None:
         draft_weight_bytes={w: low_bit_bytes(target, w, args.group_size)["low_bit"] for w in WEIGHTS[1:]}
         | {"bf16": bf16},
         rows=rows,
+        round_head=args.round_head,
     )
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
-    suffix = "" if args.strategy == "draft_model" else f":{args.strategy}"
+    suffix = ("" if args.strategy == "draft_model" else f":{args.strategy}") + (":head" if args.round_head else "")
     path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}{suffix}")
     if path is not None:
         name = f"{path.stem}_g{args.group_size}{suffix.replace(':', '_')}.png"

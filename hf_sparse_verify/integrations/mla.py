@@ -9,8 +9,9 @@ computes in the absorbed form: the query's non-rotary part taken through ``W_UK`
 logits against the cached latent and rotary rows of the selected slots, the softmax-weighted latent rows taken
 through ``W_UV`` (the value half), then ``o_proj`` (`hf_sparse_verify.kernels.sparse_mla`). A verify step's queries
 share one read of the union of their selections (the merged schedule, papers/003), each query still attending to
-exactly its own top-k, so greedy output equals plain ``generate``. The indexer, its key cache and its top-k are the
-model's own. Prefill chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers'
+exactly its own top-k, so greedy output equals plain ``generate``. The indexer's projections, key cache, masking
+and top-k are the model's own; its scores come from `hsv::index_scores` (`kernels.index_scores`: no float32 copy of
+the cached keys, no per-head score tensor) where `_compat.indexer_rotary` knows the indexer's rotary. Prefill chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers'
 own ``expand_kv`` instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot
 against 192 + 128).
 
