@@ -120,3 +120,21 @@ def test_indexer_scored_by_the_kernel_selects_what_transformers_selects(model_ty
     assert calls and got.dtype == torch.int32 and got.shape == expected.shape == (2, 40, TOP_K)
     # the same set per query (topk's order among equal scores, e.g. the -inf of masked slots, may differ)
     assert torch.equal(got[:, TOP_K:].sort(-1).values, expected[:, TOP_K:].sort(-1).values)
+
+
+def test_an_indexer_class_without_a_known_rotary_keeps_its_own_forward(monkeypatch):
+    """Where `_compat.indexer_rotary` does not know the indexer's class, the replacement calls the indexer module
+    itself (and never the kernel); greedy output still equals plain ``generate``."""
+    from hf_sparse_verify import _compat
+
+    monkeypatch.setattr(_compat, "_INDEXER_ROTARY", {})
+    monkeypatch.setattr(mla, "index_scores", lambda *a: pytest.fail("index_scores called"))
+    model = dsa_model("deepseek_v32")
+    assert mla.SparseMLAAttention(model.model.layers[0].self_attn).indexer_rotary is None
+    ids, mask = _prompts(model.get_input_embeddings().weight.shape[0])
+    common = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(**common)
+        out = model.generate(**common, custom_generate=hsv.generate,
+                             speculation=dict(strategy="prompt_lookup", num_draft_tokens=3))  # fmt: skip
+    assert torch.equal(out, expected)
