@@ -151,7 +151,9 @@ class SparseMLAAttention(torch.nn.Module):
         if cache is not None:
             keys = cache.update_indexer(keys, ix.layer_idx)  # [B, L, D]
         weights = ix.weights_proj(hidden_states.to(ix.weights_proj.weight.dtype)).float() * ix.n_heads**-0.5
-        scores = index_scores(q, keys.to(q.dtype), weights, ix.softmax_scale)  # [B, q, L] float32
+        if keys.dtype != q.dtype:  # transformers scores in float32: a mixed pair is upcast, never rounded down
+            q, keys = q.float(), keys.float()
+        scores = index_scores(q, keys, weights, ix.softmax_scale)  # [B, q, L] float32
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
