@@ -86,6 +86,14 @@ def dot_in_float32(dtype: torch.dtype) -> bool:
     return interpreting() and dtype == torch.bfloat16
 
 
+def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
+    """``(upcast, input_precision)`` for a kernel's ``tl.dot`` on ``dtype`` operands: whether to upcast them to
+    float32 (`dot_in_float32`), and ``"ieee"`` where the dot then runs on float32 operands (exact, as the references
+    compute), ``"tf32"`` otherwise (where it changes nothing for 16-bit operands)."""
+    upcast = dot_in_float32(dtype)
+    return upcast, "ieee" if dtype == torch.float32 or upcast else "tf32"
+
+
 # ---- programmatic dependent launch ---------------------------------------------------------------------------------
 # On Hopper and newer, a kernel launched with PDL may be scheduled while the kernel before it on the stream is still
 # running; it waits inside (``griddepcontrol.wait``) for that kernel to finish and flush its writes. The launch and

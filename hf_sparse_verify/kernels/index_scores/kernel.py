@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import dot_in_float32, next_power_of_2, on_input_device, pdl_launch, pdl_wait
+from .._triton import dot_settings, next_power_of_2, on_input_device, pdl_launch, pdl_wait
 
 #: launch settings (not yet swept on a GPU): keys per program and queries per program
 TILES = {"block_l": 64, "block_s": 8, "num_warps": 4, "num_stages": 2}
@@ -73,8 +73,7 @@ def index_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tens
         return out
     block_s = min(TILES["block_s"], next_power_of_2(q_len))
     grid = (batch, triton.cdiv(q_len, block_s), triton.cdiv(kv_len, TILES["block_l"]))
-    dot_f32 = dot_in_float32(q.dtype)
-    precision = "ieee" if q.dtype == torch.float32 or dot_f32 else "tf32"
+    dot_f32, precision = dot_settings(q.dtype)
     _index_scores_fwd[grid](
         q, keys, weights, out,
         *q.stride(), *keys.stride(), *weights.stride(), *out.stride(),

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .._triton import (
-    dot_in_float32,
+    dot_settings,
     merge_splits,
     multiprocessors,
     next_power_of_2,
@@ -248,8 +248,7 @@ def sparse_mla_triton(
         lse = torch.empty(programs, splits, block_m, dtype=torch.float32, device=q_lat.device)
     else:
         partial, lse = out, out
-    dot_f32 = dot_in_float32(q_lat.dtype)
-    precision = "ieee" if q_lat.dtype == torch.float32 or dot_f32 else "tf32"
+    dot_f32, precision = dot_settings(q_lat.dtype)
     block_r = max(16, next_power_of_2(lat_dim))
     _sparse_mla_fwd[(programs, splits)](
         q_lat, q_rot, latent, rot, slots, bits, count, partial, lse,

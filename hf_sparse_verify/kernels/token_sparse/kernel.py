@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .._triton import (
-    interpreting,
+    dot_settings,
     merge_splits,
     multiprocessors,
     next_power_of_2,
@@ -250,8 +250,7 @@ def token_sparse_attention_triton(
     else:
         partial, lse = out, out
     # Triton's CPU interpreter computes tl.dot on bfloat16 operands wrongly (seen with triton 3.9): upcast there
-    dot_f32 = interpreting() and query.dtype == torch.bfloat16
-    precision = "ieee" if query.dtype == torch.float32 or dot_f32 else "tf32"
+    dot_f32, precision = dot_settings(query.dtype)
     _token_sparse_fwd[(batch * kv_heads, splits)](
         query,
         key,
