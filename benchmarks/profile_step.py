@@ -4,6 +4,7 @@
 
 ``python benchmarks/profile_step.py --context 1024 --new-tokens 1``; ``--batch 4 --context
 65536 --new-tokens 7 --vegas-scores`` profiles a Vegas verify step (Collect-2-Query softmax-weight scores);
+``--draft-weights int4`` a full-KV draft step on a low-bit copy of the weights;
 ``--context 65536 --new-tokens 16 --sparse attn_reuse_ffn75`` a LOSSY sparse verify step of one of
 `bench_sparse_verify`'s settings (set up as there). Run with ``HF_SPARSE_VERIFY_PDL=0`` to attribute time to kernels:
 under PDL a kernel's span includes its wait for the kernel before it.
@@ -59,6 +60,11 @@ def main() -> None:
     parser.add_argument(
         "--sparse", help="a setting of benchmarks/bench_sparse_verify.py (LOSSY sparse verify)"
     )
+    parser.add_argument(
+        "--draft-weights", choices=("int8", "int4"),
+        help="profile a full-KV draft step of a low-bit copy of the weights (the low_bit strategy's draft)",
+    )  # fmt: skip
+    parser.add_argument("--layout", default="auto", help="LowBitLinear layout of --draft-weights")
     parser.add_argument("--steps", type=int, default=10)
     _records.add_arguments(parser, "step_profile")
     args = parser.parse_args()
@@ -72,6 +78,12 @@ def main() -> None:
         at = torch.full((batch,), args.context, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
         fill_random_kv(runner.cache)
+        phase = Phase.VERIFY
+        if args.draft_weights:
+            from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
+
+            runner.draft_weights = low_bit_copy(model, args.draft_weights, 128, args.layout)
+            phase = Phase.DRAFT
         scores = None
         if args.vegas_scores:
             scores = ScoreCollection("two_rows", weights=True)
@@ -79,7 +91,7 @@ def main() -> None:
             scores.fix_buffers(
                 {layer: ((batch, runner.cache.capacity), d) for layer, d in enumerate(devices)}
             )
-        assert runner.capture([width])
+        assert runner.capture([width], phase)
         if scores is not None:
             assert runner.capture([width], Phase.VERIFY, scores=scores)
         sparsity = _sparse_state(args.sparse, model, runner, at, width, device) if args.sparse else None
@@ -87,12 +99,18 @@ def main() -> None:
             assert runner.capture([width], Phase.VERIFY, verify_sparsity=sparsity)
         ids = torch.randint(0, 1000, (batch, width), device=device)
         step = functools.partial(
-            runner.forward, ids, at, Phase.VERIFY, kv_len=args.context + width, scores=scores,
+            runner.forward, ids, at, phase, kv_len=args.context + width, scores=scores,
             verify_sparsity=sparsity,
         )  # fmt: skip
         for _ in range(3):
             step()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(args.steps):
+            step()
+        end.record()
         torch.cuda.synchronize()
+        wall_ms = begin.elapsed_time(end) / args.steps  # back to back: kernels and the gaps between them
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
                 step()
@@ -101,7 +119,8 @@ def main() -> None:
     total = sum(r["us_per_step"] for r in rows)
     count = sum(r["calls_per_step"] for r in rows)
     print(
-        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores} sparse {args.sparse}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time"
+        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores} sparse {args.sparse} draft weights {args.draft_weights} {args.layout}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time, "
+        f"{wall_ms:.3f} ms per step back to back"
     )
     for r in rows[:25]:
         print(f"{r['us_per_step']:9.1f} us  {r['calls_per_step']:6.1f}x  {r['kernel']}")
@@ -109,7 +128,7 @@ def main() -> None:
         setting = f"{args.shape} {args.batch}x{args.context} new {args.new_tokens}"
         _records.save(
             args,
-            dict(args=vars(args), kernels=count, gpu_ms=total / 1000, rows=rows),
+            dict(args=vars(args), kernels=count, gpu_ms=total / 1000, wall_ms=wall_ms, rows=rows),
             device,
             setting=setting,
         )

@@ -254,3 +254,15 @@ def test_int4_copy_of_a_bf16_model_on_cuda_drafts_through_tinygemm():
 
     with_tinygemm, with_ours = acceptance(fast), acceptance(ours)
     assert with_tinygemm > 1.5 and with_tinygemm >= 0.8 * with_ours
+
+
+def test_a_captured_draft_step_on_low_bit_weights_is_not_taken_for_the_models_own_step():
+    """A step without slots serves every phase, unless draft steps run a low-bit copy: then a draft graph
+    holds the copy's forward and a verify graph of the same width the model's."""
+    from hf_sparse_verify.generation.engine.graphs import StepGraphs
+    from hf_sparse_verify.step import Phase
+
+    assert StepGraphs._key(Phase.DRAFT, 1, {}) == StepGraphs._key(Phase.VERIFY, 1, {})
+    draft = StepGraphs._key(Phase.DRAFT, 1, {}, draft_weights=True)
+    assert draft != StepGraphs._key(Phase.VERIFY, 1, {}, draft_weights=True)
+    assert StepGraphs._key(Phase.VERIFY, 1, {}, draft_weights=True) == StepGraphs._key(Phase.VERIFY, 1, {})

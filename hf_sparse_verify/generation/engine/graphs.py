@@ -125,17 +125,21 @@ class StepGraphs:
         self.captures = 0
 
     @staticmethod
-    def _key(phase: Phase, width: int, slots: dict) -> tuple:
+    def _key(phase: Phase, width: int, slots: dict, draft_weights: bool = False) -> tuple:
+        """``draft_weights``: draft steps run their own weights (`ModelRunner.draft_weights`), not the model's."""
         present = tuple(id(v) for v in slots.values() if v is not None)
-        if not present:
+        if not present and not (draft_weights and phase is Phase.DRAFT):
             return (None, width, ())  # a step without slots serves every phase
         return (phase, width, present)
+
+    def key(self, phase: Phase, width: int, slots: dict) -> tuple:
+        return self._key(phase, width, slots, self.runner.draft_weights is not None)
 
     def add(self, widths, phase: Phase, slots: dict) -> None:
         """Capture ``phase`` steps of each width in ``widths`` not captured yet (largest first: the pool is sized
         by the largest step and the smaller ones reuse it)."""
         begin = time.perf_counter()
-        todo = [w for w in sorted(set(widths), reverse=True) if self._key(phase, w, slots) not in self.graphs]
+        todo = [w for w in sorted(set(widths), reverse=True) if self.key(phase, w, slots) not in self.graphs]
         for width in todo:
             self._capture_one(width, phase, slots)
         if todo:
@@ -158,7 +162,7 @@ class StepGraphs:
                 f"capturing a {phase.value} step of width {width}: {type(err).__name__}: {err}"
             ) from err
         kept = tuple(v for v in slots.values() if v is not None)
-        self.graphs[self._key(phase, width, slots)] = _Graph(graph, ids, logits, kept)
+        self.graphs[self.key(phase, width, slots)] = _Graph(graph, ids, logits, kept)
 
     def _step(self, ids: torch.Tensor, phase: Phase, slots: dict) -> torch.Tensor:
         """The forward that gets captured: everything derived from ``start`` is computed inside the graph."""
@@ -175,7 +179,7 @@ class StepGraphs:
         return runner.run_model(ids, step)
 
     def find(self, phase: Phase, width: int, slots: dict) -> _Graph | None:
-        return self.graphs.get(self._key(phase, width, slots))
+        return self.graphs.get(self.key(phase, width, slots))
 
     def replay(self, entry: _Graph, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Run a captured step; returns its static ``[B, W, V]`` logits buffer."""
