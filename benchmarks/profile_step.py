@@ -71,19 +71,20 @@ def main() -> None:
     device = torch.device("cuda")
     model = random_model(args.shape, device, torch.bfloat16)
     width = args.new_tokens
-    with speculation_mode(model, mode=Mode(fused=True)) as switched, switched.decoding_experts():
+    copies = []  # a low-bit copy is made from the model as it is and switched with it, as `generate` does
+    if args.draft_weights:
+        from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
+
+        copies.append(low_bit_copy(model, args.draft_weights, 128, args.layout))
+    with speculation_mode(model, *copies, mode=Mode(fused=True)) as switched, switched.decoding_experts():
         batch = args.batch
         runner = ModelRunner(model, batch, args.context + 16, device, "triton")
         zero = torch.zeros(batch, dtype=torch.long, device=device)
         at = torch.full((batch,), args.context, dtype=torch.long, device=device)
         runner.forward(torch.zeros(batch, 1, dtype=torch.long, device=device), zero, Phase.PREFILL, kv_len=1)
         fill_random_kv(runner.cache)
-        phase = Phase.VERIFY
-        if args.draft_weights:
-            from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
-
-            runner.draft_weights = low_bit_copy(model, args.draft_weights, 128, args.layout)
-            phase = Phase.DRAFT
+        phase = Phase.DRAFT if copies else Phase.VERIFY
+        runner.draft_weights = copies[0] if copies else None
         scores = None
         if args.vegas_scores:
             scores = ScoreCollection("two_rows", weights=True)
