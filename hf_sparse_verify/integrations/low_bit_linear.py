@@ -1,8 +1,12 @@
 """`LowBitLinear`: a linear layer whose weight is stored in int8 or packed int4 and applied by a weight-only
-low-bit matmul (`hf_sparse_verify.kernels.low_bit`). The layers of a low-bit draft copy
-(`hf_sparse_verify.generation.drafters.low_bit.low_bit_copy`); `FusedQKVAttention` takes them as projections."""
+low-bit matmul (`hf_sparse_verify.kernels.low_bit`), and `LowBitRows`, a block of output rows of one that stacks
+several projections (a layer's q / k / v, or gate / up: one launch where the replacement modules run them
+together). The layers of a low-bit draft copy (`hf_sparse_verify.generation.drafters.low_bit.low_bit_copy`);
+`FusedQKVAttention` and `LowBitGatedMLP` take them as projections."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -57,6 +61,47 @@ class LowBitLinear(torch.nn.Module):
             return tinygemm_linear(x, self.stored, self.scales, self.group_size, self.bias)
         return low_bit_linear(x, self.stored, self.scales, self.fmt, self.group_size, self.bias)
 
+    @classmethod
+    def stack(cls, layers: Sequence[LowBitLinear]) -> LowBitLinear:
+        """One layer computing ``layers`` side by side (their outputs concatenated, in order): the stored weights
+        and scales joined along the output channels (both layouts keep each output channel's data apart, in
+        tinygemm's case in tiles of 8 channels), so it applies exactly their weights. The layers must share
+        format, group, layout, input size and device; a missing bias counts as zeros."""
+        first = layers[0]
+        same = {(m.fmt, m.group_size, m.layout, m.in_features, m.stored.device) for m in layers}
+        if len(same) != 1:
+            raise ValueError(
+                f"stacking low-bit layers needs one format, group, layout, input size and device; got {same}"
+            )
+        axis = 1 if first.layout == "tinygemm" else 0  # the scales' output-channel axis
+        stacked = cls.__new__(cls)
+        torch.nn.Module.__init__(stacked)
+        stacked.register_buffer("stored", torch.cat([m.stored for m in layers]))
+        stacked.register_buffer("scales", torch.cat([m.scales for m in layers], dim=axis).contiguous())
+        biases = [m.bias for m in layers]
+        stacked.bias = None
+        if any(b is not None for b in biases):
+            like = next(b for b in biases if b is not None)
+            stacked.bias = torch.nn.Parameter(
+                torch.cat(
+                    [b if b is not None else like.new_zeros(m.out_features) for b, m in zip(biases, layers)]
+                ),
+                requires_grad=False,
+            )
+        stacked.fmt, stacked.group_size, stacked.layout = first.fmt, first.group_size, first.layout
+        stacked.in_features, stacked.out_features = first.in_features, sum(m.out_features for m in layers)
+        return stacked
+
+    def forward_rows(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Output channels ``start:stop`` of `forward` (only those rows of the weight are read)."""
+        bias = self.bias[start:stop] if self.bias is not None else None
+        if self.layout == "tinygemm":  # packed in tiles of 8 output channels; the scales [groups, out, 2]
+            stored, scales = self.stored[start // 8 : stop // 8], self.scales[:, start:stop].contiguous()
+            return tinygemm_linear(x, stored, scales, self.group_size, bias)
+        return low_bit_linear(
+            x, self.stored[start:stop], self.scales[start:stop], self.fmt, self.group_size, bias
+        )
+
     def dequantized(self, dtype=torch.float32) -> torch.Tensor:
         """The ``[out, in]`` weight the layer applies (in ``dtype``; the tinygemm layout reads it back through
         its kernel)."""
@@ -70,3 +115,59 @@ class LowBitLinear(torch.nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, "
             f"group {self.group_size}, {self.layout}"
         )
+
+
+class LowBitRows(torch.nn.Module):
+    """Output channels ``start:stop`` of a stacked `LowBitLinear` (``whole``, see `LowBitLinear.stack`), used as one
+    projection: it computes (and reads) only its rows. Modules that run all of a stack's projections together
+    (`FusedQKVAttention`, `LowBitGatedMLP`) call ``whole`` once instead.
+
+    Args:
+        whole: the stacked layer (shared by the parts of the stack; a submodule of each).
+        start, stop: this projection's output channels in it (multiples of 8 in the tinygemm layout).
+    """
+
+    def __init__(self, whole: LowBitLinear, start: int, stop: int):
+        super().__init__()
+        if not 0 <= start < stop <= whole.out_features or (
+            whole.layout == "tinygemm" and (start % 8 or stop % 8)
+        ):
+            raise ValueError(
+                f"rows {start}:{stop} are not a block of the {whole.out_features} output channels"
+            )
+        self.whole = whole
+        self.start, self.stop = start, stop
+        self.fmt, self.group_size, self.layout = whole.fmt, whole.group_size, whole.layout
+        self.in_features, self.out_features = whole.in_features, stop - start
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.whole.bias[self.start : self.stop] if self.whole.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.whole.forward_rows(x, self.start, self.stop)
+
+    def dequantized(self, dtype=torch.float32) -> torch.Tensor:
+        return self.whole.dequantized(dtype)[self.start : self.stop]
+
+    def extra_repr(self) -> str:
+        return f"rows {self.start}:{self.stop} of the stack"
+
+
+#: the module types of a low-bit copy's projections
+LOW_BIT_LAYERS = (LowBitLinear, LowBitRows)
+
+
+def stacked_whole(parts: Sequence[torch.nn.Module]) -> LowBitLinear | None:
+    """The stacked layer ``parts`` are, in order and together, the whole of (`LowBitRows` of one `LowBitLinear`,
+    back to back from its first channel to its last), else None."""
+    if not parts or not all(isinstance(p, LowBitRows) for p in parts):
+        return None
+    whole = parts[0].whole
+    bounds = [0, *(p.stop for p in parts)]
+    if (
+        any(p.whole is not whole or p.start != bounds[i] for i, p in enumerate(parts))
+        or bounds[-1] != whole.out_features
+    ):
+        return None
+    return whole

@@ -31,6 +31,7 @@ from ..kernels._triton import compiled_on
 from ..kernels.sparse_ffn import channel_mask_naive, gated_act, sparse_ffn
 from ..kernels.sparse_ffn import op as ffn_op
 from ..step import current_step
+from .low_bit_linear import LOW_BIT_LAYERS, stacked_whole
 
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked against transformers
 #: 5.23.0's source; Qwen2MoeMLP / Qwen3MoeMLP are the shared expert and the dense layers of the MoE models). An
@@ -56,6 +57,41 @@ def replaceable_mlp(module: torch.nn.Module) -> bool:
     if not all(type(p) is torch.nn.Linear for p in projections):  # e.g. a low-bit draft's LowBitLinear
         return False
     return type(module.act_fn).__name__ in SILU_ACTIVATIONS and all(p.bias is None for p in projections)
+
+
+def replaceable_low_bit_mlp(module: torch.nn.Module) -> bool:
+    """Whether `LowBitGatedMLP` computes what ``module`` computes: an allow-listed class with SiLU whose ``gate_proj``
+    and ``up_proj`` are together one stacked low-bit layer (`low_bit_copy`), ``down_proj`` low-bit, no biases."""
+    if type(module).__name__ not in REPLACEABLE:
+        return False
+    gate, up, down = (getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj"))
+    if stacked_whole([gate, up]) is None or not isinstance(down, LOW_BIT_LAYERS):
+        return False
+    return type(module.act_fn).__name__ in SILU_ACTIVATIONS and all(p.bias is None for p in (gate, up, down))
+
+
+class LowBitGatedMLP(torch.nn.Module):
+    """Stand-in for the gated MLP of a low-bit draft copy (`replaceable_low_bit_mlp`): gate and up in one low-bit
+    launch of their stacked layer, then ``down(act(gate) * up)`` as the original computes it. Shares the original's
+    projections."""
+
+    reads = ("gate_proj", "up_proj", "down_proj", "act_fn")
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__()
+        if not replaceable_low_bit_mlp(original):
+            raise ValueError(
+                f"{type(original).__name__} is not a bias-free SiLU gated MLP of {sorted(REPLACEABLE)} whose gate "
+                "and up are one stacked low-bit layer; leave it in place"
+            )
+        self.gate_proj, self.up_proj = original.gate_proj, original.up_proj
+        self.down_proj, self.act_fn = original.down_proj, original.act_fn
+        self._gate_up = stacked_whole([self.gate_proj, self.up_proj])
+        self._inner = self.gate_proj.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate_up(x).split(self._inner, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class GatedMLP(torch.nn.Module):

@@ -30,7 +30,7 @@ from ..kernels.qkv_rope import MAX_ROWS, qkv_proj, rope_qk, rope_qk_cache, row_l
 from ..kernels.qkv_rope.naive import rotate_half
 from ..kernels.qkv_rope.tiles import linear_block_n, proj_block_n
 from .gptj import _no_eager
-from .low_bit_linear import LowBitLinear
+from .low_bit_linear import LOW_BIT_LAYERS, stacked_whole
 
 #: ``o_proj`` of fused steps on the Triton `row_linear` (one launch, overlapping its neighbours through programmatic
 #: dependent launch) rather than ``nn.Linear`` (cuBLAS split-K + reduction); benchmarks switch it for A/B runs
@@ -59,14 +59,14 @@ _QK_NORM = frozenset({"Qwen3Attention", "Qwen3MoeAttention"})
 
 def replaceable_attention(module: torch.nn.Module) -> bool:
     """Whether `FusedQKVAttention` computes what ``module`` computes: an allow-listed class whose four projections
-    are all ``nn.Linear`` or all `LowBitLinear` (a low-bit draft copy's; biases on all of q/k/v or none) and, for
-    the Qwen3 classes, RMSNorms with ``variance_epsilon``."""
+    are all ``nn.Linear`` or all low-bit (`LowBitLinear` or `LowBitRows`: a low-bit draft copy's; biases on all of
+    q/k/v or none) and, for the Qwen3 classes, RMSNorms with ``variance_epsilon``."""
     name = type(module).__name__
     if name not in REPLACEABLE:
         return False
     projections = [getattr(module, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
     kinds = {type(p) for p in projections}
-    if kinds != {torch.nn.Linear} and kinds != {LowBitLinear}:
+    if kinds != {torch.nn.Linear} and not kinds <= set(LOW_BIT_LAYERS):
         return False
     if len({p.bias is None for p in projections[:3]}) != 1:
         return False
@@ -120,7 +120,10 @@ class FusedQKVAttention(torch.nn.Module):
         self._passes_window = source is not None
         # a low-bit draft copy's projections run the low-bit matmul (one launch each); the rotary, cache-write and
         # output paths are the same as for the model's own weights
-        self.low_bit = isinstance(self.q_proj, LowBitLinear)
+        self.low_bit = isinstance(self.q_proj, LOW_BIT_LAYERS)
+        # a copy that stacks q / k / v (`low_bit_copy`): one launch for the three
+        self._qkv = stacked_whole([self.q_proj, self.k_proj, self.v_proj]) if self.low_bit else None
+        self._qkv_sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
         self._block_n = proj_block_n(self.q_proj.out_features, self.k_proj.out_features)
         self._out_block_n = linear_block_n(self.o_proj.out_features)
 
@@ -140,6 +143,10 @@ class FusedQKVAttention(torch.nn.Module):
         biases = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
         if x.shape[0] <= MAX_ROWS and self._block_n is not None and not self.low_bit:
             q, k, v = qkv_proj(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, *biases)
+        elif (
+            self._qkv is not None
+        ):  # views of one [T, q + k + v] output (the rotary kernels take row strides)
+            q, k, v = self._qkv(x).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         norms = [n.weight if n is not None else None for n in (self.q_norm, self.k_norm)]

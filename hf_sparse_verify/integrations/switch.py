@@ -245,6 +245,14 @@ def _norm(module, walk: _Walk):
 
 def _mlp(module, walk: _Walk):
     if (
+        walk.layer is not None
+        and mlp.replaceable_low_bit_mlp(module)
+        and walk.fused("mlp")
+        and compiled_on(_device(module.gate_proj))
+        and swappable(module, in_layer=walk.in_one_device_layer())
+    ):
+        return mlp.LowBitGatedMLP(module)
+    if (
         walk.layer is None
         or not mlp.replaceable_mlp(module)
         or not swappable(module, in_layer=walk.in_one_device_layer())
@@ -278,7 +286,10 @@ ATTENTION_REPLACEMENTS = (
     (mpt.replaceable_attention, mpt.MptAttentionDispatch),
     (xglm.replaceable_attention, xglm.XGLMAttentionDispatch),
     (gpt_neox_japanese.replaceable_attention, gpt_neox_japanese.GPTNeoXJapaneseAttentionDispatch),
-    (mla.replaceable_attention, mla.SparseMLAAttention),  # DSA in MLA's latent space: reads only selected rows
+    (
+        mla.replaceable_attention,
+        mla.SparseMLAAttention,
+    ),  # DSA in MLA's latent space: reads only selected rows
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
@@ -343,7 +354,9 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
 
     visit(model)
     # consecutive fused decoder layers on one device share a launch across their boundary (`FusedDecoderLayer.link`)
-    fused = {id(original): new for _, _, original, new in swaps if isinstance(new, decoder_layer.FusedDecoderLayer)}
+    fused = {
+        id(original): new for _, _, original, new in swaps if isinstance(new, decoder_layer.FusedDecoderLayer)
+    }
     for i, (layer, following) in enumerate(zip(layers or [], (layers or [])[1:])):
         first, second = fused.get(id(layer)), fused.get(id(following))
         if first is not None and second is not None and {i, i + 1} <= one_device:

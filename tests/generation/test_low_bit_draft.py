@@ -13,6 +13,7 @@ import hf_sparse_verify as hsv
 import hf_sparse_verify.generation.drafters.low_bit as low_bit
 from hf_sparse_verify.generation.drafters.low_bit import (
     LowBitLinear,
+    LowBitRows,
     draft_weight_bytes,
     low_bit_bytes,
     low_bit_copy,
@@ -21,13 +22,22 @@ from hf_sparse_verify.generation.drafters.low_bit import (
 from hf_sparse_verify.kernels.low_bit import fake_quantize
 
 
+def projections(draft):
+    """``{name: layer}`` of a low-bit copy's projections (`LowBitLinear` or `LowBitRows` of a stacked one)."""
+    return {
+        n: m
+        for n, m in draft.named_modules()
+        if isinstance(m, (LowBitLinear, LowBitRows)) and not n.endswith(".whole")
+    }
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_greedy_with_a_low_bit_draft_equals_plain_generate(weights):
     model = make_model("llama")
     before = {n: p.clone() for n, p in model.named_parameters()}
     draft = low_bit_copy(model, weights, group_size=16)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the target is untouched
-    rounded = {n: m for n, m in draft.named_modules() if isinstance(m, LowBitLinear)}
+    rounded = projections(draft)
     assert sorted(rounded) == sorted(n for n, _ in low_bit_linears(model)) and not low_bit_linears(draft)
     for name, module in rounded.items():  # each applies its weight rounded through the format
         original = model.get_submodule(name).weight
@@ -55,8 +65,7 @@ def test_int4_draft_rounds_more_than_int8():
         draft = low_bit_copy(model, weights, group_size=16)
         errors[weights] = sum(
             float((m.dequantized() - model.get_submodule(n).weight).detach().abs().mean())
-            for n, m in draft.named_modules()
-            if isinstance(m, LowBitLinear)
+            for n, m in projections(draft).items()
         )
     assert 0 < errors["int8"] < errors["int4"]
 
@@ -103,7 +112,9 @@ def test_low_bit_strategy_equals_plain_generate_and_makes_its_copy_once(weights)
     copies = low_bit._COPIES[model]
     assert list(copies) == [(weights, 16)]  # one copy, reused by the second call
     assert all(
-        isinstance(m, LowBitLinear) for n, m in copies[(weights, 16)].named_modules() if n.endswith("up_proj")
+        isinstance(m, LowBitRows)
+        for n, m in projections(copies[(weights, 16)]).items()
+        if n.endswith("up_proj")
     )
 
 
@@ -196,8 +207,40 @@ def test_fused_attention_takes_a_low_bit_copys_projections():
     expected, _ = attention(hidden, cos_sin, None)
     got, _ = fused(hidden, cos_sin, None)
     torch.testing.assert_close(got, expected)
+    # q / k / v are one stacked layer: the fused projection runs it once and splits its output
+    assert fused._qkv is attention.q_proj.whole
+    rows, cos, sin = hidden.reshape(10, 64), cos_sin[0].reshape(10, -1), cos_sin[1].reshape(10, -1)
+    stacked = fused._project_fused(rows, cos, sin)
+    fused._qkv = None  # the three projections one by one
+    for a, b in zip(stacked, fused._project_fused(rows, cos, sin)):
+        torch.testing.assert_close(a, b)
     attention.o_proj = target.model.layers[0].self_attn.o_proj  # a mix of low-bit and bf16 projections
     assert not replaceable_attention(attention)
+
+
+def test_low_bit_mlp_runs_gate_and_up_as_one_layer():
+    """A copy's MLP (gate and up one stacked layer) is replaceable by `LowBitGatedMLP`, which computes what the
+    copy's own MLP computes; a copy made without stacking keeps transformers' MLP."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_sparse_verify.integrations.mlp import LowBitGatedMLP, replaceable_low_bit_mlp, replaceable_mlp
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    target = LlamaForCausalLM(config).eval()
+    for weights in ("int8", "int4"):
+        mlp = low_bit_copy(target, weights, group_size=32).model.layers[0].mlp
+        assert replaceable_low_bit_mlp(mlp) and not replaceable_mlp(mlp)
+        x = torch.randn(2, 5, 64)
+        torch.testing.assert_close(LowBitGatedMLP(mlp)(x), mlp(x))
+        apart = low_bit_copy(target, weights, group_size=32, stack=False).model.layers[0].mlp
+        assert not replaceable_low_bit_mlp(apart) and isinstance(apart.up_proj, LowBitLinear)
+        torch.testing.assert_close(apart(x), mlp(x))  # stacking changes no value
+    with pytest.raises(ValueError, match="leave it in place"):
+        LowBitGatedMLP(apart)
 
 
 def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
@@ -206,6 +249,7 @@ def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from hf_sparse_verify.integrations import switch
+    from hf_sparse_verify.integrations.mlp import LowBitGatedMLP
     from hf_sparse_verify.integrations.qkv_attention import FusedQKVAttention
 
     config = LlamaConfig(
@@ -214,9 +258,12 @@ def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
     )  # fmt: skip
     copy = low_bit_copy(LlamaForCausalLM(config).eval(), "int4", group_size=32)
     monkeypatch.setattr(switch, "compiled_on", lambda device: True)
-    replacements = [swap[3] for swap in switch.plan_swaps(copy, switch.Mode(fused=True))]  # (parent, name, old, new)
+    replacements = [
+        swap[3] for swap in switch.plan_swaps(copy, switch.Mode(fused=True))
+    ]  # (parent, name, old, new)
     fused = [r for r in replacements if isinstance(r, FusedQKVAttention)]
-    assert len(fused) == 2 and all(r.low_bit for r in fused)
+    assert len(fused) == 2 and all(r.low_bit and r._qkv is not None for r in fused)
+    assert sum(isinstance(r, LowBitGatedMLP) for r in replacements) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="tinygemm runs on CUDA only")
@@ -266,3 +313,30 @@ def test_a_captured_draft_step_on_low_bit_weights_is_not_taken_for_the_models_ow
     draft = StepGraphs._key(Phase.DRAFT, 1, {}, draft_weights=True)
     assert draft != StepGraphs._key(Phase.VERIFY, 1, {}, draft_weights=True)
     assert StepGraphs._key(Phase.VERIFY, 1, {}, draft_weights=True) == StepGraphs._key(Phase.VERIFY, 1, {})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused modules run on CUDA")
+def test_stacked_low_bit_copy_on_cuda_computes_what_the_unstacked_one_does():
+    """Switched in, the stacked int4 copy (q / k / v and gate / up each one tinygemm launch, through
+    `FusedQKVAttention` and `LowBitGatedMLP`) gives the logits of the copy made without stacking."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_sparse_verify.integrations import Mode, speculation_mode
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().to("cuda", torch.bfloat16)
+    stacked, apart = low_bit_copy(model, "int4", 64), low_bit_copy(model, "int4", 64, stack=False)
+    ids = torch.randint(0, 256, (2, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        expected = apart(ids).logits.float()
+        with speculation_mode(stacked, mode=Mode(attention=False)) as switched:
+            assert (
+                switched.counts.get("LowBitGatedMLP") == 2 and switched.counts.get("FusedQKVAttention") == 2
+            )
+            got = stacked(ids).logits.float()
+    assert float((got - expected).abs().max() / expected.abs().max()) < 2e-2
+    assert float((got.argmax(-1) == expected.argmax(-1)).float().mean()) > 0.9

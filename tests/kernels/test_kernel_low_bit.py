@@ -246,4 +246,70 @@ def test_tinygemm_layout_is_picked_only_where_it_runs():
     assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int8").layout == "packed"
     assert LowBitLinear(_linear(60, 256, torch.bfloat16, "cuda"), "int4", 64).layout == "packed"  # out % 8
     assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int4", 16).layout == "packed"  # group
-    assert LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int4", 64, layout="packed").layout == "packed"
+    assert (
+        LowBitLinear(_linear(64, 256, torch.bfloat16, "cuda"), "int4", 64, layout="packed").layout == "packed"
+    )
+
+
+# ---- stacked projections (q / k / v, gate / up of a low-bit copy): one layer, each part its own rows ----
+
+
+def _stack_case(fmt, group, device, dtype, biases=(False, True, False)):
+    from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear, LowBitRows
+
+    outs = (64, 16, 16) if device == "cpu" else (1024, 256, 256)
+    linears = [
+        _linear(out, 256, dtype, device, bias=b, seed=i) for i, (out, b) in enumerate(zip(outs, biases))
+    ]
+    layers = [LowBitLinear(linear, fmt, group) for linear in linears]
+    whole = LowBitLinear.stack(layers)
+    bounds = [0, *torch.tensor(outs).cumsum(0).tolist()]
+    parts = [LowBitRows(whole, a, b) for a, b in zip(bounds, bounds[1:])]
+    return layers, whole, parts
+
+
+def _check_stack(layers, whole, parts, x, tol):
+    for layer, part in zip(layers, parts):  # each part applies exactly its layer's weight
+        assert torch.equal(part.dequantized(), layer.dequantized())
+        torch.testing.assert_close(part(x).float(), layer(x).float(), rtol=tol, atol=tol)
+        expected = layer.bias if layer.bias is not None else torch.zeros_like(part.bias)  # a missing one is zeros
+        assert torch.equal(part.bias, expected)
+    joined = torch.cat([layer(x) for layer in layers], dim=-1)
+    torch.testing.assert_close(whole(x).float(), joined.float(), rtol=tol, atol=tol)
+    assert whole.stored.nbytes == sum(m.stored.nbytes for m in layers)  # nothing added
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 32), ("int4", 128)])
+def test_stacked_layer_computes_its_parts(fmt, group):
+    """A stack of q / k / v-like layers (one with a bias) computes their outputs side by side, and each of its
+    `LowBitRows` reads and computes only its own layer."""
+    layers, whole, parts = _stack_case(fmt, group, "cpu", torch.float32)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(1))
+    _check_stack(layers, whole, parts, x, 1e-5)
+
+
+def test_stacks_say_what_does_not_fit():
+    from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear, LowBitRows, stacked_whole
+
+    a = LowBitLinear(_linear(16, 256, torch.float32, "cpu"), "int4", 32)
+    with pytest.raises(ValueError, match="one format, group"):
+        LowBitLinear.stack([a, LowBitLinear(_linear(16, 128, torch.float32, "cpu"), "int4", 32)])
+    with pytest.raises(ValueError, match="one format, group"):
+        LowBitLinear.stack([a, LowBitLinear(_linear(16, 256, torch.float32, "cpu"), "int8")])
+    whole = LowBitLinear.stack([a, a])
+    with pytest.raises(ValueError, match="not a block"):
+        LowBitRows(whole, 8, 40)
+    first, second = LowBitRows(whole, 0, 16), LowBitRows(whole, 16, 32)
+    assert stacked_whole([first, second]) is whole
+    assert stacked_whole([second, first]) is None and stacked_whole([first]) is None  # order, whole span
+    assert stacked_whole([a, second]) is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 5])
+def test_stacked_tinygemm_layer_computes_its_parts(rows):
+    """The same in tinygemm's layout, whose packed weight holds output channels in tiles of 8."""
+    layers, whole, parts = _stack_case("int4", 128, "cuda", torch.bfloat16)
+    assert {m.layout for m in layers} == {"tinygemm"} == {whole.layout}
+    x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+    _check_stack(layers, whole, parts, x, 2e-2)
