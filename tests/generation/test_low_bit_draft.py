@@ -333,7 +333,9 @@ def test_stacked_low_bit_copy_on_cuda_computes_what_the_unstacked_one_does():
     ids = torch.randint(0, 256, (2, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     with torch.no_grad():
         expected = apart(ids).logits.float()
-        with speculation_mode(stacked, mode=Mode(attention=False)) as switched:
+        with speculation_mode(
+            stacked, mode=Mode(attention=False, fused=True, fused_parts=frozenset({"attention", "mlp"}))
+        ) as switched:
             assert (
                 switched.counts.get("LowBitGatedMLP") == 2 and switched.counts.get("FusedQKVAttention") == 2
             )
