@@ -65,6 +65,9 @@ def main() -> None:
         help="profile a full-KV draft step of a low-bit copy of the weights (the low_bit strategy's draft)",
     )  # fmt: skip
     parser.add_argument("--layout", default="auto", help="LowBitLinear layout of --draft-weights")
+    parser.add_argument(
+        "--no-stack", action="store_true", help="--draft-weights: q/k/v and gate/up kept apart"
+    )
     parser.add_argument("--steps", type=int, default=10)
     _records.add_arguments(parser, "step_profile")
     args = parser.parse_args()
@@ -75,7 +78,7 @@ def main() -> None:
     if args.draft_weights:
         from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
 
-        copies.append(low_bit_copy(model, args.draft_weights, 128, args.layout))
+        copies.append(low_bit_copy(model, args.draft_weights, 128, args.layout, stack=not args.no_stack))
     with speculation_mode(model, *copies, mode=Mode(fused=True)) as switched, switched.decoding_experts():
         batch = args.batch
         runner = ModelRunner(model, batch, args.context + 16, device, "triton")
@@ -120,7 +123,7 @@ def main() -> None:
     total = sum(r["us_per_step"] for r in rows)
     count = sum(r["calls_per_step"] for r in rows)
     print(
-        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores} sparse {args.sparse} draft weights {args.draft_weights} {args.layout}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time, "
+        f"{args.shape} batch {args.batch} context {args.context} width {width} scores {args.vegas_scores} sparse {args.sparse} draft weights {args.draft_weights} {args.layout} stack {not args.no_stack}: {count:.0f} kernels, {total / 1000:.3f} ms GPU time, "
         f"{wall_ms:.3f} ms per step back to back"
     )
     for r in rows[:25]:
