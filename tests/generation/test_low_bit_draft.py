@@ -342,3 +342,20 @@ def test_stacked_low_bit_copy_on_cuda_computes_what_the_unstacked_one_does():
             got = stacked(ids).logits.float()
     assert float((got - expected).abs().max() / expected.abs().max()) < 2e-2
     assert float((got.argmax(-1) == expected.argmax(-1)).float().mean()) > 0.9
+
+
+def test_only_what_a_replacement_runs_together_is_stacked():
+    """q / k / v of a replaceable attention and gate / up of a SiLU gated MLP are stacked; a GELU MLP's gate and up
+    (which no replacement runs together) stay two layers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, hidden_act="gelu",
+    )  # fmt: skip
+    copy = low_bit_copy(LlamaForCausalLM(config).eval(), "int4", group_size=32)
+    layer = copy.model.layers[0]
+    assert low_bit.stacks(layer.self_attn) == [("q_proj", "k_proj", "v_proj")] and not low_bit.stacks(
+        layer.mlp
+    )
+    assert isinstance(layer.self_attn.v_proj, LowBitRows) and isinstance(layer.mlp.up_proj, LowBitLinear)

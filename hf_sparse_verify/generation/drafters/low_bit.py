@@ -33,6 +33,7 @@ import weakref
 
 import torch
 
+from ...integrations import mlp, qkv_attention
 from ...integrations.low_bit_linear import LowBitLinear, LowBitRows
 from ...kernels.low_bit import LOW_BIT_FORMATS, quantized_bytes
 from .draft_model import DraftModelDrafter
@@ -62,11 +63,20 @@ def low_bit_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]
     ]
 
 
-#: projections of one module that a low-bit copy stacks into one layer (`LowBitLinear.stack`) when it has them all:
-#: its replacement modules then run them in one launch. Measured at one row on an H100 (8B shape, weights out of L2,
-#: ``results/low_bit_linear_cold.json``): tinygemm reads a 4096-channel q at 0.45 of the copy bandwidth and a
-#: 1024-channel k or v at 0.17, a 14336-channel gate at 0.60.
-STACKS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+def stacks(module: torch.nn.Module) -> list[tuple[str, ...]]:
+    """The projections of ``module`` that a low-bit copy stacks into one layer (`LowBitLinear.stack`): those a
+    replacement module runs together, in one launch (`FusedQKVAttention`: q / k / v of the Llama-family attention
+    classes; `LowBitGatedMLP`: gate / up of a bias-free SiLU gated MLP). Measured at one row on an H100 (8B shape,
+    weights out of L2, ``results/low_bit_linear_cold.json``): tinygemm reads a 4096-channel q at 0.45 of the copy
+    bandwidth, a 1024-channel k or v at 0.17 and a 14336-channel gate at 0.60."""
+    name = type(module).__name__
+    out = []
+    if name in qkv_attention.REPLACEABLE:
+        out.append(("q_proj", "k_proj", "v_proj"))
+    gated = name in mlp.REPLACEABLE and type(getattr(module, "act_fn", None)).__name__ in mlp.SILU_ACTIVATIONS
+    if gated and all(getattr(getattr(module, p, None), "bias", 0) is None for p in ("gate_proj", "up_proj")):
+        out.append(("gate_proj", "up_proj"))
+    return out
 
 
 def low_bit_copy(
@@ -75,16 +85,16 @@ def low_bit_copy(
     """A copy of ``model`` whose linear layers (`low_bit_linears`) are `LowBitLinear`s in ``weights`` (``"int8"``
     per output channel, ``"int4"`` per group of ``group_size`` input channels; ``layout`` as `LowBitLinear`'s:
     int4 bf16 layers on CUDA run PyTorch's tinygemm by default); every other weight is shared with ``model`` (not
-    copied), and ``model`` is left as is. With ``stack`` (default) a module's q / k / v and its gate / up
-    (`STACKS`) are `LowBitRows` of one stacked layer each: the same weights, one launch where our replacement
-    modules run them. The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the
+    copied), and ``model`` is left as is. With ``stack`` (default) the projections our replacement modules run
+    together (`stacks`: q / k / v, gate / up) are `LowBitRows` of one stacked layer each: the same weights, one
+    launch in those modules. The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the
     ``draft_model`` strategy."""
     if weights not in LOW_BIT_FORMATS:
         raise ValueError(f"weights must be one of {sorted(LOW_BIT_FORMATS)}, got {weights!r}")
     linears = low_bit_linears(model)
     rounded = {id(linear): LowBitLinear(linear, weights, group_size, layout) for _, linear in linears}
     for module in model.modules() if stack else ():
-        for names in STACKS:
+        for names in stacks(module):
             parts = [getattr(module, name, None) for name in names]
             if not all(id(p) in rounded for p in parts):
                 continue
