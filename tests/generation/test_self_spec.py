@@ -783,7 +783,7 @@ def _accept_every_draft(drafts, num_drafts, draft_probs, scores, generator=None)
     return accepted, tokens
 
 
-def _sample_sparse(model, prompt: list[int]):
+def _sample_sparse(model, prompt: list[int], **settings):
     ids = torch.tensor([prompt]).repeat(E2E_ROWS, 1)
     torch.manual_seed(0)
     return _speculate(
@@ -796,21 +796,29 @@ def _sample_sparse(model, prompt: list[int]):
         strategy="vegas",
         ratio=0.1,
         min_tokens=2,
+        **settings,
     )
 
 
-def test_vegas_sampling_matches_target_distribution(monkeypatch):
+@pytest.mark.parametrize("draft_weights", [None, "int4"])
+def test_vegas_sampling_matches_target_distribution(monkeypatch, draft_weights):
     """4000 identical 24-token prompts, one sampled generate call: the first token from the prefill, the next
-    three from one step with K = 2 sparse drafts (budget 3 of 24 tokens). Token pairs must follow the target's
-    exact joint distribution, while drafts are both accepted and rejected; the same test rejects the output of
-    a verifier that keeps every sparse draft."""
+    three from one step with K = 2 sparse drafts (budget 3 of 24 tokens; with ``draft_weights`` drafted by the
+    target's int4 copy, its q / k / v and gate / up stacked). Token pairs must follow the target's exact joint
+    distribution, while drafts are both accepted and rejected; the same test rejects the output of a verifier that
+    keeps every sparse draft."""
     model = e2e_model()
     prompt = torch.randint(0, E2E_VOCAB, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     target_12, target_23 = _joint_next_tokens(model, prompt)
 
+    settings = {} if draft_weights is None else dict(draft_weights=draft_weights)
     calls = _spy_selections(monkeypatch)
-    out = _sample_sparse(model, prompt)
+    out = _sample_sparse(model, prompt, **settings)
     _assert_sparse(calls, "vegas")
+    if draft_weights is not None:  # the drafts came from the copy
+        from hf_sparse_verify.generation.drafters.low_bit import _COPIES
+
+        assert [fmt for fmt, _ in _COPIES[model]] == [draft_weights]
     stats = out.speculation
     assert stats.draft_tokens[0] == 2
     first_step = torch.tensor(stats.accepted_tokens[0])
@@ -821,7 +829,7 @@ def test_vegas_sampling_matches_target_distribution(monkeypatch):
     assert _joint_pvalue(new[:, 1], new[:, 2], target_23) > 1e-3
 
     monkeypatch.setattr(loop, "verify_speculative_sampling", _accept_every_draft)
-    lossy = _sample_sparse(model, prompt).sequences[:, len(prompt) :]
+    lossy = _sample_sparse(model, prompt, **settings).sequences[:, len(prompt) :]
     assert _joint_pvalue(lossy[:, 1], lossy[:, 2], target_23) < 1e-6
 
 
