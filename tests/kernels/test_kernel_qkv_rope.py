@@ -192,3 +192,33 @@ def test_bench_entries_run():
         assert {c.variant for c in cases} == {"triton", "torch"}
         for case in cases[:2]:
             case.run()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_on_views_of_one_projection_output(monkeypatch, dtype):
+    """q / k / v as column views of one ``[T, q + k + v]`` output (a stacked low-bit copy's, split without a copy):
+    the rotary launches read them by their row stride and give exactly what they give for contiguous inputs."""
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    batch, q_len, heads_q, heads_kv, head_dim, capacity = 2, 3, 4, 2, 16, 8
+    rows = batch * q_len
+    qkv = torch.randn(rows, (heads_q + 2 * heads_kv) * head_dim, generator=g).to(DEVICE, dtype)
+    q, k, v = qkv.split([heads_q * head_dim, heads_kv * head_dim, heads_kv * head_dim], dim=-1)
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    angle = torch.rand(rows, head_dim // 2, generator=g) * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(DEVICE, dtype)
+    sin = torch.cat([angle.sin(), angle.sin()], -1).to(DEVICE, dtype)
+    norms = [(torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) for _ in range(2)]
+    dense = [t.contiguous() for t in (q, k, v)]
+    for got, want in zip(
+        rope_qk(q, k, cos, sin, head_dim, *norms, eps=1e-6),
+        rope_qk(*dense[:2], cos, sin, head_dim, *norms, eps=1e-6),
+    ):
+        assert torch.equal(got, want)
+    slots = torch.stack([torch.randperm(capacity, generator=g)[:q_len] for _ in range(batch)]).to(DEVICE)
+    caches = [torch.zeros(batch, heads_kv, capacity, head_dim, device=DEVICE, dtype=dtype) for _ in range(4)]
+    got_q = rope_qk_cache(q, k, v, cos, sin, head_dim, *norms, 1e-6, caches[0], caches[1], slots)
+    want_q = rope_qk_cache(*dense, cos, sin, head_dim, *norms, 1e-6, caches[2], caches[3], slots)
+    assert (
+        torch.equal(got_q, want_q) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    )
