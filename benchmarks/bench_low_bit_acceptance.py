@@ -10,7 +10,9 @@ against the same layers in bf16.
 
     python benchmarks/bench_low_bit_acceptance.py --contexts 1024 8192 --ks 4 6 8 --prompts 4 --new-tokens 64
 
-With ``--round-head`` the copies' output head is rounded too (fake-quantized: the acceptance an int4 / int8 head
+``--rounding absmax`` rounds each group's largest magnitude to the format's largest value (the records before
+2026-12-07 late); ``mse`` (default) picks the scale of least squared error (`kernels.low_bit.naive.quantize`; the
+setting ends in ``:mse``). With ``--round-head`` the copies' output head is rounded too (fake-quantized: the acceptance an int4 / int8 head
 would give; the record's setting ends in ``:head``). With ``--strategy vegas`` the draft is Vegas (the target over its selected cache) with its draft steps on the model's
 own weights (``full``) or on the rounded copy (``SpeculationConfig.draft_weights``), and ``vs_full`` compares the
 two at the same K and context (the issue's gate: int4 >= 0.9x); the record's setting ends in ``:vegas``.
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_sparse_verify as hsv  # noqa: E402
 from benchmarks import _records  # noqa: E402
 from benchmarks.bench_e2e import _prompt_ids  # noqa: E402
+from hf_sparse_verify.generation.drafters import low_bit as low_bit_drafts  # noqa: E402
 from hf_sparse_verify.generation.drafters.low_bit import low_bit_bytes, low_bit_copy  # noqa: E402
 from hf_sparse_verify.kernels.low_bit import fake_quantize  # noqa: E402
 
@@ -66,13 +69,13 @@ def acceptance(
     )
 
 
-def rounded_head(head: torch.nn.Linear, weights: str, group_size: int) -> torch.nn.Linear:
+def rounded_head(head: torch.nn.Linear, weights: str, group_size: int, rounding: str) -> torch.nn.Linear:
     """An untied ``nn.Linear`` with ``head``'s weight rounded through ``weights`` and back (`fake_quantize`): what a
     low-bit output head computes, for acceptance only (its speed is not what this measures)."""
     rounded = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
     rounded = rounded.to(device=head.weight.device, dtype=head.weight.dtype)
     with torch.no_grad():
-        rounded.weight.copy_(fake_quantize(head.weight, weights, group_size))
+        rounded.weight.copy_(fake_quantize(head.weight, weights, group_size, rounding))
         if head.bias is not None:
             rounded.bias.copy_(head.bias)
     return rounded
@@ -123,6 +126,10 @@ def main(argv: list[str] | None = None) -> None:
         help="draft_model strategy: round the copies' output head too (fake-quantized, untied; what an int4 / int8 "
         "head would compute), to see what it costs in acceptance",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounding", default="mse", choices=("absmax", "mse"),
+        help="how the copies' scales are picked (LowBitLinear; the records without a :mse suffix are absmax)",
+    )  # fmt: skip
     _records.add_arguments(parser, "low_bit_acceptance")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,12 +141,16 @@ def main(argv: list[str] | None = None) -> None:
         .to(args.device)
         .eval()
     )
-    drafts = {"full": target, **{w: low_bit_copy(target, w, args.group_size) for w in WEIGHTS[1:]}}
+    drafts = {"full": target}
+    for weights in WEIGHTS[1:]:
+        drafts[weights] = low_bit_copy(target, weights, args.group_size, rounding=args.rounding)
+        # the copy Vegas' `draft_weights` takes (`low_bit_draft_for` makes it once per target and keeps it)
+        low_bit_drafts._COPIES.setdefault(target, {})[(weights, args.group_size)] = drafts[weights]
     if args.round_head:
         if args.strategy != "draft_model":
             raise SystemExit("--round-head applies to the draft_model strategy's copies")
         for weights in WEIGHTS[1:]:
-            drafts[weights].lm_head = rounded_head(target.lm_head, weights, args.group_size)
+            drafts[weights].lm_head = rounded_head(target.lm_head, weights, args.group_size, args.rounding)
     texts = _prompt_ids(models / "prompts_long.jsonl", tokenizer)
     rows = []
     jobs = [(c, k, w) for c in args.contexts for k in args.ks for w in WEIGHTS]
@@ -148,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         if not prompts:
             raise SystemExit(f"no prompt of {context} tokens in {models / 'prompts_long.jsonl'}")
         if args.strategy == "vegas":
-            low_bit = {} if weights == "full" else dict(draft_weights=weights, draft_weight_group=args.group_size)
+            low_bit = (
+                {} if weights == "full" else dict(draft_weights=weights, draft_weight_group=args.group_size)
+            )
             spec = dict(strategy="vegas", **low_bit)
             result = acceptance(target, None, prompts, k, args.new_tokens, args.device, spec)
         else:
@@ -162,7 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         row["vs_full"] = row["mean_acceptance_length"] / full["mean_acceptance_length"]
         print(row)
-    bf16 = low_bit_bytes(target, "int8", args.group_size)["original"] // 2  # float32 weights, 2 bytes each in bf16
+    bf16 = (
+        low_bit_bytes(target, "int8", args.group_size)["original"] // 2
+    )  # float32 weights, 2 bytes each in bf16
     record = dict(
         model="code-target",
         strategy=args.strategy,
@@ -173,9 +188,15 @@ def main(argv: list[str] | None = None) -> None:
         | {"bf16": bf16},
         rows=rows,
         round_head=args.round_head,
+        rounding=args.rounding,
     )
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
-    suffix = ("" if args.strategy == "draft_model" else f":{args.strategy}") + (":head" if args.round_head else "")
+    suffix = ("" if args.strategy == "draft_model" else f":{args.strategy}") + (
+        ":head" if args.round_head else ""
+    )
+    suffix += (
+        "" if args.rounding == "absmax" else f":{args.rounding}"
+    )  # the records before "mse" have no suffix
     path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}{suffix}")
     if path is not None:
         name = f"{path.stem}_g{args.group_size}{suffix.replace(':', '_')}.png"

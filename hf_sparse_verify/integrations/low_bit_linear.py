@@ -30,9 +30,18 @@ class LowBitLinear(torch.nn.Module):
         layout: ``"auto"`` (default): ``"tinygemm"`` for an int4 bf16 layer on a CUDA device where PyTorch's int4
             kernel takes its shape (`tinygemm_fits`; its scales are rounded to bf16), else ``"packed"``
             (``hsv::low_bit_linear``, our Triton kernel or its reference).
+        rounding: how each group's scale is picked (`hf_sparse_verify.kernels.low_bit.naive.ROUNDINGS`): ``"mse"``
+            (default) the scale of least squared error among candidates around ``"absmax"``'s.
     """
 
-    def __init__(self, linear: torch.nn.Linear, fmt: str, group_size: int = 128, layout: str = "auto"):
+    def __init__(
+        self,
+        linear: torch.nn.Linear,
+        fmt: str,
+        group_size: int = 128,
+        layout: str = "auto",
+        rounding: str = "mse",
+    ):
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -45,7 +54,7 @@ class LowBitLinear(torch.nn.Module):
                 "use layout='packed'"
             )
         self.layout = "tinygemm" if layout == "tinygemm" or (layout == "auto" and fits) else "packed"
-        values, scales = quantize(weight, fmt, group_size)
+        values, scales = quantize(weight, fmt, group_size, rounding)
         if self.layout == "tinygemm":
             stored, scales = tinygemm_pack(values, scales, group_size)
         else:
@@ -53,7 +62,7 @@ class LowBitLinear(torch.nn.Module):
         self.register_buffer("stored", stored)
         self.register_buffer("scales", scales.to(weight.device))
         self.bias = linear.bias
-        self.fmt, self.group_size = fmt, group_size
+        self.fmt, self.group_size, self.rounding = fmt, group_size, rounding
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,10 +77,10 @@ class LowBitLinear(torch.nn.Module):
         tinygemm's case in tiles of 8 channels), so it applies exactly their weights. The layers must share
         format, group, layout, input size and device; a missing bias counts as zeros."""
         first = layers[0]
-        same = {(m.fmt, m.group_size, m.layout, m.in_features, m.stored.device) for m in layers}
+        same = {(m.fmt, m.group_size, m.layout, m.rounding, m.in_features, m.stored.device) for m in layers}
         if len(same) != 1:
             raise ValueError(
-                f"stacking low-bit layers needs one format, group, layout, input size and device; got {same}"
+                f"stacking low-bit layers needs one format, group, layout, rounding, input size and device; got {same}"
             )
         axis = 1 if first.layout == "tinygemm" else 0  # the scales' output-channel axis
         stacked = cls.__new__(cls)
@@ -89,6 +98,7 @@ class LowBitLinear(torch.nn.Module):
                 requires_grad=False,
             )
         stacked.fmt, stacked.group_size, stacked.layout = first.fmt, first.group_size, first.layout
+        stacked.rounding = first.rounding
         stacked.in_features, stacked.out_features = first.in_features, sum(m.out_features for m in layers)
         return stacked
 
@@ -113,7 +123,7 @@ class LowBitLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, "
-            f"group {self.group_size}, {self.layout}"
+            f"group {self.group_size}, {self.layout}, {self.rounding}"
         )
 
 

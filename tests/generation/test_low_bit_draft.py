@@ -41,7 +41,7 @@ def test_greedy_with_a_low_bit_draft_equals_plain_generate(weights):
     assert sorted(rounded) == sorted(n for n, _ in low_bit_linears(model)) and not low_bit_linears(draft)
     for name, module in rounded.items():  # each applies its weight rounded through the format
         original = model.get_submodule(name).weight
-        assert torch.equal(module.dequantized(), fake_quantize(original, weights, 16))
+        assert torch.equal(module.dequantized(), fake_quantize(original, weights, 16, "mse"))
         assert not torch.equal(module.dequantized(), original)
     # everything else is the target's own tensors, not copies
     assert draft.model.embed_tokens.weight is model.model.embed_tokens.weight

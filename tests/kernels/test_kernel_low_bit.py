@@ -67,11 +67,30 @@ def test_docstring_examples():
 # ---- the weight-only low-bit linear (hsv::low_bit_linear): Triton (interpreted on CPU) against the reference ----
 
 
-def _layer(out, inp, fmt, group, dtype, seed=0):
+def _layer(out, inp, fmt, group, dtype, seed=0, rounding="absmax"):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out, inp, generator=gen) * 0.05
-    values, scales = quantize(w, fmt, group)
+    values, scales = quantize(w, fmt, group, rounding)
     return naive.pack(values, fmt), scales, values
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 32), ("int4", 128)])
+def test_mse_rounding_is_never_worse_than_absmax(fmt, group):
+    """Per group, the "mse" scale's squared error is at most "absmax"'s (whose scale is among its candidates), and
+    for int4 it is clearly lower over a weight with outliers; values stay in the format's range."""
+    w = _weight(out=64, inp=512)
+    errors = {}
+    for rounding in ("absmax", "mse"):
+        values, scales = quantize(w, fmt, group, rounding)
+        top, low, _ = naive.LOW_BIT_FORMATS[fmt]
+        assert int(values.min()) >= low and int(values.max()) <= top
+        size = group if fmt == "int4" else 512
+        errors[rounding] = (dequantize(values, scales, fmt) - w).square().view(64, -1, size).sum(-1)
+    assert bool((errors["mse"] <= errors["absmax"] * (1 + 1e-6)).all())
+    if fmt == "int4":  # int8's 255 levels leave little to gain
+        assert float(errors["mse"].sum()) < 0.9 * float(errors["absmax"].sum())
+    with pytest.raises(ValueError, match="rounding must be one of"):
+        quantize(w, fmt, group, "awq")
 
 
 def test_pack_round_trips_and_halves_int4():
@@ -92,10 +111,12 @@ def test_pack_round_trips_and_halves_int4():
 @pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 128), ("int4", 32), ("int4", 256)])
 @pytest.mark.parametrize("rows", [1, 5, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_low_bit_linear_matches_reference(fmt, group, rows, dtype):
+@pytest.mark.parametrize("rounding", ["absmax", "mse"])  # "mse" gives some int4 groups a negative scale
+def test_low_bit_linear_matches_reference(fmt, group, rows, dtype, rounding):
     from hf_sparse_verify.kernels.low_bit import low_bit_linear, low_bit_linear_naive
 
-    stored, scales, values = _layer(80, 512, fmt, group, dtype)
+    stored, scales, values = _layer(80, 512, fmt, group, dtype, rounding=rounding)
+    assert rounding == "absmax" or fmt == "int8" or bool((scales < 0).any())
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(rows, 512, generator=gen).to(dtype)
     bias = torch.randn(80, generator=gen).to(dtype)
@@ -223,7 +244,7 @@ def test_tinygemm_layout_matches_the_reference(out, inp, group, rows):
     linear = _linear(out, inp, torch.bfloat16, "cuda", bias=True)
     layer = LowBitLinear(linear, "int4", group)
     assert layer.layout == "tinygemm" and layer.stored.dtype == torch.int32
-    values, scales = quantize(linear.weight, "int4", group)
+    values, scales = quantize(linear.weight, "int4", group, layer.rounding)
     scales = scales.to(torch.bfloat16).float()
     got_values, got_scales = tinygemm_values(layer.stored, layer.scales, group, inp)
     assert torch.equal(got_values, values) and torch.equal(got_scales, scales)
@@ -272,7 +293,9 @@ def _check_stack(layers, whole, parts, x, tol):
     for layer, part in zip(layers, parts):  # each part applies exactly its layer's weight
         assert torch.equal(part.dequantized(), layer.dequantized())
         torch.testing.assert_close(part(x).float(), layer(x).float(), rtol=tol, atol=tol)
-        expected = layer.bias if layer.bias is not None else torch.zeros_like(part.bias)  # a missing one is zeros
+        expected = (
+            layer.bias if layer.bias is not None else torch.zeros_like(part.bias)
+        )  # a missing one is zeros
         assert torch.equal(part.bias, expected)
     joined = torch.cat([layer(x) for layer in layers], dim=-1)
     torch.testing.assert_close(whole(x).float(), joined.float(), rtol=tol, atol=tol)

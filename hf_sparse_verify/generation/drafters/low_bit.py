@@ -80,19 +80,26 @@ def stacks(module: torch.nn.Module) -> list[tuple[str, ...]]:
 
 
 def low_bit_copy(
-    model: torch.nn.Module, weights: str, group_size: int = 128, layout: str = "auto", stack: bool = True
+    model: torch.nn.Module,
+    weights: str,
+    group_size: int = 128,
+    layout: str = "auto",
+    stack: bool = True,
+    rounding: str = "mse",
 ) -> torch.nn.Module:
     """A copy of ``model`` whose linear layers (`low_bit_linears`) are `LowBitLinear`s in ``weights`` (``"int8"``
     per output channel, ``"int4"`` per group of ``group_size`` input channels; ``layout`` as `LowBitLinear`'s:
     int4 bf16 layers on CUDA run PyTorch's tinygemm by default); every other weight is shared with ``model`` (not
     copied), and ``model`` is left as is. With ``stack`` (default) the projections our replacement modules run
     together (`stacks`: q / k / v, gate / up) are `LowBitRows` of one stacked layer each: the same weights, one
-    launch in those modules. The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the
+    launch in those modules. ``rounding``: how the scales are picked (`LowBitLinear`). The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the
     ``draft_model`` strategy."""
     if weights not in LOW_BIT_FORMATS:
         raise ValueError(f"weights must be one of {sorted(LOW_BIT_FORMATS)}, got {weights!r}")
     linears = low_bit_linears(model)
-    rounded = {id(linear): LowBitLinear(linear, weights, group_size, layout) for _, linear in linears}
+    rounded = {
+        id(linear): LowBitLinear(linear, weights, group_size, layout, rounding) for _, linear in linears
+    }
     for module in model.modules() if stack else ():
         for names in stacks(module):
             parts = [getattr(module, name, None) for name in names]
