@@ -75,7 +75,7 @@ class LowBitLinear(torch.nn.Module):
         """One layer computing ``layers`` side by side (their outputs concatenated, in order): the stored weights
         and scales joined along the output channels (both layouts keep each output channel's data apart, in
         tinygemm's case in tiles of 8 channels), so it applies exactly their weights. The layers must share
-        format, group, layout, input size and device; a missing bias counts as zeros."""
+        format, group, layout, rounding, input size and device; a missing bias counts as zeros."""
         first = layers[0]
         same = {(m.fmt, m.group_size, m.layout, m.rounding, m.in_features, m.stored.device) for m in layers}
         if len(same) != 1:
@@ -147,7 +147,8 @@ class LowBitRows(torch.nn.Module):
             )
         self.whole = whole
         self.start, self.stop = start, stop
-        self.fmt, self.group_size, self.layout = whole.fmt, whole.group_size, whole.layout
+        self.fmt, self.group_size = whole.fmt, whole.group_size
+        self.layout, self.rounding = whole.layout, whole.rounding
         self.in_features, self.out_features = whole.in_features, stop - start
 
     @property
