@@ -25,6 +25,7 @@ from benchmarks import _records
 from hf_sparse_verify.drivers.profile import kernel_rows
 from hf_sparse_verify.drivers.shapes import random_model
 from hf_sparse_verify.drivers.step_bench import fill_random_kv
+from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
 from hf_sparse_verify.generation.engine.runner import ModelRunner
 from hf_sparse_verify.integrations import Mode, speculation_mode
 from hf_sparse_verify.step import Phase, ScoreCollection
@@ -76,8 +77,6 @@ def main() -> None:
     width = args.new_tokens
     copies = []  # a low-bit copy is made from the model as it is and switched with it, as `generate` does
     if args.draft_weights:
-        from hf_sparse_verify.generation.drafters.low_bit import low_bit_copy
-
         copies.append(low_bit_copy(model, args.draft_weights, 128, args.layout, stack=not args.no_stack))
     with speculation_mode(model, *copies, mode=Mode(fused=True)) as switched, switched.decoding_experts():
         batch = args.batch

@@ -11,8 +11,8 @@ through ``W_UV`` (the value half), then ``o_proj`` (`hf_sparse_verify.kernels.sp
 share one read of the union of their selections (the merged schedule, papers/003), each query still attending to
 exactly its own top-k, so greedy output equals plain ``generate``. The indexer's projections, key cache, masking
 and top-k are the model's own; its scores come from `hsv::index_scores` (`kernels.index_scores`: no float32 copy of
-the cached keys, no per-head score tensor) where `_compat.indexer_rotary` knows the indexer's rotary. Prefill chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers'
-own ``expand_kv`` instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot
+the cached keys, no per-head score tensor) where `_compat.indexer_rotary` knows the indexer's rotary. Prefill
+chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers' own ``expand_kv`` instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot
 against 192 + 128).
 
 Precision: the same sums in another order (``q (W_UK c)`` against ``(q W_UK) c``), logits and softmax in float32 as

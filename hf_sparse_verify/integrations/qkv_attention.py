@@ -143,9 +143,8 @@ class FusedQKVAttention(torch.nn.Module):
         biases = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
         if x.shape[0] <= MAX_ROWS and self._block_n is not None and not self.low_bit:
             q, k, v = qkv_proj(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, *biases)
-        elif (
-            self._qkv is not None
-        ):  # views of one [T, q + k + v] output (the rotary kernels take row strides)
+        elif self._qkv is not None:
+            # a stacked low-bit q / k / v: views of one [T, q + k + v] output (the rotary kernels take row strides)
             q, k, v = self._qkv(x).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

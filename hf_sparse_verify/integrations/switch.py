@@ -286,10 +286,7 @@ ATTENTION_REPLACEMENTS = (
     (mpt.replaceable_attention, mpt.MptAttentionDispatch),
     (xglm.replaceable_attention, xglm.XGLMAttentionDispatch),
     (gpt_neox_japanese.replaceable_attention, gpt_neox_japanese.GPTNeoXJapaneseAttentionDispatch),
-    (
-        mla.replaceable_attention,
-        mla.SparseMLAAttention,
-    ),  # DSA in MLA's latent space: reads only selected rows
+    (mla.replaceable_attention, mla.SparseMLAAttention),  # DSA in MLA's latent space: reads only selected rows
 )
 
 #: every replacement, in the order a module is offered to them (the first that builds one wins)
@@ -354,9 +351,7 @@ def plan_swaps(model: torch.nn.Module, mode: Mode) -> list[Swap]:
 
     visit(model)
     # consecutive fused decoder layers on one device share a launch across their boundary (`FusedDecoderLayer.link`)
-    fused = {
-        id(original): new for _, _, original, new in swaps if isinstance(new, decoder_layer.FusedDecoderLayer)
-    }
+    fused = {id(original): new for _, _, original, new in swaps if isinstance(new, decoder_layer.FusedDecoderLayer)}
     for i, (layer, following) in enumerate(zip(layers or [], (layers or [])[1:])):
         first, second = fused.get(id(layer)), fused.get(id(following))
         if first is not None and second is not None and {i, i + 1} <= one_device:

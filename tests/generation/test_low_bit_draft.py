@@ -22,6 +22,18 @@ from hf_sparse_verify.generation.drafters.low_bit import (
 from hf_sparse_verify.kernels.low_bit import fake_quantize
 
 
+def tiny_llama(layers: int = 1, **config):
+    """A small random Llama (4 query heads over 2 key-value heads, hidden 64) whose projections a low-bit copy
+    rounds in groups of 32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, **config,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
 def projections(draft):
     """``{name: layer}`` of a low-bit copy's projections (`LowBitLinear` or `LowBitRows` of a stacked one)."""
     return {
@@ -186,16 +198,10 @@ def test_auto_takes_the_low_bit_copy_as_a_candidate_when_asked():
 def test_fused_attention_takes_a_low_bit_copys_projections():
     """The copy's attention is replaceable by `FusedQKVAttention` (all four projections low-bit; a mix is not), and
     the replacement computes what the copy's own attention computes (the eager path, as on CPU)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from hf_sparse_verify.integrations.qkv_attention import FusedQKVAttention, replaceable_attention
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2,
-    )  # fmt: skip
-    target = LlamaForCausalLM(config).eval()
+    target = tiny_llama()
     copy = low_bit_copy(target, "int4", group_size=32)
     attention = copy.model.layers[0].self_attn
     assert replaceable_attention(attention) and replaceable_attention(target.model.layers[0].self_attn)
@@ -221,16 +227,10 @@ def test_fused_attention_takes_a_low_bit_copys_projections():
 def test_low_bit_mlp_runs_gate_and_up_as_one_layer():
     """A copy's MLP (gate and up one stacked layer) is replaceable by `LowBitGatedMLP`, which computes what the
     copy's own MLP computes; a copy made without stacking keeps transformers' MLP."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from hf_sparse_verify.integrations.mlp import LowBitGatedMLP, replaceable_low_bit_mlp, replaceable_mlp
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2,
-    )  # fmt: skip
-    target = LlamaForCausalLM(config).eval()
+    target = tiny_llama()
     for weights in ("int8", "int4"):
         mlp = low_bit_copy(target, weights, group_size=32).model.layers[0].mlp
         assert replaceable_low_bit_mlp(mlp) and not replaceable_mlp(mlp)
@@ -246,17 +246,11 @@ def test_low_bit_mlp_runs_gate_and_up_as_one_layer():
 def test_switch_plans_the_fused_attention_for_a_low_bit_copy(monkeypatch):
     """The swap walk reads a low-bit projection's device from its packed buffer (a `LowBitLinear` has no
     ``weight``): on a device where the kernels compile, the copy's attention is planned as `FusedQKVAttention`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from hf_sparse_verify.integrations import switch
     from hf_sparse_verify.integrations.mlp import LowBitGatedMLP
     from hf_sparse_verify.integrations.qkv_attention import FusedQKVAttention
 
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2,
-    )  # fmt: skip
-    copy = low_bit_copy(LlamaForCausalLM(config).eval(), "int4", group_size=32)
+    copy = low_bit_copy(tiny_llama(layers=2), "int4", group_size=32)
     monkeypatch.setattr(switch, "compiled_on", lambda device: True)
     replacements = [
         swap[3] for swap in switch.plan_swaps(copy, switch.Mode(fused=True))
@@ -347,13 +341,7 @@ def test_stacked_low_bit_copy_on_cuda_computes_what_the_unstacked_one_does():
 def test_only_what_a_replacement_runs_together_is_stacked():
     """q / k / v of a replaceable attention and gate / up of a SiLU gated MLP are stacked; a GELU MLP's gate and up
     (which no replacement runs together) stay two layers."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, hidden_act="gelu",
-    )  # fmt: skip
-    copy = low_bit_copy(LlamaForCausalLM(config).eval(), "int4", group_size=32)
+    copy = low_bit_copy(tiny_llama(hidden_act="gelu"), "int4", group_size=32)
     layer = copy.model.layers[0]
     assert low_bit.stacks(layer.self_attn) == [("q_proj", "k_proj", "v_proj")] and not low_bit.stacks(
         layer.mlp

@@ -69,12 +69,10 @@ def stacks(module: torch.nn.Module) -> list[tuple[str, ...]]:
     classes; `LowBitGatedMLP`: gate / up of a bias-free SiLU gated MLP). Measured at one row on an H100 (8B shape,
     weights out of L2, ``results/low_bit_linear_cold.json``): tinygemm reads a 4096-channel q at 0.45 of the copy
     bandwidth, a 1024-channel k or v at 0.17 and a 14336-channel gate at 0.60."""
-    name = type(module).__name__
     out = []
-    if name in qkv_attention.REPLACEABLE:
+    if qkv_attention.replaceable_attention(module):
         out.append(("q_proj", "k_proj", "v_proj"))
-    gated = name in mlp.REPLACEABLE and type(getattr(module, "act_fn", None)).__name__ in mlp.SILU_ACTIVATIONS
-    if gated and all(getattr(getattr(module, p, None), "bias", 0) is None for p in ("gate_proj", "up_proj")):
+    if mlp.replaceable_mlp(module):
         out.append(("gate_proj", "up_proj"))
     return out
 
@@ -92,8 +90,8 @@ def low_bit_copy(
     int4 bf16 layers on CUDA run PyTorch's tinygemm by default); every other weight is shared with ``model`` (not
     copied), and ``model`` is left as is. With ``stack`` (default) the projections our replacement modules run
     together (`stacks`: q / k / v, gate / up) are `LowBitRows` of one stacked layer each: the same weights, one
-    launch in those modules. ``rounding``: how the scales are picked (`LowBitLinear`). The copy's ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the
-    ``draft_model`` strategy."""
+    launch in those modules. ``rounding``: how the scales are picked (`LowBitLinear`). The copy's
+    ``config.low_bit_draft`` names the format; use it as ``draft_model`` of the ``draft_model`` strategy."""
     if weights not in LOW_BIT_FORMATS:
         raise ValueError(f"weights must be one of {sorted(LOW_BIT_FORMATS)}, got {weights!r}")
     linears = low_bit_linears(model)
