@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _records  # noqa: E402
@@ -42,8 +43,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     _records.add_arguments(parser, "low_bit_rounding")
     args = parser.parse_args(argv)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     models = Path(args.shared) / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / "code-target")
     model = AutoModelForCausalLM.from_pretrained(models / "code-target", dtype=torch.float32)
