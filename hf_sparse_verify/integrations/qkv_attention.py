@@ -198,9 +198,9 @@ class FusedQKVAttention(torch.nn.Module):
         )
         if fused:
             rows = hidden_states.reshape(batch * length, -1)
-            q, k, v = self._project_fused(
-                rows, cos.reshape(batch * length, -1), sin.reshape(batch * length, -1), layer, slots
-            )
+            # cos / sin are [1, T, D] when the model made its own position ids: one row of them per token
+            cos, sin = (t.expand(batch, length, -1).reshape(batch * length, -1) for t in (cos, sin))
+            q, k, v = self._project_fused(rows, cos, sin, layer, slots)
             q = q.view(batch, length, -1, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
             if slots is None:
                 k = k.view(batch, length, -1, self.head_dim).transpose(1, 2)

@@ -54,7 +54,7 @@ def test_fused_path_matches(monkeypatch, arch, length):
     """The Triton path (interpreted on CPU) gives the original logits within float32 summation order, also in
     decode steps that extend a cache."""
     model = make_model(arch)
-    ids = torch.randint(3, 90, (1, length))
+    ids = torch.randint(3, 90, (2, length))  # two rows: the model's own position ids give cos / sin [1, T, D]
     expected = model(ids).logits
     expected_next = model.generate(ids, max_new_tokens=4, do_sample=False)
     calls = []
@@ -69,7 +69,7 @@ def test_fused_path_matches(monkeypatch, arch, length):
     with _replaced(model):
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False), expected_next)
-    assert length in calls and 1 in calls  # the prompt's rows and single decode rows both ran fused
+    assert 2 * length in calls and 2 in calls  # the prompt's rows and single decode rows both ran fused
 
 
 def test_speculation_mode_leaves_cpu_attention():
