@@ -83,10 +83,14 @@ def _split_weights(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def _weight_fields(model, strategy: str) -> dict:
+def _weight_fields(model, strategy: str, stats) -> dict:
     """``draft_weights`` (``"bf16"``: the model's own) and ``draft_weight_bytes`` (the linear weights a draft step
-    reads: the low-bit copy's packed weights and scales, or the model's own linear layers)."""
-    _, weights = _split_weights(strategy)
+    reads: the low-bit copy's packed weights and scales, or the model's own linear layers). A self-speculative call
+    of more rows than its copy is measured faster for drafts on the model's own weights (``stats.draft_weights``
+    None; `LowBitLinear.FASTER_ROWS`): ``draft_weights`` says ``"bf16"`` and ``asked_draft_weights`` the copy."""
+    base, weights = _split_weights(strategy)
+    if weights is not None and base != "low_bit" and stats.draft_weights is None:
+        return dict(_weight_fields(model, base, stats), asked_draft_weights=weights)
     if weights is None:
         return dict(draft_weights="bf16", draft_weight_bytes=sum(m.weight.nbytes for _, m in low_bit_linears(model)))
     copy = low_bit_draft_for(model, weights, 128)  # the copy the call drafted with (kept per target)
@@ -195,7 +199,8 @@ def run_speed(args) -> dict:
                 captures.append(stats.graph_capture_s)
                 record = dict(
                     shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
-                    **_stage_ms(stats, k), **_weight_fields(model, strategy), capture_s=stats.graph_capture_s, call_s=wall,
+                    **_stage_ms(stats, k), **_weight_fields(model, strategy, stats),
+                    capture_s=stats.graph_capture_s, call_s=wall,
                     prefill_s=stats.prefill_time_s, allocated_gb=torch.cuda.memory_allocated() / 2**30,
                     decode_tokens_per_s=(sum(stats.new_tokens) - batch) / max(1e-9, sum(stats.step_times_s)),
                     mean_k=sum(stats.draft_tokens) / max(1, stats.steps),

@@ -34,6 +34,14 @@ class LowBitLinear(torch.nn.Module):
             (default) the scale of least squared error among candidates around ``"absmax"``'s.
     """
 
+    #: ``(fmt, layout) -> rows``: the most rows at which the layer's matmul was measured faster than the bf16 layer
+    #: it stands for (one H100, the 8B shape's layers with weights out of L2, and whole draft steps; docs/results.md).
+    #: tinygemm int4: 0.44x of bf16 per decoder layer at 1 row, about 0.9x at 8, and a Vegas draft step of 16 rows
+    #: 1.51x the model's own; our int4 kernel: 0.61x at 1 row, 1.1-1.3x slower at 8 (between them unmeasured); our
+    #: int8: 0.6-0.65x at 1 and 8 rows, a Vegas draft step of 16 rows 0.83x the model's own. Self-speculative
+    #: drafts with more rows than this run the model's own weights (`SelfSpecDrafter.attach`).
+    FASTER_ROWS = {("int4", "tinygemm"): 8, ("int4", "packed"): 1, ("int8", "packed"): 64}
+
     def __init__(
         self,
         linear: torch.nn.Linear,
@@ -64,6 +72,11 @@ class LowBitLinear(torch.nn.Module):
         self.bias = linear.bias
         self.fmt, self.group_size, self.rounding = fmt, group_size, rounding
         self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @property
+    def faster_rows(self) -> int:
+        """The most rows this layer's matmul is measured faster for than the bf16 layer (`FASTER_ROWS`)."""
+        return self.FASTER_ROWS[(self.fmt, self.layout)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "tinygemm":

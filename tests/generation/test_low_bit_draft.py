@@ -158,6 +158,8 @@ def test_self_speculation_with_low_bit_draft_weights_equals_plain_generate(strat
     monkeypatch.setattr(
         LowBitLinear, "forward", lambda self, x: calls.append(x.shape[-2]) or forward(self, x)
     )
+    # two rows: let the copy draft them whatever its kernel is measured faster for (that choice: the test below)
+    monkeypatch.setattr(LowBitLinear, "FASTER_ROWS", dict.fromkeys(LowBitLinear.FASTER_ROWS, 64))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=gen)
     ids[:, 20:] = ids[:, :20]  # text worth drafting
@@ -171,7 +173,31 @@ def test_self_speculation_with_low_bit_draft_weights_equals_plain_generate(strat
     assert torch.equal(out.sequences, expected)
     assert calls and set(calls) == {1}  # only one-token draft steps ran the low-bit weights
     assert out.speculation.mean_acceptance_length > 1.0
+    assert out.speculation.draft_weights == weights
     assert list(low_bit._COPIES[model]) == [(weights, 16)]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_more_rows_than_the_copy_is_faster_for_draft_on_the_models_own_weights(batch, monkeypatch):
+    """Our int4 kernel is measured faster than bf16 at one row only (`LowBitLinear.FASTER_ROWS`): a Vegas call of
+    two rows drafts on the model's own weights, says so, and still gives plain generate's output."""
+    model = make_model("llama")
+    calls = []
+    forward = LowBitLinear.forward
+    monkeypatch.setattr(LowBitLinear, "forward", lambda self, x: calls.append(1) or forward(self, x))
+    ids = torch.randint(3, model.config.vocab_size, (batch, 40), generator=torch.Generator().manual_seed(1))
+    ids[:, 20:] = ids[:, :20]
+    expected = model.generate(input_ids=ids, max_new_tokens=10, do_sample=False)
+    out = model.generate(
+        input_ids=ids, max_new_tokens=10, do_sample=False, custom_generate=hsv.generate,
+        speculation=dict(strategy="vegas", num_draft_tokens=3, ratio=0.5, min_tokens=4, draft_weights="int4",
+                         draft_weight_group=16),
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, expected)
+    assert low_bit.faster_rows(low_bit._COPIES[model][("int4", 16)]) == 1  # CPU: the packed layout
+    assert out.speculation.draft_weights == ("int4" if batch == 1 else None)
+    assert bool(calls) == (batch == 1)
 
 
 def test_auto_takes_the_low_bit_copy_as_a_candidate_when_asked():

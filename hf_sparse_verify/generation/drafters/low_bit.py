@@ -125,6 +125,12 @@ def draft_weight_bytes(draft: torch.nn.Module) -> int:
     return sum(m.stored.nbytes + m.scales.nbytes for m in draft.modules() if isinstance(m, LowBitLinear))
 
 
+def faster_rows(draft: torch.nn.Module) -> int:
+    """The most rows for which every low-bit layer of ``draft`` is measured faster than the bf16 layer it stands for
+    (`LowBitLinear.FASTER_ROWS`)."""
+    return min(m.faster_rows for m in draft.modules() if isinstance(m, LowBitLinear))
+
+
 def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -> dict:
     """Bytes of the rounded linear layers once packed in ``weights`` (bf16 scales) against the same layers in the
     model's dtype (``{"low_bit": ..., "original": ...}``): what the draft reads per step in place of the target's."""

@@ -29,6 +29,9 @@ class SpeculationStats:
         between_steps_s: host seconds between one step's end and the next one's draft (the K policy's choice,
             the drafter's switch, the statistics): time the device waits on the host.
         policy_time_s: the part of it spent in the K policy (``next_step`` and ``observe``).
+        draft_weights: the low-bit copy self-speculative draft steps ran (``"int8"`` / ``"int4"``), or None: the
+            model's own weights (also where ``draft_weights`` was set and the call has more rows than the copy's
+            matmul is measured faster for: `LowBitLinear.FASTER_ROWS`).
         members: per step, the drafter that drafted (``strategy="auto"`` names its member; a named strategy's
             drafting steps carry the strategy; None for plain steps).
     """
@@ -50,6 +53,7 @@ class SpeculationStats:
     proposed_tokens: list[list[int | None]] = field(default_factory=list)
     step_parts_s: list[tuple[float, float, float]] = field(default_factory=list)
     members: list[str | None] = field(default_factory=list)
+    draft_weights: str | None = None
     loop_time_s: float = 0.0
     between_steps_s: float = 0.0
     policy_time_s: float = 0.0

@@ -33,7 +33,7 @@ from ....step import Phase, ScoreCollection
 from ...engine.graphs import CapturedCall
 from ...engine.state import DecodeState
 from ..base import Draft, Drafter, VerifyFeedback
-from ..low_bit import low_bit_draft_for
+from ..low_bit import faster_rows, low_bit_draft_for
 from ..sampling import pick_tokens
 from .selection import IndexSelection, QuestSelection, budget, kept_counts, streaming_index, topk_index
 
@@ -158,7 +158,10 @@ class SelfSpecDrafter(Drafter):
             raise NotImplementedError(
                 "draft_weights with a model spread over several GPUs is not supported: leave draft_weights=None"
             )
-        target.draft_weights = self.draft_weights  # draft steps run the low-bit copy (None: the model)
+        # draft steps run the low-bit copy (None: the model's own weights), unless the call has more rows than the
+        # copy's matmul is measured faster for than the model's weights (`LowBitLinear.FASTER_ROWS`)
+        fast = self.draft_weights is not None and state.batch_size <= faster_rows(self.draft_weights)
+        target.draft_weights = self.draft_weights if fast else None
         self.target = target
         self.session = session
         self.capture_s = 0.0
