@@ -35,12 +35,12 @@ class LowBitLinear(torch.nn.Module):
     """
 
     #: ``(fmt, layout) -> rows``: the most rows at which the layer's matmul was measured faster than the bf16 layer
-    #: it stands for (one H100, the 8B shape's layers with weights out of L2, and whole draft steps; docs/results.md).
-    #: tinygemm int4: 0.44x of bf16 per decoder layer at 1 row, about 0.9x at 8, and a Vegas draft step of 16 rows
-    #: 1.51x the model's own; our int4 kernel: 0.61x at 1 row, 1.1-1.3x slower at 8 (between them unmeasured); our
-    #: int8: 0.6-0.65x at 1 and 8 rows, a Vegas draft step of 16 rows 0.83x the model's own. Self-speculative
-    #: drafts with more rows than this run the model's own weights (`SelfSpecDrafter.attach`).
-    FASTER_ROWS = {("int4", "tinygemm"): 8, ("int4", "packed"): 1, ("int8", "packed"): 64}
+    #: it stands for (one H100, the 8B shape: whole Vegas draft steps at 16K, and single layers with weights out of
+    #: L2; docs/results.md). tinygemm int4: a draft step 0.56x the model's own at 1 row, 0.74x at 4, 1.05x at 8 and
+    #: 1.51x at 16; our int4 kernel: 0.61x of bf16 per decoder layer at 1 row, 1.1-1.3x slower at 8 (between them
+    #: unmeasured); our int8: a draft step 0.81x at 8 rows and 0.83x at 16. Self-speculative drafts of more rows
+    #: than this run the model's own weights (`SelfSpecDrafter.attach`).
+    FASTER_ROWS = {("int4", "tinygemm"): 4, ("int4", "packed"): 1, ("int8", "packed"): 64}
 
     def __init__(
         self,
