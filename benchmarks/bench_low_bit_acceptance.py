@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     )  # the records before "mse" have no suffix
     path = _records.save(args, record, args.device, setting=f"{device_name}:{args.group_size}{suffix}")
     if path is not None:
-        name = f"{path.stem}_g{args.group_size}{suffix.replace(':', '_')}.png"
+        # a record named with --setting draws its own PNG (not over the default setting's)
+        tail = args.setting if args.setting else f"g{args.group_size}{suffix}"
+        name = f"{path.stem}_{tail.replace(':', '_')}.png"
         plot(_records.stamp(record, args.device), path.with_name(name))
 
 
