@@ -463,8 +463,9 @@ def hybrid_layer_indices(model) -> list[int]:
     return [i for i, kind in enumerate(_layer_types(model)) if kind == "hybrid" and kind in kept]
 
 
-def set_attn_implementation(model, name: str) -> None:
-    """Switch ``model`` to the attention implementation ``name``: transformers' ``set_attn_implementation``, except
+def set_attn_implementation(model, name: str | dict) -> None:
+    """Switch ``model`` to the attention implementation ``name`` (or the nested per-sub-config form of
+    `hf_sparse_verify.integrations.switch.attention_implementations`): transformers' ``set_attn_implementation``, except
     for model types in `ATTENTION_REPLACED_MODEL_TYPES` (there that method only warns), whose
     ``config._attn_implementation`` is written directly. Call it for those only while their attention modules are
     replaced (`hf_sparse_verify.integrations.speculation_mode`): their own modules do not run under a
@@ -472,7 +473,7 @@ def set_attn_implementation(model, name: str) -> None:
     config = model.config
     replaced = config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not getattr(config, "alibi", False)
     if replaced and not _dispatches_attention(type(model)):
-        config._attn_implementation = name
+        config._attn_implementation = name[""] if isinstance(name, dict) else name
     else:
         model.set_attn_implementation(name)
 
