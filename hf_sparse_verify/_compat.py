@@ -319,6 +319,12 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} it keeps no KV cache (its forward takes none: every step runs the whole sequence again), so "
             f"there is no cache to verify drafts into or roll back" + INSTEAD_PLAIN
         )
+    if indexed_attention(config) and _keeps_indexer_positions(model):
+        return (
+            f"{prefix} its indexer keeps the positions of the cached keys as a history on the cache "
+            f"(indexer_position_ids), extended each call as if the new tokens took the last slots, which does not "
+            f"hold for rows that accepted different numbers of drafts" + INSTEAD_PLAIN
+        )
     # a model of recurrent layers only (Mamba) has no positions to get wrong
     recurrent_only = bool(_linear_types(model)) and set(_layer_types(model)) <= _linear_types(model)
     if "position_ids" not in forward_args and text.model_type not in ALIBI_MODEL_TYPES and not recurrent_only:
@@ -410,6 +416,16 @@ def indexed_attention(config) -> bool:
     except TypeError:  # not weakly referable: not cached
         pass
     return answer
+
+
+def _keeps_indexer_positions(model) -> bool:
+    """Whether ``model``'s modelling code stores its indexers' key positions on the cache layer
+    (``indexer_position_ids``, Qwen4-Exp in transformers 5.24), which `SpecCache` does not keep."""
+    try:
+        source = inspect.getsource(sys.modules[type(model).__module__])
+    except (KeyError, OSError, TypeError):
+        return False
+    return "indexer_position_ids" in source
 
 
 def kv_shared_sources(model) -> dict[int, int]:

@@ -70,3 +70,33 @@ def test_indexer_keys_are_written_at_the_step_slots():
     assert torch.equal(keys[1, 3:7], torch.arange(8, 16, dtype=torch.float32).view(4, 2))
     assert keys[1, :3].eq(0).all() and cache.layers[0].indexer_keys.shape == (2, 16, 2)
     assert cache.nbytes == cache.layers[0].indexer_keys.nbytes  # no keys written yet: the indexer's alone
+
+
+def test_an_indexer_that_keeps_its_key_positions_on_the_cache_is_refused():
+    """Qwen4-Exp (transformers' model-tester sizes) appends its indexer's key positions to the cache each call, as if
+    the new tokens took the last slots; that does not hold for rows that accepted different numbers of drafts, so
+    the model is refused with the reason (before: an AttributeError deep in its forward), and plain generate runs."""
+    from transformers import Qwen4ExpTextConfig
+
+    config = Qwen4ExpTextConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
+        linear_num_value_heads=8, moe_intermediate_size=8, shared_expert_intermediate_size=8, num_experts_per_tok=2,
+        num_experts=4, layer_types=["linear_attention", "indexed_attention"], hc_count=2, hc_lowrank=8,
+        ple_layer_ids=[1], ple_embed_dim=16, ple_conv_kernel_size=2, ngram_size=3, heads_per_ngram=2,
+        ngram_vocab_size_base=31, make_ngram_vocab_size_divisible_by=8, split_ngram_parts=4, indexer_n_heads=2,
+        indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=4, indexer_compress_ratio=2, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25, "rope_theta": 10000.0},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    ids = torch.randint(3, 99, (2, 10))
+    for strategy in ("prompt_lookup", "draft_model"):
+        extra = {"draft_model": noisy_copy(model)} if strategy == "draft_model" else {}
+        with pytest.raises(NotImplementedError, match="indexer_position_ids"):
+            model.generate(
+                ids, max_new_tokens=4, do_sample=False, custom_generate=hsv.generate,
+                speculation=dict(strategy=strategy), **extra,
+            )  # fmt: skip
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (2, 14)
