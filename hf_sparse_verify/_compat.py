@@ -479,9 +479,8 @@ def hybrid_layer_indices(model) -> list[int]:
     return [i for i, kind in enumerate(_layer_types(model)) if kind == "hybrid" and kind in kept]
 
 
-def set_attn_implementation(model, name: str | dict) -> None:
-    """Switch ``model`` to the attention implementation ``name`` (or the nested per-sub-config form of
-    `hf_sparse_verify.integrations.switch.attention_implementations`): transformers' ``set_attn_implementation``, except
+def set_attn_implementation(model, name: str) -> None:
+    """Switch ``model`` to the attention implementation ``name``: transformers' ``set_attn_implementation``, except
     for model types in `ATTENTION_REPLACED_MODEL_TYPES` (there that method only warns), whose
     ``config._attn_implementation`` is written directly. Call it for those only while their attention modules are
     replaced (`hf_sparse_verify.integrations.speculation_mode`): their own modules do not run under a
@@ -489,9 +488,16 @@ def set_attn_implementation(model, name: str | dict) -> None:
     config = model.config
     replaced = config.model_type in ATTENTION_REPLACED_MODEL_TYPES and not getattr(config, "alibi", False)
     if replaced and not _dispatches_attention(type(model)):
-        config._attn_implementation = name[""] if isinstance(name, dict) else name
+        config._attn_implementation = name
     else:
         model.set_attn_implementation(name)
+
+
+def restore_attn_implementation(model, previous: str | dict | None) -> None:
+    """Put back what `hf_sparse_verify.integrations.switch.attention_implementations` read before a switch: the
+    config's own setter writes each part's value as it was, unset (None) parts included, which
+    ``set_attn_implementation`` would refuse (it resolves and checks every value, and None is not one)."""
+    model.config._attn_implementation = previous
 
 
 def layer_sliding_window(module, passed: int | None) -> int | None:
@@ -626,6 +632,7 @@ __all__ = [
     "recover_assistant_model",
     "recover_streamer",
     "set_attn_implementation",
+    "restore_attn_implementation",
     "transformers",
 ]
 

@@ -445,7 +445,8 @@ def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **field
 def attention_implementations(config) -> str | dict:
     """The attention implementation of ``config`` and of each of its sub-configs, in the nested form
     ``set_attn_implementation`` takes (``{"": own, "<sub_config>": ...}``; a plain name without sub-configs): a
-    composite model's parts may differ (Gemma 4: its text model SDPA, its audio model eager, which has no SDPA)."""
+    composite model's parts may differ (Gemma 4: its text model SDPA, its audio model eager, which has no SDPA, or
+    unset)."""
     parts = {
         key: attention_implementations(sub)
         for key in getattr(config, "sub_configs", {})
@@ -465,4 +466,4 @@ def _attention_implementation(models) -> Iterator[None]:
         yield
     finally:
         for model, previous in reversed(switched):
-            _compat.set_attn_implementation(model, previous)
+            _compat.restore_attn_implementation(model, previous)

@@ -43,10 +43,12 @@ def test_everything_is_restored_also_after_an_error():
     assert model.config._attn_implementation == implementation
 
 
-def test_each_part_of_a_composite_model_gets_its_own_attention_back():
+@pytest.mark.parametrize("audio", ["as built", "unset"])
+def test_each_part_of_a_composite_model_gets_its_own_attention_back(audio):
     """Gemma 4 with an audio encoder (the sizes of transformers' Gemma4 model tester): the text model runs SDPA, the
-    audio model eager (it has no SDPA). The call switches both and puts each one's own back; restoring one name for
-    all failed on the audio model and left it on ours, so the next plain `generate` raised."""
+    audio model eager (it has no SDPA), or nothing set (Gemma 4 unified's tester). The call switches both and puts
+    each one's own back; restoring one name for all failed on the audio model and left it on ours, so the next plain
+    `generate` raised."""
     from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
     import hf_sparse_verify as hsv
@@ -57,12 +59,15 @@ def test_each_part_of_a_composite_model_gets_its_own_attention_back():
         num_key_value_heads=2, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
         vocab_size_per_layer_input=99, hidden_size_per_layer_input=16, pad_token_id=0, eos_token_id=2, bos_token_id=1,
     )  # fmt: skip
-    audio = Gemma4AudioConfig(
+    audio_sizes = dict(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, subsampling_conv_channels=[16, 8],
         attention_chunk_size=4, attention_context_left=5, attention_context_right=0, output_proj_dims=32,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, audio_config=audio)).eval()
+    parts = Gemma4Config(text_config=text, audio_config=Gemma4AudioConfig(**audio_sizes))
+    model = Gemma4ForConditionalGeneration(parts).eval()
+    if audio == "unset":
+        model.config.audio_config._attn_implementation = None
     before = attention_implementations(model.config)
     assert before["text_config"] != before["audio_config"]  # the case: parts with different implementations
     ids = torch.randint(3, 99, (1, 12))
