@@ -63,7 +63,9 @@ class SpeculationConfig:
             ``quest``) run: None (the model's own), ``"int4"`` (per group of ``draft_weight_group`` input channels)
             or ``"int8"`` (per output channel), a copy of the target's linear layers made once per target that
             shares its KV cache (verification keeps the model's weights: lossless). ``strategy="low_bit"`` drafts
-            with such a copy and a KV cache of its own (None there means ``"int4"``).
+            with such a copy and a KV cache of its own (None there means ``"int4"``). ``"auto"``: per call, int4
+            where its matmul is measured faster than bf16 at the call's rows, else int8, else the model's own
+            (`LowBitLinear.FASTER_ROWS`; on an H100 int4 to 4 rows, int8 to 64); each copy made once and kept.
         draft_weight_group: input channels per int4 scale; None (default): 128, or the largest of 64 and 32 that
             divides every rounded linear layer's input size (an explicit value must divide them all).
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.
@@ -245,8 +247,10 @@ class SpeculationConfig:
                     "generate(..., draft_model=model) instead"
                 )
             check_model_location("draft_model", self.draft_model)
-        if self.draft_weights not in (None, "int8", "int4"):
-            raise ValueError(f"draft_weights must be None, 'int8' or 'int4', got {self.draft_weights!r}")
+        if self.draft_weights not in (None, "int8", "int4", "auto"):
+            raise ValueError(
+                f"draft_weights must be None, 'int8', 'int4' or 'auto', got {self.draft_weights!r}"
+            )
         if self.draft_weight_group is not None:
             _check_int("draft_weight_group", self.draft_weight_group)
             if self.draft_weight_group < 2 or self.draft_weight_group % 2:

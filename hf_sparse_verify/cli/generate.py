@@ -60,9 +60,10 @@ def add_parser(sub, parents) -> None:
     )
     gen.add_argument(
         "--draft-weights",
-        choices=["int4", "int8"],
+        choices=["int4", "int8", "auto"],
         help="draft with the target's low-bit copy: the weights of --strategy low_bit (default int4), or of the "
-        "draft steps of vegas / streaming / quest (default: the model's own)",
+        "draft steps of vegas / streaming / quest (default: the model's own); auto: int4 or int8, whichever is "
+        "measured faster than bf16 at the call's rows, else the model's own",
     )
     gen.add_argument(
         "--num-draft-tokens",

@@ -26,6 +26,7 @@ from ..placement import graph_obstacle, tensor_parallel
 from ..registry import DRAFTERS, resolve
 from ..sparse.calibration import GRANTS, SparseCalibration, find_calibration
 from .drafters.base import Drafter
+from .drafters.low_bit import AUTO_FORMATS, draft_weights_for
 from .drafters.portfolio import VEGAS_MIN_PROMPT, PortfolioDrafter
 from .engine.loop import LoopSettings, speculative_decode
 from .engine.stats import SpeculationStats
@@ -291,6 +292,11 @@ def _run(
         )
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     batch, prompt_len = input_ids.shape
+    if config.draft_weights == "auto":  # the copy measured fastest for this many rows, or the model's own
+        weights = draft_weights_for(model, "auto", config.draft_weight_group, batch)
+        if weights is None and strategy == "low_bit":  # there the copy is the draft: the one for many rows
+            weights = AUTO_FORMATS[-1]
+        config = dataclasses.replace(config, draft_weights=weights)
     if strategy == "auto":
         if draft_model is not None:
             _compat.check_architecture(draft_model)

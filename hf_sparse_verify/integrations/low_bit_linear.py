@@ -54,14 +54,7 @@ class LowBitLinear(torch.nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         weight = linear.weight
-        fits = fmt == "int4" and tinygemm_fits(*weight.shape, group_size, weight.device, weight.dtype)
-        if layout == "tinygemm" and not fits:
-            raise ValueError(
-                f"tinygemm takes int4 bf16 layers on CUDA with out % 8 == 0, in % 32 == 0 and groups of 32-256: "
-                f"this one is {fmt}, {weight.dtype}, {tuple(weight.shape)} on {weight.device}, group {group_size}; "
-                "use layout='packed'"
-            )
-        self.layout = "tinygemm" if layout == "tinygemm" or (layout == "auto" and fits) else "packed"
+        self.layout = self.layout_for(linear, fmt, group_size, layout)
         values, scales = quantize(weight, fmt, group_size, rounding)
         if self.layout == "tinygemm":
             stored, scales = tinygemm_pack(values, scales, group_size)
@@ -72,6 +65,20 @@ class LowBitLinear(torch.nn.Module):
         self.bias = linear.bias
         self.fmt, self.group_size, self.rounding = fmt, group_size, rounding
         self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @staticmethod
+    def layout_for(linear: torch.nn.Linear, fmt: str, group_size: int, layout: str = "auto") -> str:
+        """The layout ``LowBitLinear(linear, fmt, group_size, layout)`` stores its weight in (``layout="auto"``:
+        tinygemm where it takes the layer), without rounding anything."""
+        weight = linear.weight
+        fits = fmt == "int4" and tinygemm_fits(*weight.shape, group_size, weight.device, weight.dtype)
+        if layout == "tinygemm" and not fits:
+            raise ValueError(
+                f"tinygemm takes int4 bf16 layers on CUDA with out % 8 == 0, in % 32 == 0 and groups of 32-256: "
+                f"this one is {fmt}, {weight.dtype}, {tuple(weight.shape)} on {weight.device}, group {group_size}; "
+                "use layout='packed'"
+            )
+        return "tinygemm" if layout == "tinygemm" or (layout == "auto" and fits) else "packed"
 
     @property
     def faster_rows(self) -> int:

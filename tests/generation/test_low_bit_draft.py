@@ -373,3 +373,41 @@ def test_only_what_a_replacement_runs_together_is_stacked():
         layer.mlp
     )
     assert isinstance(layer.self_attn.v_proj, LowBitRows) and isinstance(layer.mlp.up_proj, LowBitLinear)
+
+
+def test_auto_draft_weights_take_the_copy_measured_faster_for_the_rows():
+    """``draft_weights="auto"``: on CPU both copies run the packed layout, int4 measured faster than bf16 at one
+    row only and int8 to 64 (`LowBitLinear.FASTER_ROWS`), so one row drafts on int4, two on int8, 65 on the model's
+    own weights; output equals plain generate, and the statistics name the copy that drafted."""
+    model = make_model("llama")
+    assert [low_bit.draft_weights_for(model, "auto", 16, rows) for rows in (1, 2, 64, 65)] == [
+        "int4", "int8", "int8", None
+    ]
+    assert low_bit.draft_weights_for(model, "int4", 16, 65) == "int4"  # a named format is kept
+    for batch, expected in ((1, "int4"), (2, "int8")):
+        ids = torch.randint(3, model.config.vocab_size, (batch, 40), generator=torch.Generator().manual_seed(2))
+        ids[:, 20:] = ids[:, :20]
+        plain = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+        out = model.generate(
+            input_ids=ids, max_new_tokens=8, do_sample=False, custom_generate=hsv.generate,
+            speculation=dict(strategy="vegas", num_draft_tokens=3, ratio=0.5, min_tokens=4, draft_weights="auto",
+                             draft_weight_group=16),
+            return_dict_in_generate=True,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain)
+        assert out.speculation.draft_weights == expected
+
+
+def test_auto_draft_weights_of_the_low_bit_strategy_never_mean_the_model_itself(monkeypatch):
+    """Where no copy is measured faster at the call's rows, ``"auto"`` means the model's own weights for Vegas, but the
+    ``low_bit`` strategy's draft is the copy: it takes int8 (the copy whose kernel holds to the most rows)."""
+    model = make_model("llama")
+    monkeypatch.setattr(LowBitLinear, "FASTER_ROWS", dict.fromkeys(LowBitLinear.FASTER_ROWS, 1))
+    ids = torch.randint(3, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(3))
+    plain = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    out = model.generate(
+        input_ids=ids, max_new_tokens=6, do_sample=False, custom_generate=hsv.generate,
+        speculation=dict(strategy="low_bit", num_draft_tokens=3, draft_weights="auto", draft_weight_group=16),
+    )  # fmt: skip
+    assert torch.equal(out, plain)
+    assert [fmt for fmt, _ in low_bit._COPIES[model]] == ["int8"]

@@ -131,6 +131,28 @@ def faster_rows(draft: torch.nn.Module) -> int:
     return min(m.faster_rows for m in draft.modules() if isinstance(m, LowBitLinear))
 
 
+#: what ``draft_weights="auto"`` tries, fewest bytes first
+AUTO_FORMATS = ("int4", "int8")
+
+
+def draft_weights_for(model: torch.nn.Module, weights: str | None, group_size: int | None, rows: int) -> str | None:
+    """``SpeculationConfig.draft_weights`` as a call of ``rows`` rows runs it: ``"auto"`` becomes the first of
+    `AUTO_FORMATS` whose copy's matmul is measured faster than bf16 at that many rows (`LowBitLinear.FASTER_ROWS`,
+    the layout the copy would take on ``model``'s device and dtype), else None (the model's own weights); any other
+    value is returned as given."""
+    if weights != "auto":
+        return weights
+    linears = [linear for _, linear in low_bit_linears(model)]
+    for fmt in AUTO_FORMATS:
+        try:
+            group = (group_size or default_group(model)) if fmt == "int4" else 128
+        except ValueError:  # no int4 group divides the layers
+            continue
+        if min(LowBitLinear.FASTER_ROWS[(fmt, LowBitLinear.layout_for(m, fmt, group))] for m in linears) >= rows:
+            return fmt
+    return None
+
+
 def low_bit_bytes(model: torch.nn.Module, weights: str, group_size: int = 128) -> dict:
     """Bytes of the rounded linear layers once packed in ``weights`` (bf16 scales) against the same layers in the
     model's dtype (``{"low_bit": ..., "original": ...}``): what the draft reads per step in place of the target's."""
