@@ -396,6 +396,7 @@ def test_auto_draft_weights_take_the_copy_measured_faster_for_the_rows():
         )  # fmt: skip
         assert torch.equal(out.sequences, plain)
         assert out.speculation.draft_weights == expected
+        assert f"on the model's {expected} copy" in out.speculation.summary()
 
 
 def test_auto_draft_weights_of_the_low_bit_strategy_never_mean_the_model_itself(monkeypatch):

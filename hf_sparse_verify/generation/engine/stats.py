@@ -166,6 +166,8 @@ class SpeculationStats:
             if "reason" in state:
                 why[state["reason"]] = why.get(state["reason"], 0) + 1
         lines = [f"ran: {chosen}"]
+        if self.draft_weights is not None:
+            lines.append(f"draft steps on the model's {self.draft_weights} copy")
         if why:
             lines.append("why (planner, steps): " + ", ".join(f"{r} {n}" for r, n in why.items()))
         return "\n".join(
