@@ -85,11 +85,11 @@ def _split_weights(name: str) -> tuple[str, str | None]:
 
 def _weight_fields(model, strategy: str, stats) -> dict:
     """``draft_weights`` (``"bf16"``: the model's own) and ``draft_weight_bytes`` (the linear weights a draft step
-    reads: the low-bit copy's packed weights and scales, or the model's own linear layers). A self-speculative call
-    of more rows than its copy is measured faster for drafts on the model's own weights (``stats.draft_weights``
-    None; `LowBitLinear.FASTER_ROWS`): ``draft_weights`` says ``"bf16"`` and ``asked_draft_weights`` the copy."""
+    reads: the low-bit copy's packed weights and scales, or the model's own linear layers), as the call drafted
+    (``stats.draft_weights``); where that is not the copy the strategy name asks for (the commit 55537ad fell back to
+    the model's own weights above `LowBitLinear.FASTER_ROWS`), ``asked_draft_weights`` names the asked one."""
     base, weights = _split_weights(strategy)
-    if weights is not None and base != "low_bit" and stats.draft_weights is None:
+    if weights is not None and stats.draft_weights != weights:
         return dict(_weight_fields(model, base, stats), asked_draft_weights=weights)
     if weights is None:
         return dict(draft_weights="bf16", draft_weight_bytes=sum(m.weight.nbytes for _, m in low_bit_linears(model)))

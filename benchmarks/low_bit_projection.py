@@ -80,7 +80,8 @@ def project(speed_files: list[Path], acceptance: dict) -> tuple[list[dict], list
             target = TARGETS.get((r["strategy"], r["batch"], r["context"]))
             if target is not None:
                 out["target"] = target
-                out["target_met"] = out.get("projected_speedup", 0) >= target
+                projected = out.get("projected_speedup")
+                out["target_met"] = None if projected is None else projected >= target  # None: not projected
             records.append(out)
     return records, sources
 
@@ -92,6 +93,9 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in records if r.get("projected_speedup") is not None]
+    if not shown:
+        print(f"nothing projected (no acceptance record matches): {path.name} not drawn")
+        return
     cases = sorted({(r["batch"], r["context"]) for r in shown}, key=lambda c: (c[0], c[1]))
     names = [s for s in STRATEGIES if any(r["strategy"] == s for r in shown)]
     fig, ax = plt.subplots(figsize=(10, 4.2))

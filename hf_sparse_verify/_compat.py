@@ -201,6 +201,11 @@ MISMATCHED_MODEL_TYPES = {
     "calls the attention function registered with AttentionInterface",
 }
 
+#: model types whose indexers keep the positions of the cached keys on the first indexed cache layer
+#: (``indexer_position_ids``, transformers 5.24), appended each call as if the new tokens took the last slots:
+#: refused where they have indexed layers, as `SpecCache` does not keep that history per row
+INDEXER_POSITION_MODEL_TYPES = frozenset({"qwen4_exp_text"})
+
 #: model types whose attention modules never call the function registered with `AttentionInterface`, but whose
 #: rotary attention `hf_sparse_verify.integrations.speculation_mode` replaces, for the call, with modules that do
 ATTENTION_REPLACED_MODEL_TYPES = frozenset(
@@ -319,7 +324,7 @@ def architecture_refusal(model) -> str | None:
             f"{prefix} it keeps no KV cache (its forward takes none: every step runs the whole sequence again), so "
             f"there is no cache to verify drafts into or roll back" + INSTEAD_PLAIN
         )
-    if indexed_attention(config) and _keeps_indexer_positions(model):
+    if text.model_type in INDEXER_POSITION_MODEL_TYPES and indexed_attention(config):
         return (
             f"{prefix} its indexer keeps the positions of the cached keys as a history on the cache "
             f"(indexer_position_ids), extended each call as if the new tokens took the last slots, which does not "
@@ -418,16 +423,6 @@ def indexed_attention(config) -> bool:
     return answer
 
 
-def _keeps_indexer_positions(model) -> bool:
-    """Whether ``model``'s modelling code stores its indexers' key positions on the cache layer
-    (``indexer_position_ids``, Qwen4-Exp in transformers 5.24), which `SpecCache` does not keep."""
-    try:
-        source = inspect.getsource(sys.modules[type(model).__module__])
-    except (KeyError, OSError, TypeError):
-        return False
-    return "indexer_position_ids" in source
-
-
 def kv_shared_sources(model) -> dict[int, int]:
     """``{shared layer: the layer whose keys and values it reads}`` for models with KV-shared layers; else empty."""
     return _kv_sources(model.config.get_text_config(decoder=True))
@@ -493,8 +488,21 @@ def set_attn_implementation(model, name: str) -> None:
         model.set_attn_implementation(name)
 
 
+def attention_implementations(config) -> str | dict | None:
+    """The attention implementation of ``config`` and of each of its sub-configs, in the nested form
+    ``set_attn_implementation`` takes (``{"": own, "<sub_config>": ...}``; a plain name without sub-configs): a
+    composite model's parts may differ (Gemma 4: its text model SDPA, its audio model eager, which has no SDPA, or
+    unset)."""
+    parts = {
+        key: attention_implementations(sub)
+        for key in getattr(config, "sub_configs", {})
+        if (sub := getattr(config, key, None)) is not None
+    }
+    return {"": config._attn_implementation, **parts} if parts else config._attn_implementation
+
+
 def restore_attn_implementation(model, previous: str | dict | None) -> None:
-    """Put back what `hf_sparse_verify.integrations.switch.attention_implementations` read before a switch: the
+    """Put back what `attention_implementations` read before a switch: the
     config's own setter writes each part's value as it was, unset (None) parts included, which
     ``set_attn_implementation`` would refuse (it resolves and checks every value, and None is not one)."""
     model.config._attn_implementation = previous
@@ -633,6 +641,7 @@ __all__ = [
     "recover_streamer",
     "set_attn_implementation",
     "restore_attn_implementation",
+    "attention_implementations",
     "transformers",
 ]
 

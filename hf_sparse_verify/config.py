@@ -65,7 +65,7 @@ class SpeculationConfig:
             shares its KV cache (verification keeps the model's weights: lossless). ``strategy="low_bit"`` drafts
             with such a copy and a KV cache of its own (None there means ``"int4"``). ``"auto"``: per call, int4
             where its matmul is measured faster than bf16 at the call's rows, else int8, else the model's own
-            (`LowBitLinear.FASTER_ROWS`; on an H100 int4 to 4 rows, int8 to 64); each copy made once and kept.
+            (`LowBitLinear.FASTER_ROWS`; on an H100 int4 to 4 rows, int8 to 16); each copy made once and kept.
         draft_weight_group: input channels per int4 scale; None (default): 128, or the largest of 64 and 32 that
             divides every rounded linear layer's input size (an explicit value must divide them all).
         prompt_lookup_max_ngram / prompt_lookup_min_ngram: n-gram sizes tried by ``prompt_lookup``, longest first.

@@ -292,10 +292,10 @@ def _run(
         )
     settings = _settings(config, generation_config, model, input_ids.shape[1])
     batch, prompt_len = input_ids.shape
-    if config.draft_weights == "auto":  # the copy measured fastest for this many rows, or the model's own
+    if config.draft_weights == "auto":  # the copy measured faster for this many rows, or the model's own
         weights = draft_weights_for(model, "auto", config.draft_weight_group, batch)
-        if weights is None and strategy == "low_bit":  # there the copy is the draft: the one for many rows
-            weights = AUTO_FORMATS[-1]
+        if weights is None and strategy != "auto" and resolve(DRAFTERS, strategy).drafts_on_a_copy:
+            weights = AUTO_FORMATS[-1]  # its draft is the copy: the one whose kernel holds to the most rows
         config = dataclasses.replace(config, draft_weights=weights)
     if strategy == "auto":
         if draft_model is not None:

@@ -38,9 +38,9 @@ class LowBitLinear(torch.nn.Module):
     #: it stands for (one H100, the 8B shape: whole Vegas draft steps at 16K, and single layers with weights out of
     #: L2; docs/results.md). tinygemm int4: a draft step 0.56x the model's own at 1 row, 0.74x at 4, 1.05x at 8 and
     #: 1.51x at 16; our int4 kernel: 0.61x of bf16 per decoder layer at 1 row, 1.1-1.3x slower at 8 (between them
-    #: unmeasured); our int8: a draft step 0.81x at 8 rows and 0.83x at 16. Self-speculative drafts of more rows
-    #: than this run the model's own weights (`SelfSpecDrafter.attach`).
-    FASTER_ROWS = {("int4", "tinygemm"): 4, ("int4", "packed"): 1, ("int8", "packed"): 64}
+    #: unmeasured); our int8: a draft step 0.81x at 8 rows and 0.83x at 16 (more rows not measured). What
+    #: ``draft_weights="auto"`` picks by (`hf_sparse_verify.generation.drafters.low_bit.draft_weights_for`).
+    FASTER_ROWS = {("int4", "tinygemm"): 4, ("int4", "packed"): 1, ("int8", "packed"): 16}
 
     def __init__(
         self,
@@ -79,11 +79,6 @@ class LowBitLinear(torch.nn.Module):
                 "use layout='packed'"
             )
         return "tinygemm" if layout == "tinygemm" or (layout == "auto" and fits) else "packed"
-
-    @property
-    def faster_rows(self) -> int:
-        """The most rows this layer's matmul is measured faster for than the bf16 layer (`FASTER_ROWS`)."""
-        return self.FASTER_ROWS[(self.fmt, self.layout)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "tinygemm":

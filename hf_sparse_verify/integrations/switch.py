@@ -442,25 +442,12 @@ def speculation_mode(*models: torch.nn.Module, mode: Mode | None = None, **field
         yield Switched(models, mode, counts)
 
 
-def attention_implementations(config) -> str | dict:
-    """The attention implementation of ``config`` and of each of its sub-configs, in the nested form
-    ``set_attn_implementation`` takes (``{"": own, "<sub_config>": ...}``; a plain name without sub-configs): a
-    composite model's parts may differ (Gemma 4: its text model SDPA, its audio model eager, which has no SDPA, or
-    unset)."""
-    parts = {
-        key: attention_implementations(sub)
-        for key in getattr(config, "sub_configs", {})
-        if (sub := getattr(config, key, None)) is not None
-    }
-    return {"": config._attn_implementation, **parts} if parts else config._attn_implementation
-
-
 @contextlib.contextmanager
 def _attention_implementation(models) -> Iterator[None]:
     switched = []
     try:
         for model in models:
-            previous = attention_implementations(model.config)
+            previous = _compat.attention_implementations(model.config)
             switched.append((model, previous))  # restored even where switching fails part-way
             _compat.set_attn_implementation(model, ATTENTION_NAME)
         yield

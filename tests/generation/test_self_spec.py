@@ -34,7 +34,6 @@ from hf_sparse_verify.generation.drafters.self_spec.selection import (
     topk_index,
 )
 from hf_sparse_verify.generation.engine import loop
-from hf_sparse_verify.integrations.low_bit_linear import LowBitLinear
 from hf_sparse_verify.registry import DRAFTERS, resolve
 from hf_sparse_verify.step import Phase, ScoreCollection, StepContext
 
@@ -813,8 +812,6 @@ def test_vegas_sampling_matches_target_distribution(monkeypatch, draft_weights):
     target_12, target_23 = _joint_next_tokens(model, prompt)
 
     settings = {} if draft_weights is None else dict(draft_weights=draft_weights)
-    # 4000 rows: let the copy draft them, whatever its kernel is measured faster for (`LowBitLinear.FASTER_ROWS`)
-    monkeypatch.setattr(LowBitLinear, "FASTER_ROWS", dict.fromkeys(LowBitLinear.FASTER_ROWS, E2E_ROWS))
     calls = _spy_selections(monkeypatch)
     out = _sample_sparse(model, prompt, **settings)
     _assert_sparse(calls, "vegas")

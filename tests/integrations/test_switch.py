@@ -52,7 +52,7 @@ def test_each_part_of_a_composite_model_gets_its_own_attention_back(audio):
     from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
     import hf_sparse_verify as hsv
-    from hf_sparse_verify.integrations.switch import attention_implementations
+    from hf_sparse_verify._compat import attention_implementations
 
     text = Gemma4TextConfig(
         vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,

@@ -74,6 +74,15 @@ class Drafter(CandidateGenerator):
     needs_dense_verify_attention: ClassVar[bool] = False
     #: has a KV-selection ``ratio`` that ``hf-sparse-verify tune`` searches (with K)
     tunes_ratio: ClassVar[bool] = False
+    #: its draft is always a low-bit copy of the target (strategy ``low_bit``): ``draft_weights="auto"`` never means
+    #: the model's own weights for it
+    drafts_on_a_copy: ClassVar[bool] = False
+
+    @property
+    def low_bit_weights(self) -> str | None:
+        """The format of the target's low-bit copy this drafter drafts with once attached (``"int4"`` / ``"int8"``),
+        or None: `SpeculationStats.draft_weights`."""
+        return None
 
     def session_key(self) -> tuple:
         """What decides the graphs and buffers this drafter keeps in a session (with the target's key)."""

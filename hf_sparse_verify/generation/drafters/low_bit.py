@@ -125,12 +125,6 @@ def draft_weight_bytes(draft: torch.nn.Module) -> int:
     return sum(m.stored.nbytes + m.scales.nbytes for m in draft.modules() if isinstance(m, LowBitLinear))
 
 
-def faster_rows(draft: torch.nn.Module) -> int:
-    """The most rows for which every low-bit layer of ``draft`` is measured faster than the bf16 layer it stands for
-    (`LowBitLinear.FASTER_ROWS`)."""
-    return min(m.faster_rows for m in draft.modules() if isinstance(m, LowBitLinear))
-
-
 #: what ``draft_weights="auto"`` tries, fewest bytes first
 AUTO_FORMATS = ("int4", "int8")
 
@@ -138,16 +132,22 @@ AUTO_FORMATS = ("int4", "int8")
 def draft_weights_for(model: torch.nn.Module, weights: str | None, group_size: int | None, rows: int) -> str | None:
     """``SpeculationConfig.draft_weights`` as a call of ``rows`` rows runs it: ``"auto"`` becomes the first of
     `AUTO_FORMATS` whose copy's matmul is measured faster than bf16 at that many rows (`LowBitLinear.FASTER_ROWS`,
-    the layout the copy would take on ``model``'s device and dtype), else None (the model's own weights); any other
-    value is returned as given."""
+    for the layout the copy would take on ``model``'s device and dtype), else None: the model's own weights (also
+    for a model spread over several devices, where no copy drafts). Any other value is returned as given."""
     if weights != "auto":
         return weights
+    if len({p.device for p in model.parameters()}) > 1:
+        return None
     linears = [linear for _, linear in low_bit_linears(model)]
     for fmt in AUTO_FORMATS:
-        try:
-            group = (group_size or default_group(model)) if fmt == "int4" else 128
-        except ValueError:  # no int4 group divides the layers
-            continue
+        group = 128
+        if fmt == "int4":
+            try:
+                group = group_size or default_group(model)
+            except ValueError:  # no int4 group divides the layers
+                continue
+            if any(m.in_features % group for m in linears):  # an explicit group that does not divide them
+                continue
         if min(LowBitLinear.FASTER_ROWS[(fmt, LowBitLinear.layout_for(m, fmt, group))] for m in linears) >= rows:
             return fmt
     return None
@@ -205,6 +205,11 @@ class LowBitDrafter(DraftModelDrafter):
     drafting with a KV cache of its own."""
 
     takes_draft_model = False
+    drafts_on_a_copy = True
+
+    @property
+    def low_bit_weights(self) -> str | None:
+        return self.model.config.low_bit_draft
 
     @classmethod
     def from_config(cls, config, target, draft_model=None) -> LowBitDrafter:

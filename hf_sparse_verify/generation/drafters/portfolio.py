@@ -121,6 +121,12 @@ class PortfolioDrafter(Drafter):
         return out
 
     @property
+    def low_bit_weights(self) -> str | None:
+        """The copy its low-bit members hold (Vegas with ``draft_weights``, ``low_bit``; one format per call),
+        whether or not the planner picked them: ``members`` of the statistics says who drafted."""
+        return next((m.low_bit_weights for m in self.members.values() if m.low_bit_weights), None)
+
+    @property
     def models(self) -> tuple:  # type: ignore[override]
         return tuple(m for member in self.members.values() for m in member.models)
 

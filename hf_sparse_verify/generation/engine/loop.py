@@ -185,8 +185,7 @@ def speculative_decode(
     target, session = _target_runner(model, drafter, batch, settings, device)
     target.set_padding(pads)
     drafter.attach(target, state, session)
-    copy = target.draft_weights
-    stats.draft_weights = copy.config.low_bit_draft if copy is not None else None
+    stats.draft_weights = drafter.low_bit_weights
     timer = StepTimer(device)
     agreement = RankAgreement(model)  # tensor-parallel ranks feed the policy equal step times
 

@@ -29,9 +29,10 @@ class SpeculationStats:
         between_steps_s: host seconds between one step's end and the next one's draft (the K policy's choice,
             the drafter's switch, the statistics): time the device waits on the host.
         policy_time_s: the part of it spent in the K policy (``next_step`` and ``observe``).
-        draft_weights: the low-bit copy self-speculative draft steps ran (``"int8"`` / ``"int4"``), or None: the
-            model's own weights (also where ``draft_weights`` was set and the call has more rows than the copy's
-            matmul is measured faster for: `LowBitLinear.FASTER_ROWS`).
+        draft_weights: the format of the target's low-bit copy the drafter drafts with (``"int8"`` / ``"int4"``:
+            Vegas / Streaming / Quest with ``draft_weights``, the ``low_bit`` strategy; under ``auto`` the copy its
+            low-bit members hold), or None: the model's own weights or a separate draft model. With
+            ``draft_weights="auto"`` it says what the call's rows resolved to.
         members: per step, the drafter that drafted (``strategy="auto"`` names its member; a named strategy's
             drafting steps carry the strategy; None for plain steps).
     """
@@ -167,7 +168,7 @@ class SpeculationStats:
                 why[state["reason"]] = why.get(state["reason"], 0) + 1
         lines = [f"ran: {chosen}"]
         if self.draft_weights is not None:
-            lines.append(f"draft steps on the model's {self.draft_weights} copy")
+            lines.append(f"drafts on the model's {self.draft_weights} copy")
         if why:
             lines.append("why (planner, steps): " + ", ".join(f"{r} {n}" for r, n in why.items()))
         return "\n".join(

@@ -33,7 +33,7 @@ from ....step import Phase, ScoreCollection
 from ...engine.graphs import CapturedCall
 from ...engine.state import DecodeState
 from ..base import Draft, Drafter, VerifyFeedback
-from ..low_bit import faster_rows, low_bit_draft_for
+from ..low_bit import low_bit_draft_for
 from ..sampling import pick_tokens
 from .selection import IndexSelection, QuestSelection, budget, kept_counts, streaming_index, topk_index
 
@@ -118,6 +118,10 @@ class SelfSpecDrafter(Drafter):
             else low_bit_draft_for(target, config.draft_weights, config.draft_weight_group),
         )
 
+    @property
+    def low_bit_weights(self) -> str | None:
+        return None if self.draft_weights is None else self.draft_weights.config.low_bit_draft
+
     def session_key(self) -> tuple:
         return (
             self.policy,
@@ -158,10 +162,7 @@ class SelfSpecDrafter(Drafter):
             raise NotImplementedError(
                 "draft_weights with a model spread over several GPUs is not supported: leave draft_weights=None"
             )
-        # draft steps run the low-bit copy (None: the model's own weights), unless the call has more rows than the
-        # copy's matmul is measured faster for than the model's weights (`LowBitLinear.FASTER_ROWS`)
-        fast = self.draft_weights is not None and state.batch_size <= faster_rows(self.draft_weights)
-        target.draft_weights = self.draft_weights if fast else None
+        target.draft_weights = self.draft_weights  # draft steps run the low-bit copy (None: the model's own)
         self.target = target
         self.session = session
         self.capture_s = 0.0
