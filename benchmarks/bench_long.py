@@ -83,14 +83,12 @@ def _split_weights(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def _weight_fields(model, strategy: str, stats) -> dict:
+def _weight_fields(model, strategy: str) -> dict:
     """``draft_weights`` (``"bf16"``: the model's own) and ``draft_weight_bytes`` (the linear weights a draft step
-    reads: the low-bit copy's packed weights and scales, or the model's own linear layers), as the call drafted
-    (``stats.draft_weights``); where that is not the copy the strategy name asks for (the commit 55537ad fell back to
-    the model's own weights above `LowBitLinear.FASTER_ROWS`), ``asked_draft_weights`` names the asked one."""
-    base, weights = _split_weights(strategy)
-    if weights is not None and stats.draft_weights != weights:
-        return dict(_weight_fields(model, base, stats), asked_draft_weights=weights)
+    reads: the low-bit copy's packed weights and scales, or the model's own linear layers). Records of commit
+    55537ad, which fell back to the model's own weights above `LowBitLinear.FASTER_ROWS`, also carry
+    ``asked_draft_weights``."""
+    _, weights = _split_weights(strategy)
     if weights is None:
         return dict(draft_weights="bf16", draft_weight_bytes=sum(m.weight.nbytes for _, m in low_bit_linears(model)))
     copy = low_bit_draft_for(model, weights, 128)  # the copy the call drafted with (kept per target)
@@ -199,7 +197,7 @@ def run_speed(args) -> dict:
                 captures.append(stats.graph_capture_s)
                 record = dict(
                     shape=SHAPE, batch=batch, context=context, strategy=strategy, k=k, new_tokens=args.new_tokens,
-                    **_stage_ms(stats, k), **_weight_fields(model, strategy, stats),
+                    **_stage_ms(stats, k), **_weight_fields(model, strategy),
                     capture_s=stats.graph_capture_s, call_s=wall,
                     prefill_s=stats.prefill_time_s, allocated_gb=torch.cuda.memory_allocated() / 2**30,
                     decode_tokens_per_s=(sum(stats.new_tokens) - batch) / max(1e-9, sum(stats.step_times_s)),

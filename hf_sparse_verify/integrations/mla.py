@@ -12,8 +12,9 @@ share one read of the union of their selections (the merged schedule, papers/003
 exactly its own top-k, so greedy output equals plain ``generate``. The indexer's projections, key cache, masking
 and top-k are the model's own; its scores come from `hsv::index_scores` (`kernels.index_scores`: no float32 copy of
 the cached keys, no per-head score tensor) where `_compat.indexer_rotary` knows the indexer's rotary. Prefill
-chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers' own ``expand_kv`` instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot
-against 192 + 128).
+chunks (more than `MAX_MERGED_QUERIES` queries) expand the read slots through transformers' own ``expand_kv``
+instead: there the absorbed form would cost more arithmetic (576 + 512 channels per head and slot against 192 +
+128).
 
 Precision: the same sums in another order (``q (W_UK c)`` against ``(q W_UK) c``), logits and softmax in float32 as
 transformers' eager attention computes its softmax. Checked against transformers 5.24.0.

@@ -124,7 +124,7 @@ class PortfolioDrafter(Drafter):
     def low_bit_weights(self) -> str | None:
         """The copy its low-bit members hold (Vegas with ``draft_weights``, ``low_bit``; one format per call),
         whether or not the planner picked them: ``members`` of the statistics says who drafted."""
-        return next((m.low_bit_weights for m in self.members.values() if m.low_bit_weights), None)
+        return next(filter(None, (m.low_bit_weights for m in self.members.values())), None)
 
     @property
     def models(self) -> tuple:  # type: ignore[override]
