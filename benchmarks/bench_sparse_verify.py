@@ -68,8 +68,12 @@ SETTINGS = {
     ),
     # the shares of a row's experts graded on code-moe (row_experts 8 / 10 / 12 of the ~13 distinct experts 7 verify
     # tokens route to under a uniform router there), at the same share of the ~52 that 8 tokens reach here
+    "moe_row24": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=24)),
+    "moe_row28": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=28)),
     "moe_row32": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=32)),
+    "moe_row36": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=36)),
     "moe_row40": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=40)),
+    "moe_row44": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=44)),
     "moe_row48": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=7, row_experts=48)),
 }
 
