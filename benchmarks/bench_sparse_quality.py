@@ -348,6 +348,7 @@ MOE_TEACHER_FORCED_SETTINGS = {
     "moe_row12": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=12)),
     "moe_row10": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=10)),
     "moe_row11": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=11)),
+    "moe_row9": LossySparseVerify(attention=None, moe=SparseMoE(rule="row_union", max_skip=3, row_experts=9)),
 }
 
 
