@@ -262,11 +262,13 @@ def plot_teacher_forced(records: list[dict], path: str) -> str:
     import matplotlib.pyplot as plt
 
     rows = [r for r in records if r.get("suite") == "teacher_forced" and "delta_nll_pct" in r]
-    panels = sorted({(r.get("model", "code-target"), r["context"]) for r in rows})
+    panel = lambda r: (r.get("model", "code-target"), r["context"], r.get("window", 7))  # noqa: E731
+    panels = sorted({panel(r) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    for ax, (model, context) in zip(axes[0], panels):
-        here = sorted((r for r in rows if r["context"] == context and r.get("model", "code-target") == model),
-                      key=lambda r: r["delta_nll_pct"])  # fmt: skip
+    for ax, (model, context, window) in zip(axes[0], panels):
+        here = sorted(
+            (r for r in rows if panel(r) == (model, context, window)), key=lambda r: r["delta_nll_pct"]
+        )
         floor = next((r["noise_floor"] for r in here if r.get("noise_floor")), None)
         bars = [("noise floor (bf16 vs fp32)", floor, "")] if floor else []
         bars += [(r["setting"], r, r.get("class", "")) for r in here]
@@ -281,7 +283,7 @@ def plot_teacher_forced(records: list[dict], path: str) -> str:
         ax.axvline(0.0, color="grey", lw=0.5)
         ax.axvline(1.0, color="tab:blue", lw=0.5, ls="--")
         ax.set_xlabel("delta NLL against dense verification, % [bootstrap 95% CI]")
-        ax.set_title(f"{model}, {context // 1024}K context", fontsize=9)
+        ax.set_title(f"{model}, {context // 1024}K context, verify rows of {window} tokens", fontsize=9)
     fig.suptitle("LOSSY sparse verification, teacher-forced on held-out code (float32); "
                  "dashed: balanced's +1% gate", fontsize=9)  # fmt: skip
     fig.tight_layout()
@@ -482,8 +484,9 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.suite == "teacher_forced":
-        # one record per (model, context, setting): ``setting`` is the lossy setting's name, as the issue asks
-        key = lambda r: (r.get("suite"), r.get("model"), r.get("context"), r.get("setting"))  # noqa: E731
+        # one record per (model, context, verify window, setting): ``setting`` is the lossy setting's name, as the
+        # issue asks; the window (K + 1 tokens per verify row) is part of the key, so a --k run sits beside K = 6's
+        key = lambda r: (r.get("suite"), r.get("model"), r.get("context"), r.get("window", 7), r.get("setting"))  # noqa: E731
         for record in run_teacher_forced(args, device):
             record = _records.stamp(dict(record, suite="teacher_forced"), device)
             if args.no_save:
