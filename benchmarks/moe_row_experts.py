@@ -2,9 +2,9 @@
 that carries a ``row_union`` share graded on the ``code-moe`` fixture over to a larger MoE shape timed with random
 weights (whose router is near uniform).
 
-For each held-out prompt, the dense router of every layer routes each token (full forward, CPU, float32); the tokens
-are cut into rows of ``--new-tokens`` consecutive positions (a verify step's row) and the experts each row routes to
-are counted. Recorded per layer and averaged: ``distinct`` (trained), ``uniform`` (the expectation when each of the
+For each held-out prompt (``--model`` / ``--prompt-file`` for your own MoE checkpoint and text), the dense router of
+every layer routes each token (full forward, CPU, float32); the tokens are cut into rows of ``--new-tokens``
+consecutive positions (a verify step's row) and the experts each row routes to are counted. Recorded per layer and averaged: ``distinct`` (trained), ``uniform`` (the expectation when each of the
 ``q`` tokens draws its ``k`` of ``E`` experts uniformly: ``E (1 - ((E - k) / E)^q)``), and the share of the row's
 summed routing weight that its ``n`` heaviest experts hold (``mass_of_top``), which is what ``row_union`` keeps.
 
@@ -40,7 +40,11 @@ def row_counts(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, experts: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="../shared/models")
+    parser.add_argument("--models", default="../shared/models", help="folder with code-moe and prompts.jsonl")
+    parser.add_argument("--model", help="another MoE checkpoint folder (default: code-moe in --models)")
+    parser.add_argument(
+        "--prompt-file", help="jsonl of {len, text} windows (default: prompts.jsonl in --models)"
+    )
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument(
         "--context", type=int, default=4096, help="held-out windows of this length (code-moe: 4K)"
@@ -50,11 +54,15 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(args.models) / "code-moe"
+    from hf_sparse_verify.integrations.router import REPLACEABLE
+
+    folder = Path(args.model or Path(args.models) / "code-moe")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    config = model.config
-    experts, k = config.num_experts, config.num_experts_per_tok
+    routers = [m for m in model.modules() if type(m).__name__ in REPLACEABLE]  # (logits, scores, ids) routers
+    if not routers:
+        raise SystemExit(f"no top-k router of {sorted(REPLACEABLE)} in {folder}")
+    experts, k = routers[0].num_experts, routers[0].top_k
     routed: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def hook(layer):
@@ -64,11 +72,12 @@ def main() -> None:
 
         return keep
 
-    handles = [layer.mlp.gate.register_forward_hook(hook(i)) for i, layer in enumerate(model.model.layers)]
-    lines = [json.loads(x) for x in (Path(args.models) / "prompts.jsonl").read_text().splitlines()]
+    handles = [router.register_forward_hook(hook(i)) for i, router in enumerate(routers)]
+    prompt_file = Path(args.prompt_file or Path(args.models) / "prompts.jsonl")
+    lines = [json.loads(x) for x in prompt_file.read_text().splitlines()]
     texts = [x["text"] for x in lines if x["len"] >= args.context][: args.prompts]
     if not texts:
-        raise SystemExit(f"no held-out window of {args.context} tokens in {args.models}/prompts.jsonl")
+        raise SystemExit(f"no window of {args.context} tokens in {prompt_file}")
     for text in tqdm(texts, desc="prompts"):
         ids = tokenizer(text, return_tensors="pt").input_ids[:, : args.context]
         with torch.no_grad():
@@ -92,7 +101,8 @@ def main() -> None:
         )
         print(f"rows of {row}: distinct {rows[str(row)]['distinct']} (uniform {rows[str(row)]['uniform']})")
     result = dict(
-        model="code-moe (trained, 8M Qwen3-MoE)", experts=experts, top_k=k, context=args.context,
+        model="code-moe (trained, 8M Qwen3-MoE)" if args.model is None else str(folder), experts=experts, top_k=k,
+        context=args.context,
         prompts=len(texts), rows=rows,
     )  # fmt: skip
     _records.save(args, result, "cpu")
