@@ -63,7 +63,8 @@ def add_parser(sub, parents) -> None:
     cal.add_argument(
         "--grade",
         action="store_true",
-        help="also grade candidate attention settings (rho = --rho, 0.3, 0.5, 0.7) teacher-forced on the prompts' last "
+        help="also grade candidate attention settings (rho = --rho, 0.3, 0.5, 0.7; for MoE models first row_union "
+        "expert skipping at 0.7 / 0.8 / 0.9 of the experts a row reaches) teacher-forced on the prompts' last "
         "--grade-tokens tokens against dense verification, and write each one's precision class (near_exact / "
         "balanced / fast) as the calibration's grades; pass the folder as quality_calibration",
     )
@@ -145,12 +146,42 @@ def run(args) -> int:
     return 0
 
 
+#: shares of the distinct experts a verify row reaches under a uniform router that the graded ``row_union``
+#: candidates keep (code-moe, 8-token rows: 10 of 16 per row, 0.69 of 14.4, was balanced; 12, 0.83, near_exact)
+MOE_ROW_SHARES = (0.7, 0.8, 0.9)
+
+
+def _moe_candidates(model, verify_tokens: int, attention) -> dict:
+    """For a model with routed experts: ``row_union`` expert skipping at `MOE_ROW_SHARES` of the experts a row of
+    ``verify_tokens`` tokens reaches under a uniform router (sparsest first, each token keeping at least its top
+    expert), with ``attention`` (dense below its ``dense_below``, so at short contexts only the experts are skipped).
+    Empty for other models."""
+    from ..drivers.shapes import expected_experts
+    from ..sparse import LossySparseVerify, SparseMoE
+
+    config = model.config.get_text_config()
+    k = getattr(config, "num_experts_per_tok", None)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not k or not experts or k >= experts:
+        return {}
+    reached = expected_experts(experts, k, verify_tokens)
+    rows = sorted({min(experts - 1, max(k, round(share * reached))) for share in MOE_ROW_SHARES})
+    out = {}
+    for row in rows:
+        name = f"experts {row} of {experts} per row (row_union), attention rho {attention.rho}, window-scored"
+        moe = SparseMoE(rule="row_union", max_skip=k - 1, row_experts=row)
+        out[name] = LossySparseVerify(attention=attention, moe=moe)
+    return out
+
+
 def _grades(args, model, ids, calibration) -> list[dict]:
     """Attention settings at ``--rho``, 0.3, 0.5 and 0.7 (sparsest first: `SparseCalibration.granted` takes the
     first that qualifies), at ``--rho`` and 0.3 also with ``schedule="shared_window"`` (first: the same blocks read,
-    less damage), graded on each prompt's last ``--grade-tokens``. On code-target rho 0.7 was the one that passed
-    near_exact at 8K and 16K, and the window-scored rho 0.1 cut the default's damage at 16K from +1.79% to +0.22%
-    NLL (docs/results.md)."""
+    less damage), graded on each prompt's last ``--grade-tokens`` in verify rows of ``--verify-tokens``. On
+    code-target rho 0.7 was the one that passed near_exact at 8K and 16K, and the window-scored rho 0.1 cut the
+    default's damage at 16K from +1.79% to +0.22% NLL (docs/results.md). A model with routed experts gets
+    `_moe_candidates` first (expert skipping with the window-scored ``--rho`` attention): they save at any
+    context."""
     from ..drivers.quality import grade
     from ..sparse import LossySparseVerify, SparseAttention
 
@@ -159,7 +190,10 @@ def _grades(args, model, ids, calibration) -> list[dict]:
     ]
     if not windows:
         raise ValueError(f"--grade needs prompts longer than --grade-tokens={args.grade_tokens} tokens")
-    candidates = {}
+    window_scored = SparseAttention(
+        block_size=args.block_size, rho=args.rho, dense_below=args.dense_below, schedule="shared_window"
+    )
+    candidates = _moe_candidates(model, args.verify_tokens, window_scored)
     for rho in sorted({args.rho, 0.3, 0.5, 0.7}):
         schedules = ("shared_window", "shared") if rho in (args.rho, 0.3) else ("shared",)
         for schedule in schedules:
@@ -169,4 +203,6 @@ def _grades(args, model, ids, calibration) -> list[dict]:
                     block_size=args.block_size, rho=rho, dense_below=args.dense_below, schedule=schedule
                 )
             )
-    return grade(model, windows, candidates, calibration, free_running=args.grade_free_running)
+    return grade(
+        model, windows, candidates, calibration, window=args.verify_tokens, free_running=args.grade_free_running
+    )

@@ -383,6 +383,58 @@ def test_calibrate_row_union_on_the_moe_fixture(tmp_path, capsys, shared_models)
     assert "needs row_experts" in capsys.readouterr().err
 
 
+def test_grade_candidates_of_a_moe_model_skip_experts_first():
+    """A model with routed experts gets row_union candidates at 0.7 / 0.8 / 0.9 of the experts a verify row
+    reaches under a uniform router (16 experts, 4 per token, rows of 8: 14.4), sparsest first, each token keeping
+    at least its top expert; a dense model gets none."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from hf_sparse_verify.cli.calibrate import _moe_candidates
+    from hf_sparse_verify.sparse import SparseAttention
+
+    attention = SparseAttention(rho=0.1, schedule="shared_window")
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=64)  # fmt: skip
+    with torch.device("meta"):
+        moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(**tiny, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=16))
+        dense = LlamaForCausalLM(LlamaConfig(**tiny))
+    candidates = _moe_candidates(moe, 8, attention)
+    assert [(c.moe.rule, c.moe.row_experts, c.moe.max_skip) for c in candidates.values()] == [
+        ("row_union", 10, 3), ("row_union", 12, 3), ("row_union", 13, 3)
+    ]  # fmt: skip
+    assert all(c.attention == attention for c in candidates.values())
+    assert list(candidates)[0].startswith("experts 10 of 16 per row")
+    assert _moe_candidates(dense, 8, attention) == {}
+
+
+def test_calibrate_grade_on_the_moe_fixture_grades_expert_skipping(tmp_path, shared_models):
+    """``--grade`` on code-moe grades its expert-skipping candidates first, in rows of --verify-tokens, and a
+    near_exact grant of one of them runs it. In a child process without the Triton interpreter (the reference ops:
+    interpreted, the experts kernels take minutes here)."""
+    from hf_sparse_verify.sparse.calibration import SparseCalibration
+
+    prompts = tmp_path / "prompts.jsonl"
+    texts = [json.loads(line)["text"] for line in (shared_models / "prompts.jsonl").read_text().splitlines()[:2]]
+    prompts.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--model", str(shared_models / "code-moe"), "--prompt-file", str(prompts), "--out", str(out),
+            "--max-tokens", "160", "--device", "cpu", "--no-ffn", "--grade", "--grade-tokens", "48"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "hf_sparse_verify.cli", *argv], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grades = SparseCalibration.load(out).grades
+    moe = [g for g in grades if g["setting"]["moe"] is not None]
+    assert [g["setting"]["moe"]["row_experts"] for g in moe] == [10, 12, 13] and grades[:3] == moe
+    assert all(g["measures"]["positions"] == 2 * 47 for g in grades)
+    assert "grade experts 10 of 16 per row" in done.stdout
+    granted = SparseCalibration.load(out).granted("near_exact")
+    first = next((g for g in grades if g["class"] == "near_exact"), None)
+    assert (granted is None) == (first is None)
+    if first is not None:
+        assert granted.to_dict()["moe"] == first["setting"]["moe"]
+
+
 def test_unreachable_hub_id_is_one_line_without_retries(monkeypatch, capsys, no_model_loads):
     """A Hub id that is neither cached nor reachable fails before anything loads (no download retries)."""
     import hf_sparse_verify.cli._common as common
