@@ -342,7 +342,7 @@ TEACHER_FORCED_SETTINGS = {
 }
 
 #: code-moe's teacher-forced settings: expert skipping that needs no calibration (row_union; code-moe routes each
-#: token to 4 of 16 experts, a row's 7 verify tokens to most of them)
+#: token to 4 of 16 experts, a row of 7 or 8 verify tokens to about 11-12 of them: moe_routing.json)
 MOE_TEACHER_FORCED_SETTINGS = {
     "moe_row8": MOE_SETTINGS["moe_row8"],  # a verify row reads its 8 heaviest experts per layer (half)
     "moe_row4": MOE_SETTINGS["moe_row4"],  # its 4 heaviest (a quarter: a token keeps at least its top one)
