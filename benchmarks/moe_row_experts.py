@@ -5,7 +5,7 @@ weights (whose router is near uniform).
 For each held-out prompt (``--model`` / ``--prompt-file`` for your own MoE checkpoint and text), the dense router of
 every layer routes each token (full forward, CPU, float32); the tokens are cut into rows of ``--new-tokens``
 consecutive positions (a verify step's row) and the experts each row routes to are counted. Recorded per layer and averaged: ``distinct`` (trained), ``uniform`` (the expectation when each of the
-``q`` tokens draws its ``k`` of ``E`` experts uniformly: ``E (1 - ((E - k) / E)^q)``), and the share of the row's
+``q`` tokens draws its ``k`` of ``E`` experts uniformly: `hf_sparse_verify.drivers.shapes.expected_experts`), and the share of the row's
 summed routing weight that its ``n`` heaviest experts hold (``mass_of_top``), which is what ``row_union`` keeps.
 
     python benchmarks/moe_row_experts.py --models ../shared/models --prompts 12 --new-tokens 7 8
@@ -54,6 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_sparse_verify.drivers.shapes import expected_experts
     from hf_sparse_verify.integrations.router import REPLACEABLE
 
     folder = Path(args.model or Path(args.models) / "code-moe")
@@ -96,15 +97,14 @@ def main() -> None:
         rows[str(row)] = dict(
             distinct=round(sum(per_layer.values()) / len(per_layer), 2),
             distinct_per_layer=per_layer,
-            uniform=round(experts * (1 - ((experts - k) / experts) ** row), 2),
+            uniform=round(expected_experts(experts, k, row), 2),
             mass_of_top={str(n + 1): round(v, 4) for n, v in enumerate(mass_of_top.tolist())},
         )
         print(f"rows of {row}: distinct {rows[str(row)]['distinct']} (uniform {rows[str(row)]['uniform']})")
+    model_name = "code-moe (trained, 8M Qwen3-MoE)" if args.model is None else str(folder)
     result = dict(
-        model="code-moe (trained, 8M Qwen3-MoE)" if args.model is None else str(folder), experts=experts, top_k=k,
-        context=args.context,
-        prompts=len(texts), rows=rows,
-    )  # fmt: skip
+        model=model_name, experts=experts, top_k=k, context=args.context, prompts=len(texts), rows=rows
+    )
     _records.save(args, result, "cpu")
 
 
